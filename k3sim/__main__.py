@@ -1,0 +1,3 @@
+from k3sim.cli import main
+
+main()

@@ -1,0 +1,26 @@
+"""One error type for bad input: the CLI turns it into one line and exit code 2."""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """Bad input a user can fix: names the file (or option), the field and the reason.
+
+    Models raise it; only the CLI prints it. `str(err)` is the one line the user sees.
+    """
+
+    def __init__(self, reason: str, *, source: str | None = None, field: str | None = None):
+        self.reason = reason
+        self.source = source
+        self.field = field
+        parts = []
+        if source:
+            parts.append(str(source))
+        if field:
+            parts.append(f"field '{field}'")
+        prefix = ": ".join(parts)
+        super().__init__(f"{prefix}: {reason}" if prefix else reason)
+
+
+class DoesNotFit(InputError):
+    """A plan that is well-formed but does not fit in the hardware (still exit code 2)."""

@@ -1,0 +1,36 @@
+"""Shared fixtures: the repository root and a CLI runner that returns (exit code, stdout, stderr)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m k3sim ...` in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "k3sim", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )
+
+
+def run_cli_json(*args: str) -> dict:
+    proc = run_cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
