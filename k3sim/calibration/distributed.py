@@ -1,0 +1,218 @@
+"""Multi-GPU measurements, one process per GPU under torchrun: NCCL collectives and fla's KDA
+context parallelism (KCP) with a numerical check against the single-GPU kernel.
+
+Rank 0 writes the rows; a collective's time is the slowest rank's median.
+Run: torchrun --standalone --nproc_per_node=N -m k3sim.calibration.distributed --out DIR --parts ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from k3sim.calibration import grids
+from k3sim.calibration.records import OpWriter
+from k3sim.calibration.timing import Timing, time_cuda
+
+
+def _max_over_ranks(t: Timing) -> Timing:
+    import torch
+    import torch.distributed as dist
+
+    v = torch.tensor([t.seconds, t.seconds_p20, t.seconds_p80], device="cuda", dtype=torch.float64)
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)
+    return Timing(float(v[0]), float(v[1]), float(v[2]), t.reps)
+
+
+def _past(deadline: float) -> bool:
+    """Rank 0's clock decides for all ranks, so no rank skips a collective the others enter."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if time.monotonic() > deadline else 0.0], device="cuda")
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _align() -> None:
+    """Host-synchronised rendezvous so every rank starts the timed op together."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1, device="cuda"))
+    torch.cuda.synchronize()
+
+
+class _RankWriter:
+    """OpWriter on rank 0, no-op elsewhere; every rank takes part in the measurement."""
+
+    def __init__(self, rank: int, *args, **kw):
+        self.w = OpWriter(*args, **kw) if rank == 0 else None
+
+    def ok(self, *a, **k):
+        if self.w:
+            self.w.ok(*a, **k)
+
+    def failed(self, *a, **k):
+        if self.w:
+            self.w.failed(*a, **k)
+
+
+def collectives(out_dir: Path, deadline: float, rank: int, world: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    def op_fn(op: str, nbytes: int):
+        n = nbytes // 2  # bf16 elements in the per-rank shard
+        if op == "all_gather":
+            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n * world, device="cuda", dtype=torch.bfloat16)
+            return lambda: dist.all_gather_into_tensor(y, x)
+        if op == "reduce_scatter":
+            x, y = torch.randn(n * world, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
+            return lambda: dist.reduce_scatter_tensor(y, x)
+        if op == "all_reduce":
+            x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            return lambda: dist.all_reduce(x)
+        if op == "all_to_all":
+            n = max(world, n - n % world)
+            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
+            return lambda: dist.all_to_all_single(y, x)
+        if op == "send_recv":  # every rank sends to the next and receives from the previous (nccl-tests sendrecv)
+            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
+            ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, y, (rank - 1) % world)]
+
+            def sr():
+                for r in dist.batch_isend_irecv(ops):
+                    r.wait()
+            return sr
+        raise ValueError(op)
+
+    for op in ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"]:
+        w = _RankWriter(rank, out_dir, op, ["bytes", "gpus"])
+        for nbytes in grids.COLLECTIVE_BYTES:
+            params = dict(bytes=nbytes, gpus=world)
+            if _past(deadline):
+                w.failed(params, "skipped: part time budget exhausted")
+                continue
+            try:
+                fn = op_fn(op, nbytes)
+                t = _max_over_ranks(time_cuda(fn, reps=30, warmup=5, flush=False, barrier=_align, budget_s=1.5))
+                w.ok(params, t)
+            except Exception as err:  # noqa: BLE001
+                w.failed(params, err)
+
+
+def kcp(out_dir: Path, deadline: float, rank: int, world: int) -> None:
+    """One KDA layer under fla's KCP (contiguous split, `docs` equal packed documents), fwd and fwd+bwd.
+
+    Extras: `rel_err` = ||o_cp - o_ref|| / ||o_ref|| against single-GPU chunk_kda on the whole packed
+    sequence (checked where the whole sequence fits comfortably), and `single_gpu_seconds` = that
+    single-GPU forward's time, for the speed-up."""
+    import torch
+    import torch.distributed as dist
+    from fla.ops.cp import build_cp_context
+
+    from k3sim.calibration.kda_ops import KDA_OPTIONS, _fla, kda_inputs
+
+    chunk_kda, _ = _fla()
+    wf = _RankWriter(rank, out_dir, "chunk_kda_cp_fwd", ["T", "H", "gpus", "docs"], ["rel_err", "single_gpu_seconds"])
+    wb = _RankWriter(rank, out_dir, "chunk_kda_cp_fwd_bwd", ["T", "H", "gpus", "docs"], [])
+    check_limit_tokens = 2 ** 17
+    for H in grids.KCP_HEADS:
+        for docs in grids.KCP_DOCS:
+            for T in grids.KCP_T:
+                params = dict(T=T, H=H, gpus=world, docs=docs)
+                if _past(deadline):
+                    wf.failed(params, "skipped: part time budget exhausted")
+                    wb.failed(params, "skipped: part time budget exhausted")
+                    continue
+                try:
+                    cu = torch.linspace(0, T, docs + 1, device="cuda").round().to(torch.long)
+                    ctx = build_cp_context(cu, group=dist.group.WORLD, cu_seqlens_cpu=cu.cpu())
+                    part = T // world
+                    check = T <= check_limit_tokens
+                    if check:
+                        full = kda_inputs(T, H, seed=T + docs)
+                        local = {k: (v[:, rank * part:(rank + 1) * part].contiguous() if v.dim() > 2 else v)
+                                 for k, v in full.items()}
+                    else:
+                        local = kda_inputs(part, H, seed=T + docs + 1000 * rank)
+                    with torch.no_grad():
+                        t = _max_over_ranks(time_cuda(lambda: chunk_kda(**local, **KDA_OPTIONS, cp_context=ctx),
+                                                      budget_s=2.0, barrier=_align))
+                        o_local, _ = chunk_kda(**local, **KDA_OPTIONS, cp_context=ctx)
+                        rel_err, single = float("nan"), float("nan")
+                        gathered = [torch.empty_like(o_local) for _ in range(world)]
+                        if check:
+                            dist.all_gather(gathered, o_local.contiguous())
+                        if rank == 0:
+                            try:
+                                ref_in = full if check else kda_inputs(T, H, seed=T + docs)
+                                o_ref, _ = chunk_kda(**ref_in, **KDA_OPTIONS, cu_seqlens=cu)
+                                if check:
+                                    o_cp = torch.cat(gathered, dim=1).float()
+                                    rel_err = float((o_cp - o_ref.float()).norm() / o_ref.float().norm())
+                                single = time_cuda(lambda: chunk_kda(**ref_in, **KDA_OPTIONS, cu_seqlens=cu),
+                                                   budget_s=2.0).seconds
+                                del ref_in
+                            except Exception as err:  # noqa: BLE001 - OOM on the whole sequence etc.
+                                print(f"[kcp] reference T={T} H={H}: {type(err).__name__}: {err}"[:300], flush=True)
+                                torch.cuda.empty_cache()
+                    dist.barrier()
+                    wf.ok(params, t, rel_err=rel_err, single_gpu_seconds=single)
+                    if check:
+                        del full
+                    torch.cuda.empty_cache()
+                except Exception as err:  # noqa: BLE001
+                    wf.failed(params, err)
+                    torch.cuda.empty_cache()
+                    continue
+                try:
+                    leaves = {k: v.detach().requires_grad_(k in ("q", "k", "v", "g", "beta")) for k, v in local.items()}
+                    do = torch.randn_like(leaves["q"])
+
+                    def step():
+                        o, _ = chunk_kda(**leaves, **KDA_OPTIONS, cp_context=ctx)
+                        o.backward(do)
+
+                    def reset():
+                        for v in leaves.values():
+                            v.grad = None
+
+                    wb.ok(params, _max_over_ranks(time_cuda(step, before_each=reset, budget_s=3.0, barrier=_align)))
+                except Exception as err:  # noqa: BLE001
+                    wb.failed(params, err)
+                torch.cuda.empty_cache()
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default="collectives,kcp")
+    ap.add_argument("--deadline-s", type=float, default=500.0, help="seconds from start for all parts")
+    a = ap.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    start = time.monotonic()
+    parts = a.parts.split(",")
+    a.out.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(parts):
+        # Each part may use the time left, minus a share kept for the parts after it.
+        deadline = start + a.deadline_s * (i + 1) / len(parts) if part != parts[-1] else start + a.deadline_s
+        if part == "collectives":
+            collectives(a.out, deadline, rank, world)
+        elif part == "kcp":
+            kcp(a.out, deadline, rank, world)
+        if rank == 0:
+            print(f"[dist] {part} done at {time.monotonic() - start:.0f}s", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

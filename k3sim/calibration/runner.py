@@ -1,0 +1,129 @@
+"""`k3sim calibrate run`: measure the parts asked for on this machine's GPUs into one run directory.
+
+Single-GPU parts run in this process on the current device; `collectives` and `kcp` run under
+torchrun on every visible GPU. Each part has a time budget; rows are written as they are measured,
+so a part cut short or a failing kernel never loses what was already measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from k3sim.calibration import grids
+
+SINGLE_GPU_PARTS = ["gemm_bf16", "gemm_fp8", "hbm", "moe", "sdpa", "kda_fwd", "kda_fwd_bwd", "kda_decode"]
+MULTI_GPU_PARTS = ["collectives", "kcp"]
+ALL_PARTS = SINGLE_GPU_PARTS + MULTI_GPU_PARTS
+# Multi-GPU runs keep NVLink multicast off (device tool KINDS.md: it can take a shared host's GPUs down).
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _check_gpu() -> int:
+    from k3sim.errors import InputError
+
+    try:
+        import torch
+    except ImportError:
+        raise InputError("calibrate run needs PyTorch with CUDA (pip install 'k3sim[gpu]')", source="calibrate run", field="torch") from None
+    if not torch.cuda.is_available():
+        raise InputError("no CUDA GPU visible on this machine; run the harness on the GPU machine", source="calibrate run", field="gpu")
+    return torch.cuda.device_count()
+
+
+def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | None) -> int:
+    from k3sim.calibration import kda_ops, torch_ops
+
+    kda_heads = heads or grids.KDA_HEADS
+    if part == "gemm_bf16":
+        return torch_ops.gemm_bf16(out_dir, deadline)
+    if part == "gemm_fp8":
+        return torch_ops.gemm_fp8(out_dir, deadline)
+    if part == "hbm":
+        return torch_ops.hbm(out_dir, deadline)
+    if part == "moe":
+        return torch_ops.moe_grouped_bf16(out_dir, deadline)
+    if part == "sdpa":
+        return torch_ops.sdpa(out_dir, deadline)
+    if part == "kda_fwd":
+        return kda_ops.chunk_fwd(out_dir, deadline, kda_heads, grids.KDA_T)
+    if part == "kda_fwd_bwd":
+        return kda_ops.chunk_fwd_bwd(out_dir, deadline, kda_heads, grids.KDA_FWD_BWD_T)
+    if part == "kda_decode":
+        return kda_ops.recurrent_decode(out_dir, deadline, kda_heads, grids.KDA_DECODE_B, grids.KDA_DECODE_T)
+    raise ValueError(part)
+
+
+def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s: float,
+                    heads: list[int] | None = None, part_budgets_s: dict[str, float] | None = None) -> Path:
+    """Measure `parts` into `out_dir` (created); returns it. Raises InputError without a GPU."""
+    from k3sim.calibration.records import provenance, write_provenance
+    from k3sim.errors import InputError
+
+    unknown = [p for p in parts if p not in ALL_PARTS]
+    if unknown:
+        raise InputError(f"unknown part(s) {unknown}; choose from {ALL_PARTS}", source="calibrate run", field="parts")
+    gpus = _check_gpu()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = " ".join(shlex.quote(a) for a in sys.argv)
+    multi = [p for p in parts if p in MULTI_GPU_PARTS]
+    info = provenance(command, gpus if multi else 1, parts)
+    info["profile"] = profile
+    info["kda_options"] = "use_qk_l2norm_in_kernel, use_gate_in_kernel, safe_gate, lower_bound=-5, K=V=128"
+    write_provenance(out_dir, info)
+    start = time.monotonic()
+    budgets = part_budgets_s or {}
+    single = [p for p in parts if p in SINGLE_GPU_PARTS]
+    for i, part in enumerate(single):
+        left = time_budget_s - (time.monotonic() - start)
+        share = budgets.get(part, left / (len(single) - i + (1 if multi else 0)))
+        deadline = time.monotonic() + min(share, left)
+        t0 = time.monotonic()
+        n = _single_part(part, out_dir, deadline, heads)
+        print(f"[calibrate] {part}: {n} shapes in {time.monotonic() - t0:.0f}s", flush=True)
+    if "gemm_bf16" in parts:
+        from k3sim.calibration.torch_ops import flop_rate_check
+
+        info["bf16_8192_cubed_tflops"] = round(flop_rate_check(), 1)
+    if multi:
+        if gpus < 2:
+            raise InputError(f"parts {multi} need at least 2 GPUs, found {gpus}", source="calibrate run", field="parts")
+        left = max(30.0, time_budget_s - (time.monotonic() - start))
+        env = dict(os.environ, **SAFE_NCCL_ENV)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+               "-m", "k3sim.calibration.distributed", "--out", str(out_dir), "--parts", ",".join(multi),
+               "--deadline-s", str(left)]
+        subprocess.run(cmd, env=env, check=False)
+    info["elapsed_s"] = round(time.monotonic() - start, 1)
+    write_provenance(out_dir, info)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default=",".join(SINGLE_GPU_PARTS))
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--heads", default="", help="KDA head counts, e.g. 96,12")
+    ap.add_argument("--part-budgets", default="", help="e.g. kda_fwd=200,kda_fwd_bwd=150")
+    a = ap.parse_args(argv)
+    heads = [int(h) for h in a.heads.split(",") if h] or None
+    budgets = {k: float(v) for k, v in (kv.split("=") for kv in a.part_budgets.split(",") if kv)}
+    from k3sim.errors import InputError
+
+    try:
+        run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, heads, budgets)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Timing with CUDA events: warm-up, L2 flushed before every repetition, median and spread.
+
+The H200's L2 is 60 MB (METHOD.md of the device tool: "data several times the L2"); writing a 256 MiB
+buffer between repetitions evicts it, so each repetition reads its operands from HBM as a real
+layer would.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Timing:
+    seconds: float  # median
+    seconds_p20: float
+    seconds_p80: float
+    reps: int
+
+
+_flush_buf = None
+
+
+def flush_l2() -> None:
+    import torch
+
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
+    return xs[i]
+
+
+def time_cuda(fn: Callable[[], object], *, reps: int = 25, warmup: int = 3, budget_s: float = 3.0,
+              flush: bool = True, before_each: Callable[[], object] | None = None,
+              barrier: Callable[[], object] | None = None) -> Timing:
+    """Median device time of `fn` over repetitions, each after an L2 flush.
+
+    The repetition count shrinks for slow kernels so one shape costs at most about `budget_s`.
+    `before_each` (untimed) resets state such as gradients; `barrier` aligns ranks for collectives.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        if before_each:
+            before_each()
+        fn()
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - t0) / max(warmup, 1)
+    n = max(5, min(reps, int(budget_s / max(per_call, 1e-6))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if before_each:
+            before_each()
+        if flush:
+            flush_l2()
+        if barrier:
+            barrier()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    xs = [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)]
+    return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), n)
