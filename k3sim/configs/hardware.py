@@ -1,0 +1,51 @@
+"""GPU + interconnect profile: datasheet numbers, each with its public source."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from k3sim.configs.dtypes import check_dtype
+
+# Fields that hold a datasheet number and therefore need an entry in `sources`.
+DATASHEET_FIELDS = (
+    "hbm_bytes",
+    "hbm_bandwidth_bytes_per_s",
+    "peak_flops_per_s",
+    "scaleup_bandwidth_bytes_per_s",
+    "scaleup_domain_gpus",
+    "scaleout_bandwidth_bytes_per_s",
+    "num_sms",
+)
+
+
+class HardwareProfile(BaseModel):
+    """One GPU kind. FLOP/s are dense Tensor-Core peaks (NVIDIA sheets print sparsity-doubled ones).
+
+    Bandwidths are per GPU, one direction. `calibration_dir` (relative to `hardware_profiles/`) names
+    where measured kernel data for this profile lives; fitted parameters live there, not here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    description: str | None = None
+    hbm_bytes: PositiveFloat = Field(description="HBM capacity per GPU, bytes")
+    hbm_bandwidth_bytes_per_s: PositiveFloat
+    peak_flops_per_s: dict[str, PositiveFloat] = Field(description="dense peak per dtype, FLOP/s")
+    scaleup_bandwidth_bytes_per_s: PositiveFloat = Field(description="NVLink per GPU, one direction")
+    scaleup_domain_gpus: PositiveInt = Field(description="GPUs in one NVLink domain")
+    scaleout_bandwidth_bytes_per_s: PositiveFloat = Field(description="NIC per GPU, one direction")
+    num_sms: PositiveInt
+    sources: dict[str, str]
+    calibration_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> "HardwareProfile":
+        for key in self.peak_flops_per_s:
+            check_dtype(key)
+        missing = [f for f in DATASHEET_FIELDS if f not in self.sources]
+        if missing:
+            raise ValueError(f"sources lacks an entry for {', '.join(missing)}")
+        unknown = [k for k in self.sources if k not in type(self).model_fields]
+        if unknown:
+            raise ValueError(f"sources names unknown fields {', '.join(unknown)}")
+        return self

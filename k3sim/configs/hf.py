@@ -1,0 +1,130 @@
+"""Translate a Hugging Face `config.json` (Kimi-Linear, Kimi K2, Kimi K3) into our ModelConfig fields.
+
+K3 nests the text model under `text_config` (model_type kimi_linear) with `vision_config` beside it;
+Kimi-Linear is flat with `linear_attn_config`; K2 is flat DeepSeek-V3 style (all MLA). Field names of
+both families are accepted (`num_experts` / `n_routed_experts`, ...). Keys we do not model are ignored:
+an HF config carries many (rope scaling, token ids, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3sim.errors import InputError
+
+
+def is_hf_config(data: dict[str, Any]) -> bool:
+    """HF configs carry `model_type`/`architectures`/`num_hidden_layers`; ours use `num_layers`."""
+    return any(k in data for k in ("model_type", "architectures", "text_config", "num_hidden_layers"))
+
+
+def _pick(cfg: dict, *names: str, source: str, required: bool = True, default: Any = None) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    if required:
+        raise InputError("missing in config.json", source=source, field=names[0])
+    return default
+
+
+def _quant_formats(quant: dict | None) -> tuple[str, str]:
+    """(non-routed weight format, routed expert format) from `quantization_config`.
+
+    K3: compressed-tensors `mxfp4-pack-quantized`, ignore list holds attention, shared experts, lm_head
+    and vision, so only routed experts are MXFP4. K2-Instruct: `quant_method: fp8` block-wise on all
+    linear weights (DeepSeek-V3 style).
+    """
+    if not quant:
+        return "bf16", "bf16"
+    method = str(quant.get("quant_method", "")).lower()
+    fmt = str(quant.get("format", "")).lower()
+    if "mxfp4" in fmt or "mxfp4" in method:
+        return "bf16", "mxfp4"
+    if "nvfp4" in fmt or "nvfp4" in method:
+        return "bf16", "nvfp4"
+    if method == "fp8" or "fp8" in fmt:
+        return "fp8", "fp8"
+    return "bf16", "bf16"
+
+
+def _vision(vc: dict | None) -> dict | None:
+    """MoonViT fields (`vt_` prefix in K2.5/K3, plain in Kimi-VL); None if the tower is not described."""
+    if not vc:
+        return None
+
+    def get(key: str) -> Any:
+        return vc.get(f"vt_{key}", vc.get(key))
+
+    fields = {
+        "num_layers": get("num_hidden_layers"),
+        "hidden_size": get("hidden_size"),
+        "intermediate_size": get("intermediate_size"),
+        "num_heads": get("num_attention_heads"),
+        "patch_size": get("patch_size"),
+    }
+    if any(v is None for v in fields.values()):
+        return None
+    return fields
+
+
+def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str, Any]:
+    """Our ModelConfig fields from an HF config dict (the caller validates them)."""
+    text = data.get("text_config") or data
+    get = lambda *n, **kw: _pick(text, *n, source=source, **kw)  # noqa: E731
+    num_layers = get("num_hidden_layers")
+    hidden = get("hidden_size")
+    quant = data.get("quantization_config") or text.get("quantization_config")
+    weight_format, routed_format = _quant_formats(quant)
+    out: dict[str, Any] = {
+        "name": str(data.get("_name_or_path") or name),
+        "source": f"Hugging Face config.json ({source})",
+        "hidden_size": hidden,
+        "num_layers": num_layers,
+        "vocab_size": get("vocab_size"),
+        "tie_word_embeddings": bool(get("tie_word_embeddings", required=False, default=False)),
+        "weight_format": weight_format,
+    }
+    lin = text.get("linear_attn_config")
+    if lin:
+        out["full_attn_layers"] = list(_pick(lin, "full_attn_layers", source=source))
+        head_dim = _pick(lin, "head_dim", source=source)
+        full_rank_gate = bool(lin.get("use_full_rank_gate", text.get("use_full_rank_gate", False)))
+        out["kda"] = {
+            "num_heads": _pick(lin, "num_heads", source=source),
+            "head_dim_k": head_dim,
+            "head_dim_v": head_dim,
+            "conv_kernel_size": _pick(lin, "short_conv_kernel_size", source=source, required=False, default=4),
+            "alpha_gate_rank": None if full_rank_gate else head_dim,
+            "output_gate_rank": head_dim,
+        }
+    if lin is None or out["full_attn_layers"]:
+        out["mla"] = {
+            "num_heads": get("num_attention_heads"),
+            "q_lora_rank": get("q_lora_rank", required=False),
+            "kv_lora_rank": get("kv_lora_rank"),
+            "qk_nope_head_dim": get("qk_nope_head_dim"),
+            "qk_rope_head_dim": get("qk_rope_head_dim"),
+            "v_head_dim": get("v_head_dim"),
+            "output_gate": bool(get("mla_use_output_gate", required=False, default=False)),
+        }
+    experts = get("num_experts", "n_routed_experts", required=False)
+    if experts:
+        out["first_k_dense"] = get("first_k_dense_replace", required=False, default=0)
+        out["moe"] = {
+            "num_routed_experts": experts,
+            "num_active_experts": get("num_experts_per_token", "num_experts_per_tok"),
+            "num_shared_experts": get("num_shared_experts", "n_shared_experts", required=False, default=0),
+            "expert_ffn_width": get("moe_intermediate_size"),
+            "latent_width": get("routed_expert_hidden_size", required=False),
+            "latent_norm": bool(get("latent_moe_use_norm", required=False, default=False)),
+            "routed_weight_format": routed_format,
+        }
+    if not experts or out.get("first_k_dense"):
+        out["dense_ffn_width"] = get("intermediate_size")
+    block = get("attn_res_block_size", required=False)
+    if block:
+        out["attn_res_block_size"] = block
+    vision = _vision(data.get("vision_config"))
+    if vision:
+        out["vision"] = vision
+    return out

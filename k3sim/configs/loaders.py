@@ -1,0 +1,123 @@
+"""Read YAML/JSON config files into validated schemas; every failure becomes one InputError line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from k3sim.configs.hardware import HardwareProfile
+from k3sim.configs.hf import hf_to_model_fields, is_hf_config
+from k3sim.configs.model import ModelConfig
+from k3sim.configs.parallel import Scenario
+from k3sim.errors import InputError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARDWARE_DIR = REPO_ROOT / "hardware_profiles"
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file that must hold a mapping."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("file not found", source=str(path))
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        kind = "JSON" if p.suffix == ".json" else "YAML"
+        first = " ".join(str(err).split())
+        raise InputError(f"malformed {kind}: {first}", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping at top level, got {type(data).__name__}", source=str(path))
+    return data
+
+
+def validation_error_line(err: ValidationError) -> tuple[str | None, str]:
+    """(field path, reason) of the first pydantic error, phrased for a user."""
+    first = err.errors()[0]
+    field = ".".join(str(x) for x in first["loc"]) or None
+    if first["type"] == "extra_forbidden":
+        reason = "unknown field"
+    else:
+        reason = first["msg"].removeprefix("Value error, ")
+        if first["type"] not in ("missing", "value_error") and "input" in first:
+            reason += f" (got {first['input']!r})"
+    more = len(err.errors()) - 1
+    if more:
+        reason += f" (+{more} more error{'s' if more > 1 else ''})"
+    return field, reason
+
+
+def validate(cls: type[T], data: dict[str, Any], source: str) -> T:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        field, reason = validation_error_line(err)
+        raise InputError(reason, source=source, field=field) from None
+
+
+def load_model(path: str | Path) -> ModelConfig:
+    """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat)."""
+    data = read_mapping(path)
+    if is_hf_config(data):
+        p = Path(path)
+        default_name = p.parent.name if p.name == "config.json" else p.stem
+        data = hf_to_model_fields(data, str(path), default_name)
+    return validate(ModelConfig, data, str(path))
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+
+
+def hardware_path(name_or_path: str | Path) -> Path:
+    """A path as given if it exists or looks like a file, else `hardware_profiles/<name>.yaml`."""
+    p = Path(name_or_path)
+    if p.is_file() or p.suffix in (".yaml", ".yml", ".json"):
+        return p
+    candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        raise InputError(
+            f"unknown hardware profile (known: {', '.join(hardware_names())})", source=str(name_or_path))
+    return candidate
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareProfile:
+    """A profile name in hardware_profiles/ (e.g. "h200") or a path to a profile YAML."""
+    path = hardware_path(name_or_path)
+    return validate(HardwareProfile, read_mapping(path), str(path))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """The scenario schema only; `resolve_scenario` also loads its model and hardware."""
+    return validate(Scenario, read_mapping(path), str(path))
+
+
+def resolve_relative(ref: str, base: Path) -> Path:
+    """A file named in a scenario: relative to the scenario's folder, else cwd, else the repo root."""
+    p = Path(ref)
+    if p.is_absolute():
+        return p
+    for root in (base, Path.cwd(), REPO_ROOT):
+        if (root / p).exists():
+            return root / p
+    return base / p
+
+
+def resolve_scenario(path: str | Path):
+    """(scenario, model, hardware) with the layout checked against the model."""
+    scenario = load_scenario(path)
+    base = Path(path).resolve().parent
+    model = load_model(resolve_relative(scenario.model, base))
+    hw_ref = scenario.hardware
+    hw_path = resolve_relative(hw_ref, base) if Path(hw_ref).suffix else hw_ref
+    hardware = load_hardware(hw_path)
+    scenario.parallelism.check_against(model, source=str(path))
+    return scenario, model, hardware
