@@ -1,0 +1,154 @@
+"""Fit each op's model to a profile's measurements and keep the result in `fitted.yaml`.
+
+One roofline fit per compute op, one alpha-beta fit per collective and GPU count. `fitted.yaml`
+records the fit date, the data fingerprint (so a stale fit is detected and redone in memory), the
+rows and runs each fit used, and the fit's own RMS log error.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from k3sim.errors import InputError
+from k3sim.kernels.hardware import peak_flops
+from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
+from k3sim.kernels.ops import OPS, OpSpec
+
+FITTED_NAME = "fitted.yaml"
+FORMAT = "k3sim-kernel-fit/1"
+
+
+@dataclass
+class OpFit:
+    op: str
+    roofline: RooflineFit | None = None
+    alpha_beta: dict[int, AlphaBetaFit] = field(default_factory=dict)  # by GPU count
+    rows_used: int = 0
+    points_used: int = 0
+    runs: list[str] = field(default_factory=list)
+    rms_log_error: float = 0.0
+
+
+@dataclass
+class FittedProfile:
+    profile: str
+    fit_date: str
+    data_fingerprint: str
+    ops: dict[str, OpFit]
+
+
+def work(spec: OpSpec, points) -> tuple[np.ndarray, np.ndarray]:
+    """FLOP and minimal bytes (wire bytes for collectives) of every row of `points`."""
+    rows = points[list(spec.params)].to_dict("records")
+    flop = np.array([spec.flop(r) for r in rows], float)
+    nbytes = np.array([spec.bytes(r) for r in rows], float)
+    return flop, nbytes
+
+
+def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
+    """Fit one op from its aggregated points (`MeasurementStore.points`)."""
+    flop, nbytes = work(spec, points)
+    seconds = points["seconds"].to_numpy(float)
+    runs = sorted({r for s in points["runs"] for r in str(s).split(",")}) if "runs" in points else []
+    out = OpFit(op=spec.name, rows_used=int(points["rows"].sum()) if "rows" in points else len(points),
+                points_used=len(points), runs=runs)
+    if spec.kind == "collective":
+        pred = np.empty_like(seconds)
+        for n in sorted(points["gpus"].unique()):
+            m = (points["gpus"] == n).to_numpy()
+            out.alpha_beta[int(n)] = ab = fit_alpha_beta(nbytes[m], seconds[m])
+            pred[m] = ab.seconds(nbytes[m])
+    else:
+        out.roofline = fit_roofline(flop, nbytes, seconds, peak_flops(hw, spec.dtype), float(hw.hbm_bandwidth_bytes_per_s))
+        pred = out.roofline.seconds(flop, nbytes)
+    out.rms_log_error = float(np.sqrt(np.mean(np.log(pred / seconds) ** 2)))
+    return out
+
+
+def fit_profile(store, hw: Any) -> FittedProfile:
+    ops = {op: fit_op(OPS[op], store.points(op), hw) for op in store.ops()}
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return FittedProfile(profile=str(hw.name), fit_date=date, data_fingerprint=store.fingerprint, ops=ops)
+
+
+def to_dict(fp: FittedProfile) -> dict:
+    ops = {}
+    for name, f in fp.ops.items():
+        d: dict[str, Any] = {"rows_used": f.rows_used, "points_used": f.points_used, "runs": f.runs,
+                             "rms_log_error": round(f.rms_log_error, 6)}
+        if f.roofline is not None:
+            d["model"] = "roofline"
+            d["params"] = {k: float(f"{v:.6g}") for k, v in f.roofline.as_dict().items()}
+        else:
+            d["model"] = "alpha-beta"
+            d["by_gpus"] = {int(n): {k: float(f"{v:.6g}") for k, v in ab.as_dict().items()}
+                            for n, ab in sorted(f.alpha_beta.items())}
+        ops[name] = d
+    return {"format": FORMAT, "profile": fp.profile, "fit_date": fp.fit_date,
+            "data_fingerprint": fp.data_fingerprint, "ops": ops}
+
+
+def from_dict(d: dict, source: str) -> FittedProfile:
+    try:
+        if d.get("format") != FORMAT:
+            raise ValueError(f"format is {d.get('format')!r}, expected {FORMAT}")
+        ops = {}
+        for name, o in d["ops"].items():
+            f = OpFit(op=name, rows_used=int(o["rows_used"]), points_used=int(o["points_used"]),
+                      runs=list(o["runs"]), rms_log_error=float(o["rms_log_error"]))
+            if o["model"] == "roofline":
+                f.roofline = RooflineFit(**{k: float(v) for k, v in o["params"].items()})
+            else:
+                f.alpha_beta = {int(n): AlphaBetaFit(**{k: float(v) for k, v in ab.items()})
+                                for n, ab in o["by_gpus"].items()}
+            ops[name] = f
+        return FittedProfile(profile=str(d["profile"]), fit_date=str(d["fit_date"]),
+                             data_fingerprint=str(d["data_fingerprint"]), ops=ops)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"not a k3sim kernel fit ({err.__class__.__name__}: {err})", source=source) from None
+
+
+def write_fitted(path: Path, fp: FittedProfile) -> Path:
+    """Atomic write: a temp file in the same directory, then rename."""
+    import yaml
+
+    path = Path(path)
+    text = "# Written by `k3sim calibrate fit`; do not edit (refit instead).\n"
+    text += yaml.safe_dump(to_dict(fp), sort_keys=False, default_flow_style=None, width=110)
+    fd, tmp = tempfile.mkstemp(prefix=".fitted.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def read_fitted(path: Path) -> FittedProfile | None:
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"unreadable fit ({err.__class__.__name__})", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("not a k3sim kernel fit (not a mapping)", source=str(path))
+    return from_dict(data, str(path))
+
+
+def load_or_fit(store, hw: Any) -> tuple[FittedProfile, str]:
+    """The committed fit when it matches the data, else a fresh in-memory fit; says which."""
+    path = Path(store.root) / FITTED_NAME
+    fp = read_fitted(path)
+    if fp is not None and fp.data_fingerprint == store.fingerprint:
+        return fp, f"fit of {fp.fit_date}"
+    why = "no fitted.yaml" if fp is None else "fitted.yaml is stale (data changed)"
+    return fit_profile(store, hw), f"in-memory fit ({why})"

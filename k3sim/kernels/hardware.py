@@ -1,0 +1,62 @@
+"""Resolve `hardware` (profile name, path or HardwareProfile) to the profile and its measured dir.
+
+Only the fields listed in DEVELOPING.md ("HardwareProfile") are read, by attribute, so a small
+hand-built object works in tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from k3sim.errors import InputError
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+
+
+def profiles_dir() -> Path:
+    """`hardware_profiles/` of the repository; K3SIM_HARDWARE_PROFILES overrides (tests, installs)."""
+    env = os.environ.get("K3SIM_HARDWARE_PROFILES")
+    return Path(env) if env else PROFILES_DIR
+
+
+def load_profile(hardware: Any) -> Any:
+    if isinstance(hardware, (str, os.PathLike)):
+        from k3sim.configs import load_hardware
+
+        return load_hardware(str(hardware))
+    if not hasattr(hardware, "peak_flops_per_s"):
+        raise InputError(f"hardware must be a profile name, a path or a HardwareProfile, got {type(hardware).__name__}",
+                         field="hardware")
+    return hardware
+
+
+def measured_dir(hw: Any) -> Path | None:
+    """The profile's measured-data directory, or None when it is uncalibrated.
+
+    `calibration_dir` is relative to `hardware_profiles/` (or absolute). When the field is absent
+    or None the conventional `measured/<name>` is used if it exists.
+    """
+    rel = getattr(hw, "calibration_dir", None)
+    if rel:
+        path = Path(rel)
+        path = path if path.is_absolute() else profiles_dir() / path
+        return path if path.is_dir() else None
+    conv = profiles_dir() / "measured" / str(hw.name)
+    return conv if conv.is_dir() else None
+
+
+def peak_flops(hw: Any, dtype: str) -> float:
+    peaks = dict(hw.peak_flops_per_s or {})
+    if dtype not in peaks or not peaks[dtype]:
+        raise InputError(f"profile '{hw.name}' has no {dtype} peak FLOP/s", field="peak_flops_per_s")
+    return float(peaks[dtype])
+
+
+def link_bandwidth(hw: Any, gpus: int) -> tuple[float, str]:
+    """Per-GPU one-direction bandwidth for a collective over `gpus` ranks, and which field it is."""
+    domain = int(getattr(hw, "scaleup_domain_gpus", 0) or 0)
+    if gpus <= domain or not getattr(hw, "scaleout_bandwidth_bytes_per_s", None):
+        return float(hw.scaleup_bandwidth_bytes_per_s), "scaleup_bandwidth_bytes_per_s"
+    return float(hw.scaleout_bandwidth_bytes_per_s), "scaleout_bandwidth_bytes_per_s"

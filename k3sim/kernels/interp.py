@@ -1,0 +1,105 @@
+"""Interpolation of a smooth quantity (log of measured/model time) over a ragged grid in log2 space.
+
+We interpolate the model's residual, not the time itself: the fitted roofline carries the shape
+dependence (FLOP, bytes, occupancy), the residual carries what it misses (tile and wave quantisation,
+kernel choice), and a residual varies far more slowly than time does. This is AIConfigurator's
+"interpolate utilisation against a speed-of-light roofline" (perf_interp_design.md), with our fitted
+model in place of the bare roofline. Methods, in order:
+
+1. multilinear on the bracketing hypercube when all its corners are measured (full grids);
+2. axis lines: along each parameter, the nearest measured neighbours below and above with every other
+   parameter equal, linear in log2; several axes are averaged, weighted by 1 / bracket width (this is
+   what leave-one-out on a grid exercises);
+3. inverse-distance weighting of the nearest points in octaves (ragged grids, shapes never measured).
+
+A query outside the bounding box of the points is not interpolated (`None`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+_TOL = 1e-9
+
+
+class ResidualGrid:
+    """Points `X` (n x d, log2 of the parameters) with values `z`."""
+
+    def __init__(self, X: np.ndarray, z: np.ndarray, idw_neighbours: int = 6):
+        self.X = np.asarray(X, float).reshape(len(z), -1)
+        self.z = np.asarray(z, float)
+        self.lo = self.X.min(axis=0)
+        self.hi = self.X.max(axis=0)
+        self.uniq = [np.unique(self.X[:, j]) for j in range(self.X.shape[1])]
+        self.index = {self._key(x): i for i, x in enumerate(self.X)}
+        self.k = idw_neighbours
+
+    @staticmethod
+    def _key(x) -> tuple:
+        return tuple(np.round(np.asarray(x, float), 9))
+
+    def inside(self, q: np.ndarray) -> bool:
+        return bool(np.all(q >= self.lo - _TOL) and np.all(q <= self.hi + _TOL))
+
+    def clip(self, q: np.ndarray) -> np.ndarray:
+        return np.clip(q, self.lo, self.hi)
+
+    def __call__(self, q) -> tuple[float, str] | None:
+        q = np.asarray(q, float)
+        if not self.inside(q):
+            return None
+        i = self.index.get(self._key(q))
+        if i is not None:
+            return float(self.z[i]), "exact"
+        for method in (self._multilinear, self._axis_lines, self._idw):
+            out = method(q)
+            if out is not None:
+                return out
+        return None
+
+    def _multilinear(self, q):
+        brackets = []
+        for j, u in enumerate(self.uniq):
+            hit = np.abs(u - q[j]) < _TOL
+            if hit.any():
+                brackets.append([(u[hit][0], 1.0)])
+                continue
+            lo, hi = u[u < q[j]].max(), u[u > q[j]].min()
+            w = (q[j] - lo) / (hi - lo)
+            brackets.append([(lo, 1.0 - w), (hi, w)])
+        total = 0.0
+        for corner in itertools.product(*brackets):
+            i = self.index.get(self._key([c for c, _ in corner]))
+            if i is None:
+                return None
+            total += float(np.prod([w for _, w in corner])) * self.z[i]
+        return total, "multilinear"
+
+    def _axis_lines(self, q):
+        same = np.abs(self.X - q) < _TOL  # n x d
+        vals, weights, axes = [], [], []
+        for j in range(self.X.shape[1]):
+            others = np.delete(same, j, axis=1).all(axis=1)
+            if not others.any():
+                continue
+            xs, zs = self.X[others, j], self.z[others]
+            below, above = xs < q[j] - _TOL, xs > q[j] + _TOL
+            if not (below.any() and above.any()):
+                continue
+            a = np.flatnonzero(below)[np.argmax(xs[below])]
+            b = np.flatnonzero(above)[np.argmin(xs[above])]
+            w = (q[j] - xs[a]) / (xs[b] - xs[a])
+            vals.append((1 - w) * zs[a] + w * zs[b])
+            weights.append(1.0 / (xs[b] - xs[a]))
+            axes.append(j)
+        if not vals:
+            return None
+        return float(np.average(vals, weights=weights)), "axis-line"
+
+    def _idw(self, q):
+        d = np.sqrt(((self.X - q) ** 2).sum(axis=1))  # octaves: every parameter counts alike
+        order = np.argsort(d)[: self.k]
+        w = 1.0 / np.maximum(d[order], 1e-12) ** 2
+        return float(np.average(self.z[order], weights=w)), "idw"

@@ -1,0 +1,174 @@
+"""Analytical kernel-time models with free parameters, and their least-squares fit in log space.
+
+Compute ops: a roofline with fitted efficiency, saturating in size, plus a launch term,
+
+    t = launch + (t_c^p + t_m^p)^(1/p)
+    t_c = flop  / (eff_flop  * peak) * (1 + (half_flop  / flop )^exp_flop)
+    t_m = bytes / (eff_bytes * bw  ) * (1 + (half_bytes / bytes)^exp_bytes)
+
+`eff_*` is the large-size fraction of the datasheet peak; the `(1 + (half/s)^a)` factor is the
+efficiency loss of a GPU that is not filled (a = 1 would be a constant latency, a < 1 lets time grow
+sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max between the two
+roofs. Collectives: the alpha-beta model t = alpha + wire_bytes / bus_bandwidth (nccl-tests' bus
+bandwidth, so one fit holds across GPU counts of the same link).
+
+Fits minimise squared log-error (relative error, all sizes count equally) with Levenberg-Marquardt
+and a weak prior toward the initial guess, so parameters the data cannot see (a compute roof for a
+pure copy) stay at sensible values instead of wandering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+ROOFLINE_PARAMS = ("launch_s", "eff_flop", "half_flop", "exp_flop", "eff_bytes", "half_bytes", "exp_bytes", "smooth_p")
+
+
+@dataclass
+class RooflineFit:
+    """Fitted parameters of one compute op; peak and bandwidth are the datasheet values they scale."""
+
+    launch_s: float
+    eff_flop: float
+    half_flop: float  # FLOP
+    exp_flop: float
+    eff_bytes: float
+    half_bytes: float  # bytes
+    exp_bytes: float
+    smooth_p: float
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+
+    def seconds(self, flop, nbytes):
+        return roofline_seconds(self.to_theta(), np.asarray(flop, float), np.asarray(nbytes, float),
+                                self.peak_flops_per_s, self.bandwidth_bytes_per_s)
+
+    def to_theta(self) -> np.ndarray:
+        return np.array([np.log(self.launch_s), np.log(self.eff_flop), np.log(self.half_flop), _logit(self.exp_flop),
+                         np.log(self.eff_bytes), np.log(self.half_bytes), _logit(self.exp_bytes),
+                         np.log(self.smooth_p - 1.0)])
+
+    @classmethod
+    def from_theta(cls, theta, peak: float, bw: float) -> "RooflineFit":
+        v = _decode(theta)
+        return cls(*[float(x) for x in v], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw))
+
+    def as_dict(self) -> dict:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class AlphaBetaFit:
+    """t = alpha_s + wire_bytes / bus_bandwidth_bytes_per_s."""
+
+    alpha_s: float
+    bus_bandwidth_bytes_per_s: float
+
+    def seconds(self, wire):
+        return self.alpha_s + np.asarray(wire, float) / self.bus_bandwidth_bytes_per_s
+
+    def as_dict(self) -> dict:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def _logit(x: float) -> float:
+    x = min(max(x, 1e-6), 1 - 1e-6)
+    return float(np.log(x / (1 - x)))
+
+
+def _decode(theta):
+    t = np.asarray(theta, float)
+    sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    return (np.exp(t[0]), np.exp(t[1]), np.exp(t[2]), sig(t[3]), np.exp(t[4]), np.exp(t[5]), sig(t[6]),
+            1.0 + np.exp(t[7]))
+
+
+def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float) -> np.ndarray:
+    launch, ef, hf, af, eb, hb, ab, p = _decode(theta)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        tc = np.where(flop > 0, flop / (ef * peak) * (1.0 + (hf / np.maximum(flop, 1e-300)) ** af), 0.0)
+        tm = np.where(nbytes > 0, nbytes / (eb * bw) * (1.0 + (hb / np.maximum(nbytes, 1e-300)) ** ab), 0.0)
+        scale = np.maximum(np.maximum(tc, tm), 1e-300)
+        body = scale * ((tc / scale) ** p + (tm / scale) ** p) ** (1.0 / p)
+    return launch + body
+
+
+def levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], theta0: np.ndarray, *,
+                        prior_weight: float = 0.0, iters: int = 200) -> tuple[np.ndarray, float]:
+    """Minimise |residual(theta)|^2 + prior_weight |theta - theta0|^2; returns (theta, cost)."""
+    theta0 = np.asarray(theta0, float)
+    sw = np.sqrt(prior_weight)
+
+    def full(th):
+        r = residual(th)
+        return np.concatenate([r, sw * (th - theta0)]) if sw else r
+
+    th = theta0.copy()
+    r = full(th)
+    cost = float(r @ r)
+    lam = 1e-2
+    for _ in range(iters):
+        J = np.empty((r.size, th.size))
+        for j in range(th.size):
+            d = np.zeros_like(th)
+            d[j] = 1e-6 * max(1.0, abs(th[j]))
+            J[:, j] = (full(th + d) - r) / d[j]
+        g = J.T @ r
+        H = J.T @ J
+        improved = False
+        while lam < 1e10:
+            try:
+                step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
+            except np.linalg.LinAlgError:
+                lam *= 10
+                continue
+            r_new = full(th + step)
+            c_new = float(r_new @ r_new)
+            if np.isfinite(c_new) and c_new < cost:
+                th, r, lam, improved = th + step, r_new, max(lam / 3, 1e-9), True
+                rel = (cost - c_new) / max(cost, 1e-300)
+                cost = c_new
+                break
+            lam *= 4
+        if not improved or rel < 1e-10:
+            break
+    return th, cost
+
+
+def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight: float = 1e-4) -> RooflineFit:
+    """Fit the compute-op model to measured seconds (several starts, the lowest log-error wins)."""
+    flop, nbytes, seconds = (np.asarray(a, float) for a in (flop, nbytes, seconds))
+    y = np.log(seconds)
+
+    def res(th):
+        return np.log(roofline_seconds(th, flop, nbytes, peak, bw)) - y
+
+    best = None
+    fpos = flop[flop > 0]
+    for half_f in ([1e9, 1e11, 1e13] if fpos.size else [1e9]):
+        for half_b in (1e6, 1e8):
+            init = RooflineFit(launch_s=0.3 * float(seconds.min()), eff_flop=0.6, half_flop=half_f, exp_flop=0.5,
+                               eff_bytes=0.7, half_bytes=half_b, exp_bytes=0.5, smooth_p=4.0,
+                               peak_flops_per_s=peak, bandwidth_bytes_per_s=bw)
+            th, cost = levenberg_marquardt(res, init.to_theta(), prior_weight=prior_weight)
+            if best is None or cost < best[1]:
+                best = (th, cost)
+    return RooflineFit.from_theta(best[0], peak, bw)
+
+
+def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6) -> AlphaBetaFit:
+    """Alpha-beta in log space: small messages set alpha, large ones the bus bandwidth."""
+    wire, seconds = np.asarray(wire, float), np.asarray(seconds, float)
+    y = np.log(seconds)
+
+    def res(th):
+        return np.log(np.exp(th[0]) + wire / np.exp(th[1])) - y
+
+    big = wire >= np.quantile(wire, 0.75)
+    beta0 = float(np.median(wire[big] / seconds[big])) if big.any() else 1e11
+    th, _ = levenberg_marquardt(res, np.array([np.log(seconds.min() * 0.8), np.log(max(beta0, 1.0))]),
+                                prior_weight=prior_weight)
+    return AlphaBetaFit(alpha_s=float(np.exp(th[0])), bus_bandwidth_bytes_per_s=float(np.exp(th[1])))

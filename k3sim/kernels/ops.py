@@ -1,0 +1,260 @@
+"""Op registry: each measured kernel's parameters, allowed ranges, FLOP and minimal-byte counts.
+
+The counts are the roofline's speed-of-light inputs (`t >= flop/peak`, `t >= bytes/bandwidth`); the
+fitted efficiencies absorb everything the formulas leave out. Shapes follow the harness in
+`k3sim/calibration/` (batch 1 for KDA and SDPA, K = V = 128 for KDA, bf16 activations).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from k3sim.errors import InputError
+
+KDA_HEAD_DIM = 128  # K = V = 128 (K3 and Kimi-Linear KDA layers)
+KDA_CHUNK = 64  # fla chunk_kda chunk size
+BF16 = 2  # bytes per element
+FP32 = 4
+
+Params = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One kernel: what it takes, what it costs in the ideal case.
+
+    `kind` is "compute" (roofline over FLOP and HBM bytes) or "collective" (alpha-beta over wire bytes).
+    `categorical` parameters are never interpolated across (a different GPU count is a different
+    machine configuration); `dtype` picks the peak FLOP/s in the hardware profile.
+    """
+
+    name: str
+    family: str
+    params: tuple[str, ...]
+    ranges: dict[str, tuple[int, int]]
+    flop: Callable[[Params], float]
+    bytes: Callable[[Params], float]
+    kind: str = "compute"
+    dtype: str = "bf16"
+    categorical: tuple[str, ...] = ()
+    check: Callable[[Params], str | None] = field(default=lambda p: None)
+
+
+# ---- formulas -------------------------------------------------------------------------------------
+
+def gemm_flop(p: Params) -> float:
+    return 2.0 * p["M"] * p["N"] * p["K"]
+
+
+def gemm_bytes(p: Params, in_bytes: float = BF16, out_bytes: float = BF16) -> float:
+    """A [M, K], B [K, N] read once, C [M, N] written once."""
+    return in_bytes * (p["M"] * p["K"] + p["K"] * p["N"]) + out_bytes * p["M"] * p["N"]
+
+
+def expected_distinct_experts(B: float, E: float, topk: float) -> float:
+    """Expected number of experts hit by B tokens routing uniformly to topk of E: E(1-(1-k/E)^B)."""
+    return E * (1.0 - (1.0 - topk / E) ** B)
+
+
+def moe_flop(p: Params) -> float:
+    return 2.0 * p["B"] * p["topk"] * p["K"] * p["N"]
+
+
+def moe_bytes(p: Params) -> float:
+    """Weights of the experts touched (each read once) plus routed activations in and out."""
+    distinct = expected_distinct_experts(p["B"], p["E"], p["topk"])
+    return BF16 * (distinct * p["K"] * p["N"] + p["B"] * p["topk"] * (p["K"] + p["N"]))
+
+
+def kda_fwd_flop_per_token_head(C: int = KDA_CHUNK, D: int = KDA_HEAD_DIM) -> float:
+    """Chunkwise KDA forward (fla chunk_kda), FLOP per token and head.
+
+    Per chunk of C tokens, D = K = V: intra-chunk A_kk = K K^T and A_qk = Q K^T (decay folded in),
+    WY factors w = A K and u = A V, intra output A_qk v_new: five C x C x D products -> 5 * 2CD per
+    token; inter-chunk v_new = u - w h, h += K^T v_new, o += Q h: three C x D x D products -> 3 * 2D^2
+    per token; the triangular inverse (I + A)^-1: C^3/3 per chunk -> C^2/3 per token.
+    """
+    return 5 * 2.0 * C * D + 3 * 2.0 * D * D + C * C / 3.0
+
+
+KDA_FWD_BWD_FLOP_FACTOR = 3.0  # backward: two gradient products per forward product
+
+
+def kda_padded_tokens(T: int, docs: int = 1, C: int = KDA_CHUNK) -> float:
+    """Tokens the chunked kernel processes: each packed document is padded to whole chunks."""
+    per_doc = T / docs
+    return docs * math.ceil(per_doc / C) * C
+
+
+def kda_fwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM) -> float:
+    """q, k, v, g (bf16, D each), beta (bf16) read and o (bf16) written per token-head, plus the
+    final state (fp32 D x D per head) written once."""
+    return T * H * (4 * D * BF16 + BF16 + D * BF16) + H * D * D * FP32
+
+
+def kda_fwd_bwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM) -> float:
+    """Forward, then the backward reads q, k, v, g, beta, do and writes dq, dk, dv, dg, dbeta."""
+    bwd = T * H * (5 * D * BF16 + BF16 + 4 * D * BF16 + BF16)
+    return kda_fwd_bytes(T, H, D) + bwd
+
+
+def chunk_kda_flop(p: Params) -> float:
+    return kda_padded_tokens(p["T"]) * p["H"] * kda_fwd_flop_per_token_head()
+
+
+def recurrent_flop(p: Params, D: int = KDA_HEAD_DIM) -> float:
+    """Per token and head: decay D^2, S^T k 2D^2, rank-1 update 2D^2, S^T q 2D^2 -> 7 D^2."""
+    return 7.0 * D * D * p["B"] * p["T"] * p["H"]
+
+
+def recurrent_bytes(p: Params, D: int = KDA_HEAD_DIM) -> float:
+    """Dominated by the fp32 state read and written once per step: B H D^2 4 bytes x 2; plus
+    q, k, v, g, o (bf16) and beta per token."""
+    state = p["B"] * p["H"] * D * D * FP32 * 2
+    return state + p["B"] * p["T"] * p["H"] * (5 * D * BF16 + BF16)
+
+
+def kcp_flop(p: Params, factor: float = 1.0, D: int = KDA_HEAD_DIM) -> float:
+    """One rank under KDA context parallelism (fla.ops.cp, contiguous split): the chunked kernel over
+    T/gpus tokens, one extra D x D transition product per token (2D^2) to carry the rank's state map,
+    and folding the gathered states of all ranks (gpus x 2D^3 per head)."""
+    local = kda_padded_tokens(p["T"] // p["gpus"], max(1, p["docs"] // p["gpus"]))
+    per_tok = kda_fwd_flop_per_token_head() + 2.0 * D * D
+    return factor * (local * p["H"] * per_tok + p["gpus"] * p["H"] * 2.0 * D ** 3)
+
+
+def kcp_bytes(p: Params, fwd_bwd: bool = False, D: int = KDA_HEAD_DIM) -> float:
+    local = p["T"] / p["gpus"]
+    io = kda_fwd_bwd_bytes(local, p["H"]) if fwd_bwd else kda_fwd_bytes(local, p["H"])
+    return io + 2.0 * p["gpus"] * p["H"] * D * D * FP32  # gathered state + transition per rank
+
+
+SDPA_FWD_BWD_FLOP_FACTOR = 3.5  # FlashAttention-2 convention: backward = 2.5 x forward
+
+
+def sdpa_flop(p: Params) -> float:
+    """Causal: 4 T^2 H D / 2 (QK^T and PV, half the score matrix)."""
+    return 4.0 * p["T"] ** 2 * p["H"] * p["D"] / 2.0
+
+
+def sdpa_bytes(p: Params, fwd_bwd: bool = False) -> float:
+    """q, k, v read and o written (bf16); the backward reads q, k, v, o, do and writes dq, dk, dv."""
+    n = 12 if fwd_bwd else 4
+    return n * p["T"] * p["H"] * p["D"] * BF16
+
+
+# nccl-tests bus-bandwidth factors, applied to the per-rank shard `bytes`: bytes each rank puts on the
+# wire (nccl-tests doc/PERFORMANCE.md; all_gather/reduce_scatter size there is the full buffer n*shard).
+def wire_bytes(op: str, nbytes: float, n: int) -> float:
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) * nbytes
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes
+    if op == "all_to_all":
+        return (n - 1) / n * nbytes
+    if op == "send_recv":
+        return float(nbytes)
+    raise KeyError(op)
+
+
+# ---- registry -------------------------------------------------------------------------------------
+
+_BIG = 2 ** 24
+_GEMM_RANGES = {"M": (1, _BIG), "N": (1, _BIG), "K": (1, _BIG)}
+
+
+def _topk_le_e(p: Params) -> str | None:
+    return None if p["topk"] <= p["E"] else f"topk={p['topk']} exceeds E={p['E']}"
+
+
+def _cp_check(p: Params) -> str | None:
+    if p["docs"] > p["T"]:
+        return f"docs={p['docs']} exceeds T={p['T']}"
+    if p["T"] < p["gpus"]:
+        return f"T={p['T']} is less than one token per GPU (gpus={p['gpus']})"
+    return None
+
+
+def _collective(name: str) -> OpSpec:
+    return OpSpec(name, "collective", ("bytes", "gpus"), {"bytes": (1, 2 ** 40), "gpus": (2, 65536)},
+                  flop=lambda p: 0.0, bytes=lambda p, _n=name: wire_bytes(_n, p["bytes"], p["gpus"]),
+                  kind="collective", categorical=("gpus",))
+
+
+OPS: dict[str, OpSpec] = {s.name: s for s in [
+    OpSpec("gemm_bf16", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_bytes),
+    OpSpec("gemm_fp8", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop,
+           lambda p: gemm_bytes(p, in_bytes=1, out_bytes=BF16), dtype="fp8"),
+    OpSpec("hbm_copy", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: 2.0 * p["bytes"]),
+    OpSpec("hbm_read", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: float(p["bytes"])),
+    OpSpec("moe_grouped_bf16", "moe", ("B", "E", "K", "N", "topk"),
+           {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)},
+           moe_flop, moe_bytes, check=_topk_le_e),
+    OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
+           chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"])),
+    OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
+           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p), lambda p: kda_fwd_bwd_bytes(p["T"], p["H"])),
+    OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"), {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096)},
+           recurrent_flop, recurrent_bytes),
+    OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
+           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
+           kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check),
+    OpSpec("chunk_kda_cp_fwd_bwd", "kda", ("T", "H", "gpus", "docs"),
+           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
+           lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
+           categorical=("gpus",), check=_cp_check),
+    OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
+           sdpa_flop, sdpa_bytes),
+    OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
+           {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
+           lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True)),
+    *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
+]}
+
+FAMILIES = ("gemm", "hbm", "moe", "kda", "attention", "collective")
+
+
+def get_op(name: str) -> OpSpec:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise InputError(f"unknown op '{name}' (known: {', '.join(OPS)})", field="op") from None
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"parameter {name}={value!r} is not an integer", field=name)
+    if isinstance(value, int):
+        return value
+    try:
+        f = float(value)  # accepts "64", "1e6", 64.0
+    except (TypeError, ValueError):
+        raise InputError(f"parameter {name}={value!r} is not an integer", field=name) from None
+    if not math.isfinite(f) or f != int(f):
+        raise InputError(f"parameter {name}={value!r} is not an integer", field=name)
+    return int(f)
+
+
+def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int]:
+    """Exact parameter set, integers, inside the op's allowed ranges; returns them as ints."""
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        raise InputError(f"unknown parameter(s) {', '.join(unknown)} for {spec.name} "
+                         f"(expects {', '.join(spec.params)})", field=unknown[0])
+    missing = [p for p in spec.params if p not in params]
+    if missing:
+        raise InputError(f"missing parameter(s) {', '.join(missing)} for {spec.name} "
+                         f"(expects {', '.join(spec.params)})", field=missing[0])
+    out = {}
+    for name in spec.params:
+        v = _as_int(name, params[name])
+        lo, hi = spec.ranges[name]
+        if not lo <= v <= hi:
+            raise InputError(f"{spec.name}: {name}={v} outside the allowed range [{lo}, {hi}]", field=name)
+        out[name] = v
+    reason = spec.check(out)
+    if reason:
+        raise InputError(f"{spec.name}: {reason}", field=spec.params[0])
+    return out

@@ -1,0 +1,211 @@
+"""`predict_kernel_time`: how long kernel X with shape Y takes on hardware Z, and where that comes from.
+
+Sources, best first:
+- "measured": the shape was measured (median over runs);
+- "interpolated": inside the measured range; the fitted model times the interpolated residual
+  (see `interp.py`);
+- "model": outside the measured range; the fitted model (roofline with fitted efficiency, latency and
+  launch terms; alpha-beta for collectives), times the residual held at the nearest boundary
+  (AIConfigurator's "hold the boundary utilisation");
+- "datasheet-roofline": the profile has no measurements of this op; max(FLOP / peak, bytes /
+  bandwidth) from the datasheet, with no launch or latency term: a lower bound, and said so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from k3sim.kernels.hardware import link_bandwidth, load_profile, measured_dir, peak_flops
+from k3sim.kernels.interp import ResidualGrid
+from k3sim.kernels.ops import OpSpec, get_op, validate_params
+
+EXTRAPOLATION = "hold"  # "hold": boundary residual kept outside the range; "model": pure fitted model
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """seconds: predicted kernel time (s); source: measured | interpolated | model | datasheet-roofline."""
+
+    seconds: float
+    source: str
+    detail: str
+
+
+def log2_coords(spec: OpSpec, params: Mapping[str, int]) -> np.ndarray:
+    return np.array([math.log2(params[p]) for p in spec.params if p not in spec.categorical], float)
+
+
+def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> KernelTime:
+    if spec.kind == "collective":
+        bw, which = link_bandwidth(hw, p["gpus"])
+        t = spec.bytes(p) / bw
+        how = f"wire bytes / {which}"
+    else:
+        tc = spec.flop(p) / peak_flops(hw, spec.dtype) if spec.flop(p) else 0.0
+        tm = spec.bytes(p) / float(hw.hbm_bandwidth_bytes_per_s)
+        t = max(tc, tm)
+        how = f"max(FLOP / peak {spec.dtype}, bytes / HBM bandwidth) = {'compute' if tc >= tm else 'memory'} bound"
+    return KernelTime(float(t), "datasheet-roofline",
+                      f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
+
+
+class OpPredictor:
+    """One op on one calibrated profile: exact hits, residual grids per categorical group, the fit."""
+
+    def __init__(self, spec: OpSpec, points, fit, hw: Any, fit_note: str, exclude: tuple | None = None):
+        from k3sim.kernels.fit import work
+
+        self.spec, self.fit, self.hw, self.fit_note = spec, fit, hw, fit_note
+        keys = list(spec.params)
+        if exclude is not None:
+            points = points[~(points[keys] == list(exclude)).all(axis=1)]
+        self.exact = {tuple(int(v) for v in r[keys]): (float(r["seconds"]), int(r["rows"]), str(r["runs"]))
+                      for _, r in points.iterrows()}
+        flop, nbytes = work(spec, points)
+        resid = np.log(points["seconds"].to_numpy(float)) - np.log(self._model(flop, nbytes, points))
+        self.groups: dict[tuple, ResidualGrid] = {}
+        cat = list(spec.categorical)
+        cat_vals = points[cat].to_numpy(int) if cat else np.zeros((len(points), 0), int)
+        X = np.array([log2_coords(spec, r) for r in points[keys].to_dict("records")]).reshape(len(points), -1)
+        for g in {tuple(v) for v in cat_vals}:
+            m = (cat_vals == np.array(g, int)).all(axis=1) if cat else np.ones(len(points), bool)
+            self.groups[g] = ResidualGrid(X[m], resid[m])
+        self.n_points = len(points)
+
+    def _model(self, flop, nbytes, points) -> np.ndarray:
+        if self.spec.kind != "collective":
+            return self.fit.roofline.seconds(flop, nbytes)
+        return np.array([self._alpha_beta(int(n))[0].seconds(w) for n, w in zip(points["gpus"], nbytes)])
+
+    def _alpha_beta(self, gpus: int):
+        """The fit for this GPU count, else the nearest count's (bus bandwidth carries across counts)."""
+        fits = self.fit.alpha_beta
+        if gpus in fits:
+            return fits[gpus], f"alpha-beta fit for {gpus} GPUs"
+        near = min(fits, key=lambda n: (abs(math.log2(n) - math.log2(gpus)), n))
+        ab = fits[near]
+        note = f"alpha-beta fit of {near} GPUs reused for {gpus} (nccl-tests bus bandwidth carries across counts)"
+        own, which = link_bandwidth(self.hw, gpus)
+        ref, ref_which = link_bandwidth(self.hw, near)
+        if which != ref_which:  # leaves the scale-up domain: same achieved fraction of the slower link
+            from k3sim.kernels.model import AlphaBetaFit
+
+            ab = AlphaBetaFit(ab.alpha_s, ab.bus_bandwidth_bytes_per_s * own / ref)
+            note += f", bandwidth scaled by {which}/{ref_which}"
+        return ab, note
+
+    def model_seconds(self, p: Mapping[str, int]) -> tuple[float, str]:
+        flop, nbytes = self.spec.flop(p), self.spec.bytes(p)
+        if self.spec.kind == "collective":
+            ab, note = self._alpha_beta(p["gpus"])
+            return float(ab.seconds(nbytes)), note
+        return float(self.fit.roofline.seconds(flop, nbytes)), f"roofline fit of {self.spec.name}"
+
+    def predict(self, p: Mapping[str, int], extrapolation: str = EXTRAPOLATION) -> KernelTime:
+        key = tuple(p[k] for k in self.spec.params)
+        if key in self.exact:
+            s, rows, runs = self.exact[key]
+            return KernelTime(s, "measured", f"median of {rows} measured row(s), run(s) {runs}")
+        base, note = self.model_seconds(p)
+        g = tuple(p[c] for c in self.spec.categorical)
+        grid = self.groups.get(g)
+        q = log2_coords(self.spec, p)
+        hit = grid(q) if grid is not None else None
+        if hit is not None:
+            r, method = hit
+            return KernelTime(base * math.exp(r), "interpolated",
+                              f"{note} x residual interpolated ({method}) over {len(grid.z)} measured points; "
+                              f"{self.fit_note}")
+        if grid is None:
+            why = ", ".join(f"{c}={v}" for c, v in zip(self.spec.categorical, g)) + " not measured"
+            return KernelTime(base, "model", f"{note} ({why}); {self.fit_note}")
+        outside = [f"{n}={p[n]}" for n, x, lo, hi in zip([n for n in self.spec.params if n not in self.spec.categorical],
+                                                            q, grid.lo, grid.hi) if x < lo - 1e-9 or x > hi + 1e-9]
+        if extrapolation == "hold":
+            r, method = grid(grid.clip(q))
+            return KernelTime(base * math.exp(r), "model",
+                              f"{note}, residual held at the range boundary ({method}); outside the measured "
+                              f"range ({', '.join(outside)}); {self.fit_note}")
+        return KernelTime(base, "model", f"{note}; outside the measured range ({', '.join(outside)}); {self.fit_note}")
+
+
+class ProfilePredictor:
+    """All ops of one profile: the store and the fit, loaded once."""
+
+    def __init__(self, hw: Any):
+        self.hw = hw
+        self.dir = measured_dir(hw)
+        self.store = None
+        self.fitted = None
+        self.fit_note = ""
+        self._ops: dict[str, OpPredictor] = {}
+        if self.dir is not None:
+            from k3sim.kernels.fit import load_or_fit
+            from k3sim.kernels.store import load_store
+
+            self.store = load_store(self.dir)
+            self.fitted, self.fit_note = load_or_fit(self.store, hw)
+
+    def op(self, name: str) -> OpPredictor | None:
+        if self.store is None or name not in self.fitted.ops:
+            return None
+        if name not in self._ops:
+            self._ops[name] = OpPredictor(get_op(name), self.store.points(name), self.fitted.ops[name], self.hw,
+                                          self.fit_note)
+        return self._ops[name]
+
+    def predict(self, op: str, params: Mapping[str, object]) -> KernelTime:
+        spec = get_op(op)
+        p = validate_params(spec, params)
+        opp = self.op(op)
+        if opp is not None:
+            return opp.predict(p)
+        if self.dir is None:
+            why = f"profile '{self.hw.name}' is uncalibrated (no measured data directory)"
+        else:
+            why = f"no successful measurement of {op} in {self.dir.name}"
+        return datasheet_time(spec, p, self.hw, why)
+
+
+_PROFILES: dict[tuple, ProfilePredictor] = {}
+_HW_BY_NAME: dict[str, Any] = {}
+
+
+def _hw_key(hw: Any) -> tuple:
+    peaks = tuple(sorted((k, float(v)) for k, v in dict(hw.peak_flops_per_s or {}).items()))
+    links = tuple(float(getattr(hw, f, 0) or 0) for f in
+                  ("scaleup_bandwidth_bytes_per_s", "scaleup_domain_gpus", "scaleout_bandwidth_bytes_per_s"))
+    return (str(hw.name), str(getattr(hw, "calibration_dir", None)), peaks, float(hw.hbm_bandwidth_bytes_per_s), links)
+
+
+def profile_predictor(hardware: Any) -> ProfilePredictor:
+    """Cached per profile for the life of the process (`clear_cache()` after changing files)."""
+    if isinstance(hardware, (str, Path)):
+        name = str(hardware)
+        if name not in _HW_BY_NAME:
+            _HW_BY_NAME[name] = load_profile(name)
+        hw = _HW_BY_NAME[name]
+    else:
+        hw = load_profile(hardware)
+    key = _hw_key(hw)
+    if key not in _PROFILES:
+        _PROFILES[key] = ProfilePredictor(hw)
+    return _PROFILES[key]
+
+
+def clear_cache() -> None:
+    _PROFILES.clear()
+    _HW_BY_NAME.clear()
+
+
+def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "h200") -> KernelTime:
+    """Kernel time in seconds with its source; `hardware` is a profile name, a path or a HardwareProfile.
+
+    Raises InputError for an unknown op or parameter, a missing one, or a shape outside the op's range.
+    """
+    return profile_predictor(hardware).predict(op, params)

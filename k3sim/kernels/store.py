@@ -1,0 +1,162 @@
+"""Measured kernel times of one profile: `hardware_profiles/measured/<profile>/<run_id>/`.
+
+Each run directory holds `provenance.yaml` and one `<op>.csv` per op (schema in DEVELOPING.md,
+"Measured data"). All runs are concatenated; rows with status != ok are kept (`failed`) for the
+record but never used for prediction. A file that does not parse or does not follow the schema is
+an `InputError` naming the file, so bad data never silently turns into a prediction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3sim.errors import InputError
+from k3sim.kernels.ops import OPS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TIMING_COLUMNS = ("seconds", "status")
+PROVENANCE_KEYS = ("gpu_name", "command")
+STATUSES = ("ok", "failed")
+
+
+@dataclass
+class MeasurementStore:
+    """All runs of one profile. `rows[op]`: every row, with `run_id`; `ignored`: files not read."""
+
+    root: Path
+    runs: dict[str, dict]
+    rows: dict[str, "pd.DataFrame"]
+    ignored: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+
+    def ok(self, op: str) -> "pd.DataFrame":
+        import pandas as pd
+
+        df = self.rows.get(op)
+        return df[df["status"] == "ok"] if df is not None else pd.DataFrame()
+
+    def failed(self, op: str) -> "pd.DataFrame":
+        import pandas as pd
+
+        df = self.rows.get(op)
+        return df[df["status"] != "ok"] if df is not None else pd.DataFrame()
+
+    def points(self, op: str) -> "pd.DataFrame":
+        """One row per measured shape: median seconds over runs, row count and run ids."""
+        df = self.ok(op)
+        if df.empty:
+            return df
+        keys = list(OPS[op].params)
+        g = df.groupby(keys, sort=True)
+        out = g["seconds"].median().to_frame("seconds")  # params stay float: failed rows may lack them
+        out["rows"] = g.size()
+        out["runs"] = g["run_id"].agg(lambda s: ",".join(sorted(set(s))))
+        out = out.reset_index()
+        out[keys] = out[keys].astype("int64")
+        return out
+
+    def ops(self) -> list[str]:
+        return [op for op in OPS if op in self.rows and not self.ok(op).empty]
+
+
+def _read_provenance(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"unreadable provenance ({err.__class__.__name__})", source=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("provenance is not a mapping: not a k3sim measurement run", source=str(path))
+    missing = [k for k in PROVENANCE_KEYS if k not in data]
+    if missing:
+        raise InputError(f"provenance lacks {', '.join(missing)}: not a k3sim measurement run", source=str(path))
+    return data
+
+
+def _read_csv(path: Path, op: str, run_id: str) -> "pd.DataFrame":
+    import pandas as pd
+
+    spec = OPS[op]
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        raise InputError(f"corrupt CSV ({err.__class__.__name__}: {str(err).splitlines()[0][:120]})",
+                         source=str(path)) from None
+    need = list(spec.params) + list(TIMING_COLUMNS)
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise InputError(f"missing column(s) {', '.join(missing)}: not a {op} measurement file", source=str(path))
+    df["status"] = df["status"].astype(str).str.strip()
+    bad = sorted(set(df["status"]) - set(STATUSES))
+    if bad:
+        raise InputError(f"status must be ok or failed, found {bad[0]!r}", source=str(path), field="status")
+    ok = df["status"] == "ok"
+    for col in list(spec.params) + ["seconds"]:
+        num = pd.to_numeric(df[col], errors="coerce")
+        bad_rows = ok & ~(num > 0)  # NaN, non-numeric, zero or negative
+        if col in spec.params:
+            bad_rows |= ok & (num.notna()) & (num != num.round())
+        if bad_rows.any():
+            line = int(bad_rows.idxmax()) + 2  # header is line 1
+            raise InputError(f"line {line}: {col}={df.loc[bad_rows.idxmax(), col]!r} is not a positive "
+                             f"{'integer' if col in spec.params else 'number'}", source=str(path), field=col)
+        df[col] = num
+    df["run_id"] = run_id
+    return df
+
+
+def _signature(root: Path) -> tuple:
+    """Names, sizes and mtimes of every file under root: the cache key of a loaded store."""
+    sig = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            sig.append((str(p.relative_to(root)), st.st_size, st.st_mtime_ns))
+    return tuple(sig)
+
+
+_CACHE: dict[tuple, MeasurementStore] = {}
+
+
+def load_store(root: Path | str) -> MeasurementStore:
+    """Load (or return the cached copy of) every run under `root`; reloads when a file changes."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise InputError("no such measured-data directory", source=str(root))
+    key = (str(root), _signature(root))
+    if key not in _CACHE:
+        _CACHE.clear() if len(_CACHE) > 16 else None
+        _CACHE[key] = _load(root)
+    return _CACHE[key]
+
+
+def _load(root: Path) -> MeasurementStore:
+    import pandas as pd
+
+    runs: dict[str, dict] = {}
+    parts: dict[str, list] = {}
+    ignored: list[str] = []
+    digest = hashlib.sha256()
+    for run in sorted(p for p in root.iterdir() if p.is_dir()):
+        csvs = sorted(run.glob("*.csv"))
+        prov = run / "provenance.yaml"
+        if not prov.exists():
+            if csvs:
+                raise InputError("run directory has CSVs but no provenance.yaml", source=str(run))
+            continue
+        runs[run.name] = _read_provenance(prov)
+        for path in csvs:
+            if path.stem not in OPS:
+                ignored.append(str(path.relative_to(root)))
+                continue
+            parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run.name))
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    rows = {op: pd.concat(dfs, ignore_index=True) for op, dfs in parts.items()}
+    return MeasurementStore(root=root, runs=runs, rows=rows, ignored=ignored, fingerprint=digest.hexdigest()[:16])
