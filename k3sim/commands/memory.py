@@ -1,0 +1,97 @@
+"""`k3sim memory`: per-GPU memory plan for serving or training under a parallel layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def print_plan(plan: Any, json_out: bool) -> None:
+    """Render a ServePlan / TrainPlan: JSON as is, or a summary and a breakdown table."""
+    from k3sim.output import human_bytes, print_json, print_kv, print_table
+
+    if json_out:
+        print_json(plan)
+        return
+    par = plan.parallelism
+    layout = " ".join(f"{k}={v}" for k, v in par.items() if k != "zero_stage" and v != 1) or "single GPU"
+    pairs = [("model", plan.model), ("hardware", plan.hardware), ("mode", plan.mode), ("layout", layout),
+             ("HBM per GPU", human_bytes(plan.hbm_bytes)), ("worst pipeline stage", plan.worst_stage)]
+    if plan.mode == "serve":
+        pairs += [
+            ("context per request", f"{plan.context_tokens:,} tokens"),
+            ("KDA state per request (model)", human_bytes(plan.kda_state_bytes_per_request)),
+            ("MLA KV per token (model)", human_bytes(plan.mla_kv_bytes_per_token)),
+            ("per request on this GPU", human_bytes(plan.per_request_bytes_per_gpu)),
+            ("max concurrent requests", plan.max_concurrent_requests),
+        ]
+    else:
+        pairs += [
+            ("sequence x micro-batch", f"{plan.seq_len_tokens:,} x {plan.micro_batch_size}"),
+            ("activation checkpointing", plan.activation_checkpointing),
+            ("micro-batches in flight", f"{plan.in_flight_micro_batches:g}"),
+            ("params on this GPU", f"{plan.params_per_gpu:,}"),
+        ]
+    pairs += [("total used", human_bytes(plan.per_gpu_bytes["total"])),
+              ("free", human_bytes(plan.per_gpu_bytes["free"]))]
+    print_kv("memory plan", pairs)
+    print_table("per-GPU breakdown", ["component", "bytes", "from"],
+                [(r.component, human_bytes(r.bytes), r.source) for r in plan.breakdown])
+
+
+def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, context: int,
+               micro_batch: int = 1, recompute: bool = True, num_micro_batches: int | None = None,
+               prefill_chunk: int = 8192, workspace_fraction: float = 0.10, source: str = "command line"):
+    """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit."""
+    from k3sim.configs import Parallelism, load_hardware, load_model
+    from k3sim.configs.loaders import validate
+    from k3sim.errors import InputError
+    from k3sim.memory.plan import serve_plan, train_plan
+
+    if mode not in ("serve", "train"):
+        raise InputError(f"unknown mode '{mode}' (serve or train)", source="--mode")
+    if context <= 0:
+        raise InputError(f"context must be positive (got {context})", source="--context")
+    if not 0 <= workspace_fraction < 1:
+        raise InputError(f"must be in [0, 1) (got {workspace_fraction})", source="--workspace-fraction")
+    model = load_model(model_path)
+    hw = load_hardware(hardware)
+    par = validate(Parallelism, layout, source)
+    if mode == "serve":
+        return serve_plan(model, hw, par, context, prefill_chunk_tokens=prefill_chunk,
+                          workspace_fraction=workspace_fraction, source=None)
+    if micro_batch <= 0:
+        raise InputError(f"must be positive (got {micro_batch})", source="--micro-batch")
+    return train_plan(model, hw, par, context, micro_batch_size=micro_batch,
+                      activation_checkpointing=recompute, num_micro_batches=num_micro_batches,
+                      workspace_fraction=workspace_fraction, source=None)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("memory")
+    def memory(
+        model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
+        hardware: str = typer.Option("h200", "--hardware", help="profile name or path"),
+        mode: str = typer.Option("serve", "--mode", help="serve or train"),
+        tp: int = typer.Option(1, "--tp"),
+        pp: int = typer.Option(1, "--pp"),
+        ep: int = typer.Option(1, "--ep"),
+        cp: int = typer.Option(1, "--cp"),
+        dp: int = typer.Option(1, "--dp"),
+        virtual_stages: int = typer.Option(1, "--virtual-stages", help="model chunks per pipeline rank"),
+        zero_stage: int = typer.Option(1, "--zero-stage", help="0-3; shards over data-parallel replicas"),
+        context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence"),
+        micro_batch: int = typer.Option(1, "--micro-batch", help="train: sequences per micro-batch"),
+        recompute: bool = typer.Option(True, "--recompute/--no-recompute", help="train: activation ckpt"),
+        prefill_chunk: int = typer.Option(8192, "--prefill-chunk", help="serve: chunked-prefill tokens"),
+        workspace_fraction: float = typer.Option(0.10, "--workspace-fraction", help="HBM held back"),
+        json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
+    ) -> None:
+        """Per-GPU memory: weights, KV cache, KDA state (serve) or grads, optimizer, activations (train)."""
+        layout = dict(tp=tp, pp=pp, ep=ep, cp=cp, dp=dp, virtual_stages=virtual_stages, zero_stage=zero_stage)
+        plan = build_plan(str(model), hardware, mode, layout, context=context, micro_batch=micro_batch,
+                          recompute=recompute, prefill_chunk=prefill_chunk,
+                          workspace_fraction=workspace_fraction)
+        print_plan(plan, json_out)
