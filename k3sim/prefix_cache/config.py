@@ -1,0 +1,96 @@
+"""Cache configuration: policy, granularities, byte sizes, capacity, and the three consistency-rule switches.
+
+Page model (our choice, documented in reports/prefix_cache/README.md):
+- one page = one physical block of `physical_block_tokens` tokens of MLA KV for every MLA layer
+  (a block id maps to one page in each layer's buffer, as in vLLM's hybrid allocator), so
+  page_bytes = physical_block_tokens x mla_kv_bytes_per_token (whole model);
+- KDA cache groups: the KDA layers are split into `num_kda_groups` groups of equal layer count, each with its own
+  recurrent-state slot (default ceil(num_kda_layers / num_mla_layers): 69/24 -> 3 groups of 23 layers, the
+  grouping of vLLM's hybrid KV cache manager and TokenSpeed's Flat KV for K3);
+- a group's state slot takes ceil(group_state_bytes / page_bytes) pages of the same pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from k3sim.errors import InputError
+
+Policy = Literal["coarse", "decoupled", "full-attention"]
+POLICIES: tuple[str, ...] = ("coarse", "decoupled", "full-attention")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    policy: str
+    hash_block_tokens: int
+    physical_block_tokens: int
+    mla_kv_bytes_per_token: int  # whole model, all MLA layers
+    kda_state_bytes_per_request: int  # whole model, all KDA layers
+    num_kda_groups: int = 3
+    capacity_bytes: float | None = None  # None: unbounded
+    # The three consistency rules of MISSION.md section 5 (switch off only to show the failure each prevents).
+    pin_before_allocate: bool = True  # rule 1
+    fence_unlanded: bool = True  # rule 2
+    invalidate_siblings: bool = True  # rule 3
+    junction_checkpoints: bool = True  # decoupled: keep a checkpoint where a request leaves a cached MLA chain
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InputError(f"unknown policy '{self.policy}' (choose {', '.join(POLICIES)})", field="policy")
+        for name in ("hash_block_tokens", "physical_block_tokens", "mla_kv_bytes_per_token"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"must be positive, got {getattr(self, name)}", field=name)
+        if self.physical_block_tokens % self.hash_block_tokens:
+            raise InputError(
+                f"hash block {self.hash_block_tokens} does not divide physical block {self.physical_block_tokens}",
+                field="hash_block_tokens",
+            )
+        if self.has_kda and (self.num_kda_groups <= 0 or self.kda_state_bytes_per_request <= 0):
+            raise InputError("a hybrid policy needs KDA groups and a positive KDA state size", field="num_kda_groups")
+        if self.capacity_bytes is not None and self.capacity_bytes <= 0:
+            raise InputError(f"must be positive, got {self.capacity_bytes}", field="capacity_bytes")
+
+    @property
+    def has_kda(self) -> bool:
+        return self.policy != "full-attention"
+
+    @property
+    def effective_hash_block_tokens(self) -> int:
+        """`coarse` hashes whole physical blocks: one shared block size is the point of that baseline."""
+        return self.physical_block_tokens if self.policy == "coarse" else self.hash_block_tokens
+
+    @property
+    def page_bytes(self) -> int:
+        return self.physical_block_tokens * self.mla_kv_bytes_per_token
+
+    @property
+    def groups(self) -> int:
+        return self.num_kda_groups if self.has_kda else 0
+
+    @property
+    def kda_group_state_bytes(self) -> int:
+        return math.ceil(self.kda_state_bytes_per_request / self.num_kda_groups) if self.has_kda else 0
+
+    @property
+    def pages_per_group_state(self) -> int:
+        return math.ceil(self.kda_group_state_bytes / self.page_bytes) if self.has_kda else 0
+
+    @property
+    def num_pages(self) -> int | None:
+        return None if self.capacity_bytes is None else int(self.capacity_bytes // self.page_bytes)
+
+    def min_pages_one_request(self) -> int:
+        """The smallest request needs one KV page and one private state slot per KDA group."""
+        return 1 + self.groups * self.pages_per_group_state
+
+    def check_capacity(self) -> None:
+        n = self.num_pages
+        if n is not None and n < self.min_pages_one_request():
+            raise InputError(
+                f"capacity {self.capacity_bytes:.4g} B holds {n} pages of {self.page_bytes} B; one request needs "
+                f"{self.min_pages_one_request()} (1 KV page + {self.groups} KDA state slots)",
+                source="--capacity-bytes", field="capacity_bytes",
+            )
