@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,10 +40,29 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _schema_fields() -> set[str]:
+    from k3sim.configs import model, parallel
+
+    classes = [HardwareProfile, model.ModelConfig, model.KDAConfig, model.MLAConfig, model.MoEConfig,
+               model.VisionConfig, parallel.Parallelism, parallel.Cluster, parallel.Workload, Scenario]
+    return {name for c in classes for name in c.model_fields}
+
+
 def validation_error_line(err: ValidationError) -> tuple[str | None, str]:
-    """(field path, reason) of the first pydantic error, phrased for a user."""
+    """(field path, reason) of the first pydantic error, phrased for a user.
+
+    Cross-field checks (model validators) have no location; their messages start with the field they
+    are about, which becomes the field here.
+    """
     first = err.errors()[0]
-    field = ".".join(str(x) for x in first["loc"]) or None
+    loc = [str(x) for x in first["loc"]]
+    if first["type"] == "value_error":
+        lead = re.match(r"[A-Za-z_][\w.]*", first["msg"].removeprefix("Value error, "))
+        if lead and lead.group(0).split(".")[0] in _schema_fields():
+            name = lead.group(0)
+            if not loc or loc[-1] != name:
+                loc.append(name)
+    field = ".".join(loc) or None
     if first["type"] == "extra_forbidden":
         reason = "unknown field"
     else:

@@ -121,15 +121,15 @@ class ModelConfig(BaseModel):
                 raise ValueError("full_attn_layers has duplicates")
         kinds = self.layer_kinds
         if "kda" in kinds and self.kda is None:
-            raise ValueError("KDA layers present but no 'kda' section")
+            raise ValueError("kda section missing but the layer pattern has KDA layers")
         if "mla" in kinds and self.mla is None:
-            raise ValueError("MLA layers present but no 'mla' section")
+            raise ValueError("mla section missing but the layer pattern has MLA layers")
         if self.first_k_dense > L:
             raise ValueError(f"first_k_dense {self.first_k_dense} exceeds num_layers {L}")
         if "dense" in self.ffn_kinds and self.dense_ffn_width is None:
-            raise ValueError("dense FFN layers present but dense_ffn_width is not set")
+            raise ValueError("dense_ffn_width is not set but there are dense FFN layers")
         if "moe" in self.ffn_kinds and self.moe is None:
-            raise ValueError("MoE layers present but no 'moe' section")
+            raise ValueError("moe section missing but there are MoE layers")
         return self
 
     @property
