@@ -1,0 +1,12 @@
+"""Context parallelism for hybrid KDA + MLA stacks: traffic and time per strategy, per rank.
+
+`cp_step` answers one configuration; `sweep` scans S and P for crossovers; `intra_device` models the
+three single-GPU forms of KDA prefill; `validate` compares with measured fla kernels.
+"""
+
+from k3sim.cp.geometry import CPGeometry, geometry_from_model
+from k3sim.cp.model import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, CPStepResult, cp_step
+from k3sim.cp.traffic import KDA_STRATEGIES, MLA_STRATEGIES, STRATEGIES, layer_traffic
+
+__all__ = ["CPGeometry", "geometry_from_model", "cp_step", "CPStepResult", "DEFAULT_MLA_STRATEGY",
+           "DEFAULT_MLA_KV", "STRATEGIES", "KDA_STRATEGIES", "MLA_STRATEGIES", "layer_traffic"]

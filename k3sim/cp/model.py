@@ -1,0 +1,88 @@
+"""One training step's attention work across a CP group: KCP (or another scheme) on the KDA layers,
+a chosen scheme on the MLA layers, summed over the hybrid stack as it is (K3: 69 KDA + 24 MLA)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3sim.cp import docs as D
+from k3sim.cp.comm import CommModel, KernelClock, default_kernel_time
+from k3sim.cp.geometry import CPGeometry
+from k3sim.cp.layers import LayerCost, LayerInputs, layer_cost
+from k3sim.cp.traffic import check_strategy
+from k3sim.errors import InputError
+
+DEFAULT_MLA_STRATEGY = "allgather-kv"   # what K3 CP does on MLA layers (torchtitan kimi_k3, PR #4313/#4500)
+DEFAULT_MLA_KV = "latent"               # 576 elements/token instead of 30 720: 53x fewer bytes
+
+
+@dataclass
+class CPStepResult:
+    model: str
+    hardware: str
+    seq_len: int
+    cp: int
+    tp: int
+    state_dtype: str
+    kda_strategy: str
+    mla_strategy: str
+    mla_kv: str
+    docs: int
+    link: str
+    num_kda_layers: int
+    num_mla_layers: int
+    kda_layer_recv_bytes_per_rank: float       # forward, one KDA layer
+    mla_layer_recv_bytes_per_rank: float       # forward, one MLA layer
+    kda_layer_time_s: float                    # forward + backward, one layer
+    mla_layer_time_s: float
+    step_attention_time_s: float               # all attention layers, forward + backward
+    step_recv_bytes_per_rank: float            # all attention layers, forward + backward
+    kda: LayerCost | None = None
+    mla: LayerCost | None = None
+    breakdown: list[dict] = field(default_factory=list)
+
+
+def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: str = "kcp",
+            mla_strategy: str = DEFAULT_MLA_STRATEGY, *, state_dtype: str = "fp32", mla_kv: str = DEFAULT_MLA_KV,
+            docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
+            bandwidth_override: float | None = None, kcp_pre_factor: float | None = None) -> CPStepResult:
+    """Per-rank bytes and seconds of every attention layer of one training step (one sequence)."""
+    if state_dtype not in ("bf16", "fp32"):
+        raise InputError(f"state dtype must be bf16 or fp32, got '{state_dtype}'", source="--state-dtype")
+    if mla_kv not in ("latent", "expanded"):
+        raise InputError(f"MLA KV form must be latent or expanded, got '{mla_kv}'", source="--mla-kv")
+    if g.num_kda_layers:
+        check_strategy(kda_strategy, "kda", seq_len, P, g.kda_heads_per_rank, "--strategy")
+    if g.num_mla_layers:
+        check_strategy(mla_strategy, "mla", seq_len, P, g.mla_heads_per_rank, "--mla-strategy")
+    bounds = D.doc_bounds(seq_len, docs, doc_lengths)
+    clock = KernelClock(hardware, kernel_time or default_kernel_time())
+    comm = CommModel(clock, P, P * g.tp, bandwidth_override)
+    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv)
+    if kcp_pre_factor is not None:
+        x.kcp_pre_factor = kcp_pre_factor
+    kda = layer_cost(kda_strategy, "kda", x) if g.num_kda_layers else None
+    mla = layer_cost(mla_strategy, "mla", x) if g.num_mla_layers else None
+    nk, nm = g.num_kda_layers, g.num_mla_layers
+    t_k = kda.time_s if kda else 0.0
+    t_m = mla.time_s if mla else 0.0
+    breakdown = []
+    for n, lc in ((nk, kda), (nm, mla)):
+        if lc is None:
+            continue
+        for phase in ("fwd", "bwd"):
+            for r in getattr(lc, phase).rows:
+                breakdown.append({"layer": lc.layer_kind, "phase": phase, "component": r["component"],
+                                  "seconds_per_layer": r["seconds"], "seconds_step": n * r["seconds"],
+                                  "source": r["source"]})
+    return CPStepResult(
+        model=g.name, hardware=str(getattr(hardware, "name", hardware)), seq_len=seq_len, cp=P, tp=g.tp,
+        state_dtype=state_dtype, kda_strategy=kda_strategy, mla_strategy=mla_strategy, mla_kv=mla_kv,
+        docs=len(bounds) - 1, link=comm.link, num_kda_layers=nk, num_mla_layers=nm,
+        kda_layer_recv_bytes_per_rank=kda.fwd.recv_bytes if kda else 0.0,
+        mla_layer_recv_bytes_per_rank=mla.fwd.recv_bytes if mla else 0.0,
+        kda_layer_time_s=t_k, mla_layer_time_s=t_m, step_attention_time_s=nk * t_k + nm * t_m,
+        step_recv_bytes_per_rank=(nk * (kda.fwd.recv_bytes + kda.bwd.recv_bytes) if kda else 0.0)
+        + (nm * (mla.fwd.recv_bytes + mla.bwd.recv_bytes) if mla else 0.0),
+        kda=kda, mla=mla, breakdown=breakdown)
