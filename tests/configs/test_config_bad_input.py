@@ -1,0 +1,113 @@
+"""Every bad input is one InputError line naming the file, the field and the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from k3sim.configs import Parallelism, bytes_per_element, load_model, load_scenario, resolve_scenario
+from k3sim.errors import InputError
+
+
+def _write_model(tmp_path, root, edit, name="kimi-k3"):
+    data = yaml.safe_load((root / f"models/{name}.yaml").read_text())
+    edit(data)
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _err(fn, *args) -> InputError:
+    with pytest.raises(InputError) as info:
+        fn(*args)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("edit, field, reason", [
+    (lambda d: d.update(colour="red"), "colour", "unknown field"),
+    (lambda d: d["kda"].update(num_heads=-96), "kda.num_heads", "greater than 0"),
+    (lambda d: d.update(hidden_size=0), "hidden_size", "greater than 0"),
+    (lambda d: d["mla"].update(kv_cache_dtype="fp5"), "mla.kv_cache_dtype", "unknown dtype"),
+    (lambda d: d.update(full_attn_layers=[4, 94]), "full_attn_layers", "beyond num_layers"),
+    (lambda d: d.pop("kda"), "kda", "missing"),
+    (lambda d: d["moe"].update(num_active_experts=1000), "moe.num_active_experts", "exceeds"),
+    (lambda d: d.pop("hidden_size"), "hidden_size", "required"),
+])
+def test_bad_model_fields(tmp_path, root, edit, field, reason):
+    p = _write_model(tmp_path, root, edit)
+    err = _err(load_model, p)
+    assert err.source == str(p) and err.field == field and reason in err.reason
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: [unclosed\nhidden_size: 3\n")
+    err = _err(load_model, p)
+    assert "malformed YAML" in str(err) and str(p) in str(err)
+
+
+def test_malformed_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"num_hidden_layers": 3,')
+    assert "malformed JSON" in str(_err(load_model, p))
+
+
+def test_not_a_mapping_and_missing_file(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    assert "mapping" in str(_err(load_model, p))
+    assert "not found" in str(_err(load_model, tmp_path / "nope.yaml"))
+
+
+def test_hf_missing_field(tmp_path, root):
+    data = json.loads((root / "tests/data/hf/kimi-linear-48b/config.json").read_text())
+    del data["kv_lora_rank"]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    err = _err(load_model, p)
+    assert err.field == "kv_lora_rank" and err.source == str(p)
+
+
+def test_unknown_dtype():
+    assert "fp5" in str(_err(bytes_per_element, "fp5"))
+
+
+@pytest.mark.parametrize("layout, field, reason", [
+    (dict(tp=5), "tp", "does not divide the 96 KDA heads"),
+    (dict(tp=8, dp=3, ep=6), "ep", "does not divide the 896 routed experts"),
+    (dict(tp=2, ep=32), "ep", "does not divide the tp*cp*dp=2"),
+    (dict(pp=94), "pp", "exceeds the 93 layers"),
+    (dict(pp=32, virtual_stages=3), "pp", "exceeds the 93 layers"),
+])
+def test_layout_must_divide_model(root, layout, field, reason):
+    model = load_model(root / "models/kimi-k3.yaml")
+    err = _err(Parallelism(**layout).check_against, model, "cli")
+    assert err.field == field and reason in err.reason
+
+
+def test_valid_layouts_pass(root):
+    model = load_model(root / "models/kimi-k3.yaml")
+    Parallelism(tp=8, pp=2, ep=8).check_against(model)
+    Parallelism(tp=8, pp=16, virtual_stages=2, ep=64, dp=64).check_against(model)
+
+
+def test_scenario_errors(tmp_path, root):
+    data = yaml.safe_load((root / "scenarios/default.yaml").read_text())
+    data["model"] = str(root / "models/kimi-k3.yaml")
+    bad = dict(data, workload=dict(data["workload"], context_tokens=-1))
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(bad))
+    assert _err(load_scenario, p).field == "workload.context_tokens"
+    bad = dict(data, cluster={"num_gpus": 12})
+    p.write_text(yaml.safe_dump(bad))
+    assert "multiple" in _err(load_scenario, p).reason
+    bad = dict(data, parallelism={"tp": 8, "pp": 2, "ep": 6})
+    p.write_text(yaml.safe_dump(bad))
+    err = _err(resolve_scenario, p)
+    assert err.field == "ep" and err.source == str(p)
+    bad = dict(data, model="missing.yaml")
+    p.write_text(yaml.safe_dump(bad))
+    assert "not found" in str(_err(resolve_scenario, p))

@@ -1,0 +1,55 @@
+"""Hardware profiles: datasheet numbers with sources, dense (not sparsity-doubled) FLOP/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from k3sim.configs import load_hardware
+from k3sim.configs.hardware import DATASHEET_FIELDS
+from k3sim.configs.loaders import hardware_names
+from k3sim.errors import InputError
+
+PROFILES = ["h100-sxm", "h800", "h200", "b200", "gb200-nvl72"]
+
+
+def test_all_profiles_shipped():
+    assert set(PROFILES) <= set(hardware_names())
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_has_sources(name):
+    hw = load_hardware(name)
+    assert hw.name == name
+    assert all(hw.sources.get(f) for f in DATASHEET_FIELDS)
+    # Dense bf16 peak: fp8 is twice bf16 on Hopper/Blackwell; a sparsity-doubled sheet would give 2x.
+    assert hw.peak_flops_per_s["fp8"] == pytest.approx(2 * hw.peak_flops_per_s["bf16"], rel=0.01)
+
+
+def test_h200_numbers():
+    hw = load_hardware("h200")
+    assert hw.hbm_bytes == 141e9 and hw.hbm_bandwidth_bytes_per_s == 4.8e12
+    assert hw.peak_flops_per_s["bf16"] == 989e12  # not the 1,979 "with sparsity"
+    assert hw.scaleup_bandwidth_bytes_per_s == 450e9  # 900 GB/s bidirectional / 2
+    assert hw.num_sms == 132 and hw.calibration_dir == "measured/h200"
+
+
+def test_h800_nvlink_cut():
+    assert load_hardware("h800").scaleup_bandwidth_bytes_per_s < load_hardware("h100-sxm").scaleup_bandwidth_bytes_per_s
+
+
+def test_profile_by_path(root):
+    assert load_hardware(root / "hardware_profiles/b200.yaml").num_sms == 148
+
+
+def test_unknown_profile_names_the_known_ones():
+    with pytest.raises(InputError, match="h200"):
+        load_hardware("h300")
+
+
+def test_missing_source_rejected(tmp_path, root):
+    text = (root / "hardware_profiles/h200.yaml").read_text().replace("  num_sms: GH100", "  other: GH100")
+    p = tmp_path / "hw.yaml"
+    p.write_text(text)
+    with pytest.raises(InputError) as err:
+        load_hardware(p)
+    assert "num_sms" in str(err.value) and str(p) in str(err.value)

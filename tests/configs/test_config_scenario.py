@@ -1,0 +1,28 @@
+"""Shipped scenarios load, resolve their model and hardware, and divide the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from k3sim.configs import bytes_per_element, resolve_scenario
+
+
+@pytest.mark.parametrize("name", ["default", "k3-h200-train-32k"])
+def test_shipped_scenarios_resolve(root, name):
+    scenario, model, hw = resolve_scenario(root / f"scenarios/{name}.yaml")
+    assert model.name == "kimi-k3" and hw.name == "h200"
+    assert scenario.cluster.num_gpus % scenario.parallelism.gpus == 0
+
+
+def test_default_is_k3_serve_tp8_pp2_ep8_128k(root):
+    scenario, _, _ = resolve_scenario(root / "scenarios/default.yaml")
+    p, w = scenario.parallelism, scenario.workload
+    assert (p.tp, p.pp, p.ep, w.mode, w.context_tokens) == (8, 2, 8, "serve", 131072)
+
+
+def test_bytes_per_element():
+    assert bytes_per_element("fp32") == 4 and bytes_per_element("BF16") == 2
+    assert bytes_per_element("fp8") == 1
+    assert bytes_per_element("mxfp4") == 17 / 32  # 16 B of E2M1 + 1 B E8M0 per 32 values
+    assert bytes_per_element("mxfp8") == 33 / 32
+    assert bytes_per_element("nvfp4") == 9 / 16  # 8 B of E2M1 + 1 B E4M3 per 16 values
