@@ -1,0 +1,42 @@
+"""`k3sim calibrate fit|validate|run` on a tmp profile; errors are one line and exit 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import yaml
+from test_kernel_time_cli import make_profile
+
+
+def test_fit_writes_fitted_yaml(cli, tmp_path):
+    hw, run = make_profile(tmp_path)
+    proc = cli("calibrate", "fit", "--hardware", hw, "--json")
+    assert proc.returncode == 0, proc.stderr
+    fitted = yaml.safe_load((run.parent / "fitted.yaml").read_text())
+    assert fitted["profile"] == "clitest" and fitted["ops"]["hbm_copy"]["runs"] == ["r1"]
+    params = fitted["ops"]["hbm_copy"]["params"]
+    assert abs(params["eff_bytes"] * 4.0e12 / 3.6e12 - 1) < 0.05  # fitted 3.6 TB/s of a 4 TB/s datasheet
+    assert json.loads(proc.stdout)["path"].endswith("fitted.yaml")
+
+
+def test_validate_writes_report(cli, tmp_path):
+    hw, _ = make_profile(tmp_path)
+    out = tmp_path / "report"
+    proc = cli("calibrate", "validate", "--hardware", hw, "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["summary"]
+    fam = [r for r in summary if r["level"] == "family"]
+    assert fam[0]["family"] == "hbm" and fam[0]["count"] == 11 and fam[0]["mape"] < 0.01
+    assert (out / "validation.md").exists() and (out / "validation.csv").exists()
+
+
+def test_errors_exit_2(cli, tmp_path):
+    bare, _ = make_profile(tmp_path / "b", calibrated=False)
+    cases = [["calibrate", "fit", "--hardware", bare], ["calibrate", "validate", "--hardware", bare]]
+    if importlib.util.find_spec("torch") is None:  # a machine without a GPU stack: `run` must refuse
+        cases.append(["calibrate", "run", "--out", tmp_path / "run", "--parts", "hbm"])
+    for args in cases:
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

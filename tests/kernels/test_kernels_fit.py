@@ -1,0 +1,77 @@
+"""Fitting recovers known parameters; fitted.yaml round-trips and is used only while it matches the data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import GEMM_POINTS, HBM_POINTS, TRUE_AB, TRUE_GEMM, TRUE_HBM, hardware, write_run
+
+from k3sim.errors import InputError
+from k3sim.kernels.fit import FITTED_NAME, fit_profile, load_or_fit, read_fitted, write_fitted
+from k3sim.kernels.model import fit_alpha_beta
+from k3sim.kernels.ops import OPS
+from k3sim.kernels.predict import clear_cache, predict_kernel_time, profile_predictor
+from k3sim.kernels.store import load_store
+
+
+def test_roofline_fit_recovers_parameters(tmp_path):
+    """Identifiable parameters come back: the compute efficiency (large GEMMs), the streaming efficiency
+    and launch time (copies up to 4 GiB); the rest only as far as the fitted curve matches the truth."""
+    write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS}, noise=0.005, seed=1)
+    fp = fit_profile(load_store(tmp_path), hardware(tmp_path))
+    gemm, hbm = fp.ops["gemm_bf16"].roofline, fp.ops["hbm_copy"].roofline
+    assert gemm.eff_flop == pytest.approx(TRUE_GEMM.eff_flop, rel=0.03)
+    assert hbm.eff_bytes == pytest.approx(TRUE_HBM.eff_bytes, rel=0.03)
+    assert fp.ops["gemm_bf16"].rms_log_error < 0.01
+    assert fp.ops["gemm_bf16"].points_used == len(GEMM_POINTS)
+    for p in [dict(M=2, N=5000, K=3000), dict(M=300, N=3000, K=5000), dict(M=30000, N=7168, K=2048)]:
+        f, b = OPS["gemm_bf16"].flop(p), OPS["gemm_bf16"].bytes(p)
+        assert gemm.seconds(f, b) == pytest.approx(TRUE_GEMM.seconds(f, b), rel=0.03)
+
+
+def test_alpha_beta_fit_recovers_parameters():
+    wire = np.array([2.0 ** e for e in range(8, 31)])
+    t = TRUE_AB[2].seconds(wire) * np.exp(np.random.default_rng(0).normal(0, 0.01, wire.size))
+    ab = fit_alpha_beta(wire, t)
+    assert ab.alpha_s == pytest.approx(15e-6, rel=0.05)
+    assert ab.bus_bandwidth_bytes_per_s == pytest.approx(350e9, rel=0.03)
+
+
+def test_fitted_yaml_round_trip_and_staleness(tmp_path):
+    write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS})
+    hw = hardware(tmp_path)
+    store = load_store(tmp_path)
+    fp = fit_profile(store, hw)
+    path = write_fitted(tmp_path / FITTED_NAME, fp)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+    back = read_fitted(path)
+    assert back.data_fingerprint == store.fingerprint and back.ops["gemm_bf16"].runs == ["a"]
+    assert back.ops["hbm_copy"].roofline.eff_bytes == pytest.approx(fp.ops["hbm_copy"].roofline.eff_bytes, rel=1e-5)
+    _, note = load_or_fit(load_store(tmp_path), hw)
+    assert note.startswith("fit of ")
+    write_run(tmp_path, "b", {"hbm_copy": HBM_POINTS[:3]})
+    _, note = load_or_fit(load_store(tmp_path), hw)
+    assert "stale" in note
+    clear_cache()
+    kt = predict_kernel_time("gemm_bf16", dict(M=100, N=7168, K=2048), hw)
+    assert "stale" in kt.detail
+
+
+def test_fitted_yaml_is_used_by_the_predictor(tmp_path):
+    write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS})
+    hw = hardware(tmp_path)
+    fp = fit_profile(load_store(tmp_path), hw)
+    fp.ops["hbm_copy"].roofline.eff_bytes *= 0.5  # a hand-edited fit must show in model answers
+    write_fitted(tmp_path / FITTED_NAME, fp)
+    clear_cache()
+    kt = predict_kernel_time("hbm_copy", dict(bytes=2 ** 38), hw)
+    assert kt.source == "model" and "fit of" in kt.detail
+    model = profile_predictor(hw).op("hbm_copy").model_seconds(dict(bytes=2 ** 38))[0]
+    assert model == pytest.approx(2 * 2 ** 38 / (0.45 * 4e12), rel=0.06)
+    clear_cache()
+
+
+def test_corrupt_fitted_yaml(tmp_path):
+    (tmp_path / FITTED_NAME).write_text("format: something-else\nops: {}\n")
+    with pytest.raises(InputError, match="not a k3sim kernel fit"):
+        read_fitted(tmp_path / FITTED_NAME)

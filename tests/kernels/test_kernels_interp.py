@@ -1,0 +1,50 @@
+"""Residual interpolation on ragged grids in log2 space."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from k3sim.kernels.interp import ResidualGrid
+
+
+def linear(x):
+    return 0.3 * x[0] - 0.2 * x[1] + 1.0
+
+
+@pytest.fixture
+def full_grid():
+    X = np.array(list(itertools.product(range(5), range(4))), float)
+    return X, np.array([linear(x) for x in X])
+
+
+def test_exact_and_multilinear(full_grid):
+    X, z = full_grid
+    g = ResidualGrid(X, z)
+    assert g(X[7]) == (pytest.approx(z[7]), "exact")
+    val, method = g(np.array([1.5, 2.25]))
+    assert method == "multilinear"
+    assert val == pytest.approx(linear([1.5, 2.25]))
+
+
+def test_axis_lines_when_the_point_is_left_out(full_grid):
+    X, z = full_grid
+    keep = ~((X[:, 0] == 2) & (X[:, 1] == 1))
+    g = ResidualGrid(X[keep], z[keep])
+    val, method = g(np.array([2.0, 1.0]))
+    assert method == "axis-line"
+    assert val == pytest.approx(linear([2, 1]))
+
+
+def test_idw_on_ragged_points_and_outside():
+    X = np.array([[0, 0], [3, 1], [1, 3], [4, 4]], float)
+    z = np.array([1.0, 2.0, 3.0, 4.0])
+    g = ResidualGrid(X, z)
+    val, method = g(np.array([2.0, 2.0]))
+    assert method == "idw"
+    assert min(z) < val < max(z)
+    assert g(np.array([5.0, 2.0])) is None
+    assert g(np.array([-0.5, 2.0])) is None
+    assert np.allclose(g.clip(np.array([5.0, -1.0])), [4.0, 0.0])

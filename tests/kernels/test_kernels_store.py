@@ -1,0 +1,79 @@
+"""Loading measured runs: concatenation, failed rows, corrupt and foreign files."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import GEMM_POINTS, HBM_POINTS, write_run
+
+from k3sim.errors import InputError
+from k3sim.kernels.store import load_store
+
+
+def test_runs_are_concatenated_and_failed_rows_kept(tmp_path):
+    write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS[:10]})
+    write_run(tmp_path, "b", {"gemm_bf16": GEMM_POINTS[5:20], "hbm_copy": HBM_POINTS})
+    (tmp_path / "b" / "notes.txt").write_text("free text is ignored")
+    (tmp_path / "b" / "kcp_extra.csv").write_text("x,y\n1,2\n")
+    st = load_store(tmp_path)
+    assert sorted(st.runs) == ["a", "b"]
+    assert len(st.ok("gemm_bf16")) == 25 and len(st.failed("gemm_bf16")) == 2
+    pts = st.points("gemm_bf16")
+    assert len(pts) == 20  # five shapes measured by both runs
+    both = pts[pts["rows"] == 2]
+    assert len(both) == 5 and set(both["runs"]) == {"a,b"}
+    assert st.ops() == ["gemm_bf16", "hbm_copy"]
+    assert st.ignored == ["b/kcp_extra.csv"]
+    assert pts["M"].dtype.kind == "i"
+
+
+def test_fingerprint_follows_content(tmp_path):
+    run = write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS})
+    f1 = load_store(tmp_path).fingerprint
+    text = (run / "hbm_copy.csv").read_text().replace(",ok,", ",ok, ", 0)
+    (run / "hbm_copy.csv").write_text(text + "\n")
+    assert load_store(tmp_path).fingerprint != f1
+
+
+@pytest.mark.parametrize("content,match", [
+    ("M,N,K,seconds,status\n1,2,3,1e-5,ok\n4,5\n\"unterminated", "corrupt CSV"),
+    ("a,b,c\n1,2,3\n", "missing column"),
+    ("M,N,K,seconds,status\n1,2,3,1e-5,maybe\n", "status must be ok or failed"),
+    ("M,N,K,seconds,status\n1,2,3,fast,ok\n", "seconds='fast' is not a positive number"),
+    ("M,N,K,seconds,status\n1,2,3,-1,ok\n", "is not a positive"),
+    ("M,N,K,seconds,status\n1.5,2,3,1e-5,ok\n", "M=.* is not a positive integer"),
+])
+def test_corrupt_or_foreign_csv(tmp_path, content, match):
+    run = write_run(tmp_path, "a", {})
+    (run / "gemm_bf16.csv").write_text(content)
+    with pytest.raises(InputError, match=match) as err:
+        load_store(tmp_path)
+    assert "gemm_bf16.csv" in str(err.value)
+
+
+def test_failed_rows_may_be_empty(tmp_path):
+    run = write_run(tmp_path, "a", {})
+    (run / "gemm_bf16.csv").write_text("M,N,K,seconds,status,error\n1,2,3,1e-5,ok,\n4,5,6,,failed,OOM\n")
+    st = load_store(tmp_path)
+    assert len(st.ok("gemm_bf16")) == 1 and st.failed("gemm_bf16")["error"].tolist() == ["OOM"]
+
+
+@pytest.mark.parametrize("prov,match", [
+    ("- just\n- a list\n", "not a mapping"),
+    ("gpu_name: x\n", "lacks command"),
+    ("gpu_name: [unclosed\n", "unreadable provenance"),
+])
+def test_foreign_provenance(tmp_path, prov, match):
+    run = write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS})
+    (run / "provenance.yaml").write_text(prov)
+    with pytest.raises(InputError, match=match) as err:
+        load_store(tmp_path)
+    assert "provenance.yaml" in str(err.value)
+
+
+def test_csvs_without_provenance(tmp_path):
+    run = write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS})
+    (run / "provenance.yaml").unlink()
+    with pytest.raises(InputError, match="no provenance.yaml"):
+        load_store(tmp_path)
+    with pytest.raises(InputError, match="no such"):
+        load_store(tmp_path / "missing")
