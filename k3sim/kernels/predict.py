@@ -144,6 +144,7 @@ class ProfilePredictor:
         self.fitted = None
         self.fit_note = ""
         self._ops: dict[str, OpPredictor] = {}
+        self._answers: dict[tuple, KernelTime] = {}  # simulators ask the same shapes over and over
         if self.dir is not None:
             from k3sim.kernels.fit import load_or_fit
             from k3sim.kernels.store import load_store
@@ -162,6 +163,16 @@ class ProfilePredictor:
     def predict(self, op: str, params: Mapping[str, object]) -> KernelTime:
         spec = get_op(op)
         p = validate_params(spec, params)
+        key = (op, *p.values())
+        hit = self._answers.get(key)
+        if hit is None:
+            if len(self._answers) > 200_000:
+                self._answers.clear()
+            hit = self._answers[key] = self._predict(spec, p)
+        return hit
+
+    def _predict(self, spec: OpSpec, p: dict[str, int]) -> KernelTime:
+        op = spec.name
         opp = self.op(op)
         if opp is not None:
             return opp.predict(p)
@@ -173,7 +184,7 @@ class ProfilePredictor:
 
 
 _PROFILES: dict[tuple, ProfilePredictor] = {}
-_HW_BY_NAME: dict[str, Any] = {}
+_BY_NAME: dict[str, ProfilePredictor] = {}
 
 
 def _hw_key(hw: Any) -> tuple:
@@ -187,11 +198,10 @@ def profile_predictor(hardware: Any) -> ProfilePredictor:
     """Cached per profile for the life of the process (`clear_cache()` after changing files)."""
     if isinstance(hardware, (str, Path)):
         name = str(hardware)
-        if name not in _HW_BY_NAME:
-            _HW_BY_NAME[name] = load_profile(name)
-        hw = _HW_BY_NAME[name]
-    else:
-        hw = load_profile(hardware)
+        if name not in _BY_NAME:
+            _BY_NAME[name] = profile_predictor(load_profile(name))
+        return _BY_NAME[name]
+    hw = load_profile(hardware)
     key = _hw_key(hw)
     if key not in _PROFILES:
         _PROFILES[key] = ProfilePredictor(hw)
@@ -200,7 +210,7 @@ def profile_predictor(hardware: Any) -> ProfilePredictor:
 
 def clear_cache() -> None:
     _PROFILES.clear()
-    _HW_BY_NAME.clear()
+    _BY_NAME.clear()
 
 
 def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "h200") -> KernelTime:
