@@ -1,0 +1,54 @@
+"""`k3sim memory` through the real CLI: the interface the checks rely on, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli, run_cli_json
+
+SERVE = ["memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200", "--mode", "serve",
+         "--tp", "8", "--ep", "8", "--context", "131072"]
+
+
+def test_serve_k3_tp8_pp2_ep8():
+    out = run_cli_json(*SERVE, "--pp", "2")
+    assert out["kda_state_bytes_per_request"] == 434110464
+    assert out["mla_kv_bytes_per_token"] == 27648
+    assert isinstance(out["per_gpu_bytes"], dict) and out["per_gpu_bytes"]["total"] <= 141e9
+    assert isinstance(out["max_concurrent_requests"], int) and out["max_concurrent_requests"] >= 1
+
+
+def test_serve_k3_pp1_does_not_fit():
+    proc = run_cli(*SERVE, "--pp", "1", "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "does not fit" in line and "180.8 GB" in line
+
+
+def test_hf_model_and_hardware_path():
+    out = run_cli_json("memory", "--model", "tests/data/hf/kimi-k3/config.json",
+                       "--hardware", "hardware_profiles/b200.yaml", "--tp", "8", "--pp", "2", "--ep", "8")
+    assert out["hardware"] == "b200" and out["mla_kv_bytes_per_token"] == 27648
+
+
+def test_train_mode_table():
+    proc = run_cli("memory", "--model", "models/kimi-linear-48b.yaml", "--mode", "train",
+                   "--pp", "2", "--ep", "8", "--dp", "8", "--context", "8192")
+    assert proc.returncode == 0, proc.stderr
+    assert "optimizer_states" in proc.stdout and "activations" in proc.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tp", "5"], ["tp=5", "96 KDA heads"]),
+    (["--pp", "200"], ["pp", "93 layers"]),
+    (["--tp", "0"], ["tp", "greater than 0"]),
+    (["--mode", "fly"], ["--mode", "serve or train"]),
+    (["--hardware", "h300"], ["h300", "unknown hardware"]),
+])
+def test_bad_input_one_line_exit_2(args, words):
+    proc = run_cli("memory", "--model", "models/kimi-k3.yaml", *args)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert all(w in err for w in words), err
