@@ -64,6 +64,7 @@ class LayerInputs:
     state_dtype: str = "fp32"
     mla_kv: str = "latent"
     kcp_pre_factor: float = field(default_factory=kcp_preprocess_factor)
+    conv_halo: bool = True              # False: the KDA op alone, as the calibration harness times it
 
     @property
     def L(self) -> int:
@@ -97,7 +98,7 @@ def _kda_fwd_bwd(x: LayerInputs, T: int, H: int) -> tuple[float, float, str]:
 def kcp_layer(x: LayerInputs) -> LayerCost:
     g, P, L = x.g, x.P, x.L
     H = g.kda_heads_per_rank
-    fwd_tr, bwd_tr = layer_traffic("kcp", "kda", g, x.seq_len, P, _state_bytes(x), x.mla_kv)
+    fwd_tr, bwd_tr = layer_traffic("kcp", "kda", g, x.seq_len, P, _state_bytes(x), x.mla_kv, x.conv_halo)
     t_f, t_b, src = _kda_fwd_bwd(x, L, H)
     rows_f = [("chunk_kda_fwd, local tokens", t_f, src, "compute")]
     rows_b = [("chunk_kda bwd, local tokens", t_b, src, "compute")]

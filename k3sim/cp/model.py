@@ -43,6 +43,27 @@ class CPStepResult:
     breakdown: list[dict] = field(default_factory=list)
 
 
+def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dtype: str = "fp32",
+                 mla_kv: str = DEFAULT_MLA_KV, docs: int | None = None, doc_lengths: list[int] | None = None,
+                 kernel_time=None, bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
+                 conv_halo: bool = True, clock: KernelClock | None = None) -> LayerInputs:
+    """Everything a per-layer cost function reads; `clock` lets a sweep share memoised kernel times."""
+    bounds = D.doc_bounds(seq_len, docs, doc_lengths)
+    clock = clock or KernelClock(hardware, kernel_time or default_kernel_time())
+    comm = CommModel(clock, P, P * g.tp, bandwidth_override)
+    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo)
+    if kcp_pre_factor is not None:
+        x.kcp_pre_factor = kcp_pre_factor
+    return x
+
+
+def layer_at(strategy: str, layer_kind: str, x: LayerInputs) -> LayerCost:
+    """One layer's cost after validating the strategy for this layer kind, S and P."""
+    heads = x.g.kda_heads_per_rank if layer_kind == "kda" else x.g.mla_heads_per_rank
+    check_strategy(strategy, layer_kind, x.seq_len, x.P, heads, "--strategy" if layer_kind == "kda" else "--mla-strategy")
+    return layer_cost(strategy, layer_kind, x)
+
+
 def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: str = "kcp",
             mla_strategy: str = DEFAULT_MLA_STRATEGY, *, state_dtype: str = "fp32", mla_kv: str = DEFAULT_MLA_KV,
             docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
@@ -56,12 +77,10 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
         check_strategy(kda_strategy, "kda", seq_len, P, g.kda_heads_per_rank, "--strategy")
     if g.num_mla_layers:
         check_strategy(mla_strategy, "mla", seq_len, P, g.mla_heads_per_rank, "--mla-strategy")
-    bounds = D.doc_bounds(seq_len, docs, doc_lengths)
-    clock = KernelClock(hardware, kernel_time or default_kernel_time())
-    comm = CommModel(clock, P, P * g.tp, bandwidth_override)
-    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv)
-    if kcp_pre_factor is not None:
-        x.kcp_pre_factor = kcp_pre_factor
+    x = layer_inputs(g, hardware, seq_len, P, state_dtype=state_dtype, mla_kv=mla_kv, docs=docs,
+                     doc_lengths=doc_lengths, kernel_time=kernel_time, bandwidth_override=bandwidth_override,
+                     kcp_pre_factor=kcp_pre_factor)
+    bounds, comm = x.bounds, x.comm
     kda = layer_cost(kda_strategy, "kda", x) if g.num_kda_layers else None
     mla = layer_cost(mla_strategy, "mla", x) if g.num_mla_layers else None
     nk, nm = g.num_kda_layers, g.num_mla_layers

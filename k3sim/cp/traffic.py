@@ -96,7 +96,8 @@ class Traffic:
 
 
 def layer_traffic(strategy: str, layer_kind: str, g: CPGeometry, seq_len: int, P: int,
-                  state_bytes: float = 4.0, mla_kv: str = "latent") -> tuple[Traffic, Traffic]:
+                  state_bytes: float = 4.0, mla_kv: str = "latent", conv_halo: bool = True
+                  ) -> tuple[Traffic, Traffic]:
     """(forward, backward) traffic of one layer per rank."""
     L = seq_len // P
     e = g.act_bytes
@@ -105,9 +106,11 @@ def layer_traffic(strategy: str, layer_kind: str, g: CPGeometry, seq_len: int, P
         frag = g.kda_state_elems_per_rank(True) * state_bytes
         halo = (g.conv_kernel - 1) * g.kda_conv_channels_per_rank * e
         fwd.add(Collective("all_gather", frag, what="[S~|M] per rank (fla hm buffer)"), P)
-        fwd.add(Collective("send_recv", halo, what="conv halo: last W-1 rows of q,k,v"), P)
+        if conv_halo:
+            fwd.add(Collective("send_recv", halo, what="conv halo: last W-1 rows of q,k,v"), P)
         bwd.add(Collective("all_gather", frag, what="[dS~|dM] per rank (fla dhm buffer)"), P)
-        bwd.add(Collective("send_recv", halo, what="conv halo gradient"), P)
+        if conv_halo:
+            bwd.add(Collective("send_recv", halo, what="conv halo gradient"), P)
     elif strategy == "lasp2":
         st = g.kda_state_elems_per_rank(False) * state_bytes
         fwd.add(Collective("all_gather", st, what="memory state per rank"), P)

@@ -1,0 +1,99 @@
+"""`k3sim cp`: per-rank traffic and attention time of one training step under context parallelism,
+or (`--sweep`) a table over S and P with the crossover plot and the report figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from k3sim.errors import InputError
+
+
+def parse_tokens(text: str, option: str) -> int:
+    """`1048576`, `1M`, `32K` (binary prefixes), `1e6` -> int."""
+    t = str(text).strip()
+    mult = {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}.get(t[-1:].lower(), 1)
+    try:
+        v = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise InputError(f"not a token count: {text!r}", source=option) from None
+    if v != int(v):
+        raise InputError(f"not a whole number of tokens: {text!r}", source=option)
+    return int(v)
+
+
+def parse_list(text: str, option: str) -> list[int]:
+    return [parse_tokens(x, option) for x in text.split(",") if x.strip()]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("cp")
+    def cp(
+        model: str = typer.Option("models/kimi-k3.yaml", "--model", help="Model YAML or HF config.json."),
+        hardware: str = typer.Option("h200", "--hardware", help="Hardware profile name or path."),
+        seq_len: str = typer.Option("1048576", "--seq-len", help="Global tokens per sequence (1M, 32K ok)."),
+        cp_degree: int = typer.Option(8, "--cp", help="CP degree P (ranks sharing one sequence)."),
+        strategy: str = typer.Option("kcp", "--strategy", help="KDA layers: kcp | ulysses | lasp2 (reference)."),
+        mla_strategy: str = typer.Option("allgather-kv", "--mla-strategy",
+                                         help="MLA layers: allgather-kv | ring | zigzag-ring | ulysses."),
+        mla_kv: str = typer.Option("latent", "--mla-kv", help="MLA K/V moved as the 576-wide latent or expanded."),
+        state_dtype: Optional[str] = typer.Option(None, "--state-dtype",
+                                                  help="bf16 | fp32 (default: the model's, fp32 as in fla)."),
+        tp: int = typer.Option(1, "--tp", help="Head-parallel TP degree inside each CP rank."),
+        docs: Optional[int] = typer.Option(None, "--docs", help="Equal-length packed documents per sequence."),
+        doc_mean: Optional[float] = typer.Option(None, "--doc-mean-tokens",
+                                                 help="Exponential document lengths with this mean (seeded)."),
+        seed: int = typer.Option(0, "--seed", help="Seed for --doc-mean-tokens."),
+        do_sweep: bool = typer.Option(False, "--sweep", help="Sweep S and P; write table, plots and summary."),
+        seq_lens: str = typer.Option("4K,8K,16K,32K,64K,128K,256K,512K,1M", "--seq-lens", help="Sweep lengths."),
+        cps: str = typer.Option("2,4,8,16,32", "--cps", help="Sweep CP degrees."),
+        out: Path = typer.Option(Path("reports/cp"), "--out", help="Directory for sweep outputs."),
+        as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
+    ) -> None:
+        """Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."""
+        from k3sim.configs import load_hardware, load_model
+        from k3sim.cp import cp_step, geometry_from_model
+        from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
+
+        m = load_model(model)
+        hw = load_hardware(hardware)
+        g = geometry_from_model(m, tp=tp)
+        sdt = state_dtype or (m.kda.state_dtype if m.kda else "fp32")
+        if do_sweep:
+            from k3sim.cp.report import write_report
+
+            res = write_report(g, hw, parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps"), out,
+                               state_dtype=sdt, focus_cp=cp_degree)
+            if as_json:
+                print_json(res)
+                return
+            print_table(f"crossovers at P={cp_degree}", ["layer", "fastest", "from S"],
+                        [(w["layer"], w["fastest"], w["from_seq_len"]) for w in res["winners"]])
+            print_kv("written", [(k, v) for k, v in res["files"].items()])
+            return
+        S = parse_tokens(seq_len, "--seq-len")
+        lengths = None
+        if doc_mean is not None:
+            from k3sim.cp.docs import sample_doc_lengths
+
+            if S <= 0:
+                raise InputError(f"sequence length must be positive, got {S}", source="--seq-len")
+            lengths = sample_doc_lengths(S, doc_mean, seed)
+        r = cp_step(g, hw, S, cp_degree, strategy, mla_strategy, state_dtype=sdt, mla_kv=mla_kv, docs=docs,
+                    doc_lengths=lengths)
+        if as_json:
+            print_json(r)
+            return
+        print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", [
+            ("KDA strategy / MLA strategy", f"{r.kda_strategy} / {r.mla_strategy} ({r.mla_kv})"),
+            ("KDA layer: fwd bytes received per rank", human_bytes(r.kda_layer_recv_bytes_per_rank)),
+            ("MLA layer: fwd bytes received per rank", human_bytes(r.mla_layer_recv_bytes_per_rank)),
+            ("KDA layer fwd+bwd", human_seconds(r.kda_layer_time_s)),
+            ("MLA layer fwd+bwd", human_seconds(r.mla_layer_time_s)),
+            (f"step attention ({r.num_kda_layers} KDA + {r.num_mla_layers} MLA)", human_seconds(r.step_attention_time_s)),
+        ])
+        print_table("breakdown per layer", ["layer", "phase", "component", "time", "source"],
+                    [(b["layer"], b["phase"], b["component"], human_seconds(b["seconds_per_layer"]), b["source"])
+                     for b in r.breakdown])
