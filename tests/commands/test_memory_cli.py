@@ -2,38 +2,39 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from conftest import run_cli, run_cli_json
 
 SERVE = ["memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200", "--mode", "serve",
          "--tp", "8", "--ep", "8", "--context", "131072"]
 
 
-def test_serve_k3_tp8_pp2_ep8():
-    out = run_cli_json(*SERVE, "--pp", "2")
+def test_serve_k3_tp8_pp2_ep8(cli):
+    out = run_cli_json(cli, *SERVE, "--pp", "2")
     assert out["kda_state_bytes_per_request"] == 434110464
     assert out["mla_kv_bytes_per_token"] == 27648
     assert isinstance(out["per_gpu_bytes"], dict) and out["per_gpu_bytes"]["total"] <= 141e9
     assert isinstance(out["max_concurrent_requests"], int) and out["max_concurrent_requests"] >= 1
 
 
-def test_serve_k3_pp1_does_not_fit():
-    proc = run_cli(*SERVE, "--pp", "1", "--json")
+def test_serve_k3_pp1_does_not_fit(cli):
+    proc = cli(*SERVE, "--pp", "1", "--json")
     assert proc.returncode == 2 and proc.stdout == ""
     line = proc.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert "does not fit" in line and "180.8 GB" in line
 
 
-def test_hf_model_and_hardware_path():
-    out = run_cli_json("memory", "--model", "tests/data/hf/kimi-k3/config.json",
+def test_hf_model_and_hardware_path(cli):
+    out = run_cli_json(cli, "memory", "--model", "tests/data/hf/kimi-k3/config.json",
                        "--hardware", "hardware_profiles/b200.yaml", "--tp", "8", "--pp", "2", "--ep", "8")
     assert out["hardware"] == "b200" and out["mla_kv_bytes_per_token"] == 27648
 
 
-def test_train_mode_table():
-    proc = run_cli("memory", "--model", "models/kimi-linear-48b.yaml", "--mode", "train",
+def test_train_mode_table(cli):
+    proc = cli("memory", "--model", "models/kimi-linear-48b.yaml", "--mode", "train",
                    "--pp", "2", "--ep", "8", "--dp", "8", "--context", "8192")
     assert proc.returncode == 0, proc.stderr
     assert "optimizer_states" in proc.stdout and "activations" in proc.stdout
@@ -46,9 +47,16 @@ def test_train_mode_table():
     (["--mode", "fly"], ["--mode", "serve or train"]),
     (["--hardware", "h300"], ["h300", "unknown hardware"]),
 ])
-def test_bad_input_one_line_exit_2(args, words):
-    proc = run_cli("memory", "--model", "models/kimi-k3.yaml", *args)
+def test_bad_input_one_line_exit_2(cli, args, words):
+    proc = cli("memory", "--model", "models/kimi-k3.yaml", *args)
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert "\n" not in err and "Traceback" not in err
     assert all(w in err for w in words), err
+
+
+def run_cli_json(cli, *args: str) -> dict:
+    """tests/conftest.py's run_cli (the `cli` fixture) with --json, parsed."""
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

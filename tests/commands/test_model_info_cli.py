@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from conftest import run_cli, run_cli_json
+import json
 
 
-def test_model_info_json_k3():
-    info = run_cli_json("model-info", "--model", "models/kimi-k3.yaml")
+def test_model_info_json_k3(cli):
+    info = run_cli_json(cli, "model-info", "--model", "models/kimi-k3.yaml")
     assert isinstance(info["total_params"], int) and isinstance(info["active_params"], int)
     assert abs(info["total_params"] / 2.8e12 - 1) < 0.03 and abs(info["active_params"] / 104e9 - 1) < 0.03
     assert info["layers"]["num_kda_layers"] == 69 and info["layers"]["num_mla_layers"] == 24
@@ -15,16 +15,23 @@ def test_model_info_json_k3():
     assert {"routed_experts", "kda", "mla", "vision"} <= set(info["params_by_component"])
 
 
-def test_model_info_hf_config_and_table():
-    proc = run_cli("model-info", "--model", "tests/data/hf/kimi-linear-48b/config.json")
+def test_model_info_hf_config_and_table(cli):
+    proc = cli("model-info", "--model", "tests/data/hf/kimi-linear-48b/config.json")
     assert proc.returncode == 0, proc.stderr
     assert "kimi-linear-48b" in proc.stdout and "routed_experts" in proc.stdout
 
 
-def test_model_info_bad_file(tmp_path):
+def test_model_info_bad_file(cli, tmp_path):
     bad = tmp_path / "m.yaml"
     bad.write_text("name: x\nhidden_size: 7168\nnum_layers: 2\nvocab_size: 10\ncolour: red\n")
-    proc = run_cli("model-info", "--model", str(bad))
+    proc = cli("model-info", "--model", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert str(bad) in proc.stderr and "colour" in proc.stderr and "unknown field" in proc.stderr
+
+
+def run_cli_json(cli, *args: str) -> dict:
+    """tests/conftest.py's run_cli (the `cli` fixture) with --json, parsed."""
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

@@ -2,32 +2,39 @@
 
 from __future__ import annotations
 
-from conftest import ROOT, run_cli, run_cli_json
+import json
 
 
-def test_plan_default_scenario():
-    out = run_cli_json("plan")
+def test_plan_default_scenario(cli):
+    out = run_cli_json(cli, "plan")
     assert out["scenario"] == "k3-h200-serve-128k"
     assert out["memory"]["max_concurrent_requests"] >= 1
 
 
-def test_plan_from_elsewhere_uses_repo_default(tmp_path):
-    proc = run_cli("plan", cwd=tmp_path)
+def test_plan_from_elsewhere_uses_repo_default(cli, tmp_path):
+    proc = cli("plan", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "k3-h200-serve-128k" in proc.stdout and "max concurrent requests" in proc.stdout
 
 
-def test_plan_train_scenario():
-    out = run_cli_json("plan", "--scenario", "scenarios/k3-h200-train-32k.yaml")
+def test_plan_train_scenario(cli):
+    out = run_cli_json(cli, "plan", "--scenario", "scenarios/k3-h200-train-32k.yaml")
     assert out["memory"]["mode"] == "train" and out["memory"]["fits"] is True
 
 
-def test_plan_bad_scenario(tmp_path):
-    text = (ROOT / "scenarios/default.yaml").read_text()
+def test_plan_bad_scenario(cli, root, tmp_path):
+    text = (root / "scenarios/default.yaml").read_text()
     bad = tmp_path / "s.yaml"
-    bad.write_text(text.replace("../models/kimi-k3.yaml", str(ROOT / "models/kimi-k3.yaml"))
+    bad.write_text(text.replace("../models/kimi-k3.yaml", str(root / "models/kimi-k3.yaml"))
                    .replace("  ep: 8", "  ep: 8\n  ez: 3"))
-    proc = run_cli("plan", "--scenario", str(bad))
+    proc = cli("plan", "--scenario", str(bad))
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert "\n" not in err and str(bad) in err and "parallelism.ez" in err and "unknown field" in err
+
+
+def run_cli_json(cli, *args: str) -> dict:
+    """tests/conftest.py's run_cli (the `cli` fixture) with --json, parsed."""
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

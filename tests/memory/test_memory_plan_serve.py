@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from memory_toys import toy_gpu as _toy_gpu, toy_model
+
 from k3sim.configs import Parallelism, load_hardware, load_model
 from k3sim.errors import DoesNotFit
 from k3sim.memory.layout import chunk_layers, expert_tp, rank_layers
@@ -72,3 +74,13 @@ def test_layer_split():
 def test_interleaved_placement(toy):
     # 4 layers, pp 2, 2 chunks each: rank 0 holds chunks 0 and 2 (layers 0 and 2).
     assert rank_layers(toy, Parallelism(pp=2, virtual_stages=2)) == [[0, 2], [1, 3]]
+
+
+@pytest.fixture
+def toy():
+    return toy_model()
+
+
+@pytest.fixture(name="toy_gpu")
+def _gpu():
+    return _toy_gpu()

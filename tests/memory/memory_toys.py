@@ -1,15 +1,13 @@
-"""A toy hybrid model small enough to count by hand, and a toy GPU."""
+"""A toy hybrid model small enough to count by hand, and a toy GPU (plain functions, not fixtures:
+a second conftest.py would shadow tests/conftest.py for `from conftest import ...`)."""
 
 from __future__ import annotations
-
-import pytest
 
 from k3sim.configs import HardwareProfile, ModelConfig
 from k3sim.configs.hardware import DATASHEET_FIELDS
 
 
-@pytest.fixture
-def toy() -> ModelConfig:
+def toy_model() -> ModelConfig:
     """4 layers: 3 KDA then 1 MLA; layer 1 dense FFN, layers 2-4 latent MoE; AttnRes blocks of 2."""
     return ModelConfig(
         name="toy", hidden_size=16, num_layers=4, vocab_size=100, full_attn_layers=[4],
@@ -22,7 +20,6 @@ def toy() -> ModelConfig:
     )
 
 
-@pytest.fixture
 def toy_gpu() -> HardwareProfile:
     return HardwareProfile(
         name="toy-gpu", hbm_bytes=1e6, hbm_bandwidth_bytes_per_s=1e9, peak_flops_per_s={"bf16": 1e12},
