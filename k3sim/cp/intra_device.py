@@ -114,7 +114,8 @@ def table(H: int, tps: list[int], T: int, p: IntraParams) -> list[dict]:
         for name, fn in FORMS.items():
             r = fn(T, H // tp, p)
             rows.append({"tp": tp, "heads_per_rank": H // tp, "T": T, "form": name, "seconds": r.seconds,
-                         "seconds_per_token": r.seconds_per_token, "gpu_fraction": r.gpu_fraction,
+                         "seconds_per_token": r.seconds_per_token, "gpu_seconds_per_token": r.seconds_per_token * tp,
+                         "gpu_fraction": r.gpu_fraction,
                          "segments": r.segments, "params_source": p.source})
     return rows
 

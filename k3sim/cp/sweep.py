@@ -117,10 +117,11 @@ def plot_crossover(rows: list[dict], P: int, g: CPGeometry, path: Path, state_by
 
 
 def winners(rows: list[dict], P: int, layer: str) -> list[dict]:
-    """The fastest strategy at each S, and the lengths where the winner changes."""
+    """The fastest exact strategy at each S (LASP-2 is a reference, not exact for KDA), and the lengths
+    where the winner changes."""
     by_s: dict[int, list[dict]] = {}
     for r in rows:
-        if r["cp"] == P and r["layer"] == layer and not r["skipped"]:
+        if r["cp"] == P and r["layer"] == layer and not r["skipped"] and r["strategy"] != "lasp2":
             by_s.setdefault(r["seq_len"], []).append(r)
     out, prev = [], None
     for S in sorted(by_s):

@@ -1,0 +1,119 @@
+"""Model vs measurement: the intra-device form against measured `chunk_kda_fwd` at several head counts,
+and the KCP layer model against fla's KCP measured on two GPUs (`chunk_kda_cp_fwd[_bwd].csv`).
+
+Runs on whatever the calibration harness has written under `hardware_profiles/measured/<profile>/*/`;
+returns None when there is nothing to compare.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from k3sim.cp.comm import KernelClock, default_kernel_time
+from k3sim.cp.flops import kcp_preprocess_factor
+from k3sim.cp.geometry import CPGeometry
+from k3sim.cp.intra_device import IntraParams, fit_naive, naive
+from k3sim.cp.layers import kcp_layer
+from k3sim.cp.model import layer_inputs
+
+
+def measured_root(hw: Any) -> Path | None:
+    from k3sim.kernels.hardware import measured_dir
+
+    return measured_dir(hw)
+
+
+def load_op(root: Path | None, op: str):
+    """All ok rows of `<op>.csv` over every run directory, or None."""
+    import pandas as pd
+
+    if root is None:
+        return None
+    frames = []
+    for f in sorted(root.glob(f"*/{op}.csv")):
+        df = pd.read_csv(f)
+        if "status" in df:
+            df = df[df["status"] == "ok"]
+        df = df[np.isfinite(pd.to_numeric(df["seconds"], errors="coerce"))]
+        frames.append(df.assign(run_id=f.parent.name))
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True)
+    return df if len(df) else None
+
+
+def intra_device_check(hw: Any, root: Path | None) -> dict | None:
+    """Fit the naive form on all head counts, then leave one head count out and predict it."""
+    df = load_op(root, "chunk_kda_fwd")
+    if df is None:
+        return None
+    df = df.groupby(["T", "H"], as_index=False)["seconds"].median()
+    T, H, s = df["T"].to_numpy(), df["H"].to_numpy(), df["seconds"].to_numpy(float)
+    base = IntraParams.from_hardware(hw)
+    fitted, stats = fit_naive(T, H, s, base)
+    rows = []
+    for h in sorted(set(H)):
+        keep = H != h
+        if len(set(H[keep])) < 2:
+            continue
+        p_out, _ = fit_naive(T[keep], H[keep], s[keep], base)
+        for t_, s_ in zip(T[~keep], s[~keep]):
+            rows.append({"T": int(t_), "H": int(h), "measured_s": float(s_),
+                         "fit_all_s": naive(int(t_), int(h), fitted).seconds,
+                         "leave_head_out_s": naive(int(t_), int(h), p_out).seconds,
+                         "roofline_guess_s": naive(int(t_), int(h), base).seconds})
+    for r in rows:
+        r["fit_all_err"] = r["fit_all_s"] / r["measured_s"] - 1
+        r["leave_head_out_err"] = r["leave_head_out_s"] / r["measured_s"] - 1
+    loho = np.abs([r["leave_head_out_err"] for r in rows]) if rows else np.array([np.nan])
+    return {"params": fitted, "fit": stats, "leave_head_out_mape": float(np.mean(loho)),
+            "leave_head_out_max": float(np.max(loho)), "rows": rows}
+
+
+def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | None = None) -> dict | None:
+    """Predicted vs measured KCP layer time (fwd and fwd+bwd) on the measured GPU counts."""
+    fwd = load_op(root, "chunk_kda_cp_fwd")
+    if fwd is None:
+        return None
+    fb = load_op(root, "chunk_kda_cp_fwd_bwd")
+    clock = KernelClock(hw, kernel_time or default_kernel_time())
+    rows = []
+    key = ["T", "H", "gpus", "docs"]
+    fwd = fwd.groupby(key, as_index=False).agg({"seconds": "median", **(
+        {"single_gpu_seconds": "median"} if "single_gpu_seconds" in fwd else {})})
+    fbm = {} if fb is None else {tuple(int(v) for v in r[key]): float(r["seconds"])
+                                 for _, r in fb.groupby(key, as_index=False)["seconds"].median().iterrows()}
+    for _, r in fwd.iterrows():
+        T, H, P, docs = (int(r[k]) for k in key)
+        g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name=f"kda-{H}h")
+        x = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False,
+                         kcp_pre_factor=pre_factor)
+        lc = kcp_layer(x)
+        pre = next((row["seconds"] for row in lc.fwd.rows if row["component"].startswith("pre-process")), 0.0)
+        row = {"T": T, "H": H, "gpus": P, "docs": docs, "measured_fwd_s": float(r["seconds"]),
+               "predicted_fwd_s": lc.fwd.time_s, "fwd_err": lc.fwd.time_s / float(r["seconds"]) - 1,
+               "predicted_preprocess_s": pre, "source": lc.fwd.rows[0]["source"]}
+        if "single_gpu_seconds" in r and np.isfinite(r["single_gpu_seconds"]):
+            row["measured_single_gpu_fwd_s"] = float(r["single_gpu_seconds"])
+            row["measured_speedup"] = float(r["single_gpu_seconds"]) / float(r["seconds"])
+            row["predicted_speedup"] = clock("chunk_kda_fwd", T=T, H=H)[0] / lc.fwd.time_s
+        if (T, H, P, docs) in fbm:
+            row["measured_fwd_bwd_s"] = fbm[(T, H, P, docs)]
+            row["predicted_fwd_bwd_s"] = lc.time_s
+            row["fwd_bwd_err"] = lc.time_s / fbm[(T, H, P, docs)] - 1
+        rows.append(row)
+    errs = np.abs([r["fwd_err"] for r in rows])
+    fb_errs = np.abs([r["fwd_bwd_err"] for r in rows if "fwd_bwd_err" in r])
+    # the one free KCP parameter: the pre-process factor that would match each measured forward
+    implied = []
+    for r in rows:
+        if r["predicted_preprocess_s"] > 0:
+            k0 = kcp_preprocess_factor() if pre_factor is None else pre_factor
+            base = r["predicted_fwd_s"] - r["predicted_preprocess_s"]
+            implied.append((r["measured_fwd_s"] - base) / (r["predicted_preprocess_s"] / k0))
+    return {"rows": rows, "fwd_mape": float(errs.mean()), "fwd_max_err": float(errs.max()),
+            "fwd_bwd_mape": float(fb_errs.mean()) if len(fb_errs) else None,
+            "implied_pre_factor_median": float(np.median(implied)) if implied else None}
