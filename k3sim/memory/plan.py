@@ -180,8 +180,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
         attn_res_block_bytes_per_token=attn_res_tok,
         per_request_bytes_per_gpu=worst.per_request_bytes, max_concurrent_requests=int(max_req),
         worst_stage=worst.stage, per_gpu_bytes=per_gpu, breakdown=breakdown,
-        stages=[{"stage": s.stage, "first_layer": s.layers[0], "last_layer": s.layers[-1],
-                 "num_layers": len(s.layers), "fixed_bytes": s.fixed_bytes,
+        stages=[{"stage": s.stage, "layers": s.layers, "fixed_bytes": s.fixed_bytes,
                  "per_request_bytes": s.per_request_bytes,
                  "max_concurrent_requests": int(min(capacity(s), 10**9))} for s in stages],
     )
@@ -308,6 +307,6 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
         activation_checkpointing=activation_checkpointing, hbm_bytes=hbm, params_per_gpu=params_gpu,
         in_flight_micro_batches=n_mb, fits=fits, worst_stage=worst.stage, per_gpu_bytes=per_gpu,
         breakdown=worst.rows,
-        stages=[{"stage": s.stage, "num_layers": len(s.layers), "params": p, "total_bytes": s.fixed_bytes}
+        stages=[{"stage": s.stage, "layers": s.layers, "params": p, "total_bytes": s.fixed_bytes}
                 for s, p, _ in stages],
     )
