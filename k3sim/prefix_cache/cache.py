@@ -103,7 +103,7 @@ class HybridPrefixCache:
     def _alloc_slot(self, ckpt: Ckpt | None) -> int:
         sid = self._next_slot
         self._next_slot += 1
-        pages = [self.pool.allocate(KDA) for _ in range(self.k)]
+        pages = self.pool.allocate_n(KDA, self.k)
         self.slot_pages[sid] = pages
         self.slot_ckpt[sid] = ckpt
         for p in pages:
@@ -121,15 +121,13 @@ class HybridPrefixCache:
             self.ckpt_pages -= self.k
 
     def _slot_incref(self, sid: int) -> None:
-        for p in self.slot_pages[sid]:
-            self.pool.incref(p)
+        self.pool.incref_n(self.slot_pages[sid])
 
     def _slot_decref(self, sid: int) -> None:
         pages = self.slot_pages[sid]
         ck = self.slot_ckpt[sid]
         cached = ck is not None and ck.cached
-        for p in pages:
-            self.pool.decref(p, cached)
+        self.pool.decref_n(pages, cached)
         if not cached and self.pool.refcount[pages[0]] == 0:
             self._forget_slot(sid)
 
@@ -144,8 +142,7 @@ class HybridPrefixCache:
             if sid >= 0 and sid in self.slot_pages:
                 pages = self.slot_pages[sid]
                 if self.pool.refcount[pages[0]] == 0:
-                    for p in pages:
-                        self.pool.uncache(p)
+                    self.pool.uncache_n(pages)
                     self._forget_slot(sid)
 
     # ---------------------------------------------------------------- eviction
@@ -158,9 +155,7 @@ class HybridPrefixCache:
             return
         sid = self.page_slot[page]
         ck = self.slot_ckpt[sid]
-        for p in self.slot_pages[sid]:
-            if p != page:
-                self.pool.uncache(p)
+        self.pool.uncache_n(self.slot_pages[sid])  # the evicted page itself already left the LRU
         self._forget_slot(sid)
         if ck is None:  # private state is never in the LRU
             raise AssertionError("private KDA state evicted")

@@ -94,3 +94,28 @@ class CacheConfig:
                 f"{self.min_pages_one_request()} (1 KV page + {self.groups} KDA state slots)",
                 source="--capacity-bytes", field="capacity_bytes",
             )
+
+
+def kda_groups_for(num_kda_layers: int, num_mla_layers: int) -> int:
+    """KDA cache groups of equal layer count, one per page-sharing buffer: ceil(KDA layers / MLA layers)."""
+    if num_kda_layers == 0:
+        return 0
+    return max(1, math.ceil(num_kda_layers / max(num_mla_layers, 1)))
+
+
+def config_from_model(model, policy: str, hash_block_tokens: int, physical_block_tokens: int,
+                      capacity_bytes: float | None = None, **switches) -> CacheConfig:
+    """Sizes from a `ModelConfig`: MLA KV bytes per token (all MLA layers) and, per checkpoint, the KDA recurrent
+    state plus the short-conv window of every KDA layer (a restore needs both)."""
+    from k3sim.memory.sizes import (
+        conv_state_bytes_per_request,
+        kda_state_bytes_per_request,
+        mla_kv_bytes_per_token,
+    )
+
+    kda = kda_state_bytes_per_request(model) + conv_state_bytes_per_request(model) if model.num_kda_layers else 0
+    groups = switches.pop("num_kda_groups", None) or kda_groups_for(model.num_kda_layers, model.num_mla_layers)
+    if not model.num_kda_layers and policy != "full-attention":
+        raise InputError(f"model '{model.name}' has no KDA layers: use --policy full-attention", field="policy")
+    return CacheConfig(policy, hash_block_tokens, physical_block_tokens, mla_kv_bytes_per_token(model), kda,
+                       groups or 1, capacity_bytes, **switches)

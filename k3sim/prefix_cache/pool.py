@@ -63,6 +63,63 @@ class BlockPool:
         self.generation[page] += 1
         return page
 
+    def allocate_n(self, kind: int, n: int) -> list[int]:
+        """n pages at once (a KDA state slot): empty pages in bulk, then one `allocate` (which may evict and so
+        refill the empty end) at a time."""
+        empty, rc, kd, gen = self.empty, self.refcount, self.kind, self.generation
+        out: list[int] = []
+        while len(out) < n:
+            take = min(n - len(out), len(empty))
+            if take:
+                chunk = empty[-take:]
+                del empty[-take:]
+                for p in chunk:
+                    rc[p] = 1
+                    kd[p] = kind
+                    gen[p] += 1
+                out += chunk
+                continue
+            grow = n - len(out) if self.capacity is None else min(n - len(out), self.capacity - len(rc))
+            if grow > 0:
+                first = len(rc)
+                rc.extend([1] * grow)
+                kd.extend([kind] * grow)
+                gen.extend([1] * grow)
+                out.extend(range(first, first + grow))
+            else:
+                out.append(self.allocate(kind))
+        return out
+
+    def incref_n(self, pages: list[int]) -> None:
+        rc, lru = self.refcount, self.lru
+        for p in pages:
+            if rc[p] == 0:
+                del lru[p]
+            rc[p] += 1
+
+    def decref_n(self, pages: list[int], cached: bool) -> None:
+        rc = self.refcount
+        for p in pages:
+            rc[p] -= 1
+        if rc[pages[0]] == 0:  # a slot's pages always share one refcount
+            if cached:
+                lru = self.lru
+                for p in pages:
+                    lru[p] = None
+            else:
+                kd = self.kind
+                for p in pages:
+                    kd[p] = FREE
+                self.empty.extend(pages)
+
+    def uncache_n(self, pages: list[int]) -> None:
+        lru, kd, empty = self.lru, self.kind, self.empty
+        for p in pages:
+            if p in lru:
+                del lru[p]
+                kd[p] = FREE
+                empty.append(p)
+
     def incref(self, page: int) -> None:
         if self.refcount[page] == 0:
             del self.lru[page]  # a pinned page leaves the free list

@@ -1,0 +1,78 @@
+"""Sweep plots: hit rate vs granularity per policy, hit rate vs capacity per policy. Written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+POLICY_STYLE = {"coarse": ("tab:red", "o"), "decoupled": ("tab:blue", "s"), "full-attention": ("tab:green", "^")}
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def plot_granularity(df, path: Path, title: str) -> None:
+    """Token hit rate vs physical block, unbounded capacity; decoupled drawn once per hash block."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = df[df["capacity_bytes"].isna()] if "capacity_bytes" in df else df
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (pol, hb), g in d.groupby(["policy", "hash_block_tokens"] if len(d) else []):
+        if pol == "coarse":
+            continue
+        color, marker = POLICY_STYLE.get(pol, ("k", "x"))
+        g = g.sort_values("physical_block_tokens")
+        ax.plot(g["physical_block_tokens"], 100 * g["token_hit_rate"], marker=marker, color=color,
+                alpha=1.0 if hb == d["hash_block_tokens"].min() else 0.5, label=f"{pol} (hash {hb})")
+    c = d[d["policy"] == "coarse"].sort_values("physical_block_tokens")
+    if len(c):
+        color, marker = POLICY_STYLE["coarse"]
+        ax.plot(c["physical_block_tokens"], 100 * c["token_hit_rate"], marker=marker, color=color,
+                label="coarse (hash = block)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("physical block (tokens)")
+    ax.set_ylabel("token hit rate (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_capacity(df, path: Path, title: str, physical_block_tokens: int, hash_block_tokens: int) -> None:
+    """Token hit rate vs cache capacity at one physical block; dashed lines: the unbounded value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = df[df["physical_block_tokens"] == physical_block_tokens]
+    d = d[(d["policy"] == "coarse") | (d["hash_block_tokens"] == hash_block_tokens)]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for pol, g in d.groupby("policy"):
+        color, marker = POLICY_STYLE.get(pol, ("k", "x"))
+        fin = g[g["capacity_bytes"].notna()].sort_values("capacity_bytes")
+        ax.plot(fin["capacity_bytes"], 100 * fin["token_hit_rate"], marker=marker, color=color, label=pol)
+        unb = g[g["capacity_bytes"].isna()]
+        if len(unb):
+            ax.axhline(100 * float(unb["token_hit_rate"].iloc[0]), color=color, ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (bytes)")
+    ax.set_ylabel("token hit rate (%)")
+    ax.set_title(f"{title}\nphysical block {physical_block_tokens}, hash block {hash_block_tokens}; dashed: unbounded")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
