@@ -24,7 +24,13 @@ if [ "$phase" = 1 ]; then
     --part-budgets kda_fwd=200,gemm_bf16=75,hbm=30,moe=70,sdpa=100,gemm_fp8=50 > /tmp/res/log-b.txt 2>&1 &
   wait
 else
-  timeout 560 $R --out /tmp/res/$day-2gpu --budget-s 530 --heads 96 --parts collectives,kcp > /tmp/res/log-2gpu.txt 2>&1
+  # Single-GPU leftovers first (compiled kernels come from the carried cache), then the two-GPU parts.
+  CUDA_VISIBLE_DEVICES=0 timeout 150 $R --out /tmp/res/$day-1gpu-c --budget-s 120 --heads 12,24 \
+    --parts kda_fwd > /tmp/res/log-c.txt 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 150 $R --out /tmp/res/$day-1gpu-d --budget-s 120 --heads 48 \
+    --parts kda_fwd > /tmp/res/log-d.txt 2>&1 &
+  wait
+  timeout 420 $R --out /tmp/res/$day-2gpu --budget-s 400 --heads 96 --parts collectives,kcp > /tmp/res/log-2gpu.txt 2>&1
 fi
 tail -n 30 /tmp/res/log-*.txt
 for f in /tmp/res/*/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done

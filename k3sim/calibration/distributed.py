@@ -104,7 +104,7 @@ def collectives(out_dir: Path, deadline: float, rank: int, world: int) -> None:
                 w.failed(params, err)
 
 
-def kcp(out_dir: Path, deadline: float, rank: int, world: int) -> None:
+def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int]) -> None:
     """One KDA layer under fla's KCP (contiguous split, `docs` equal packed documents), fwd and fwd+bwd.
 
     Extras: `rel_err` = ||o_cp - o_ref|| / ||o_ref|| against single-GPU chunk_kda on the whole packed
@@ -120,7 +120,7 @@ def kcp(out_dir: Path, deadline: float, rank: int, world: int) -> None:
     wf = _RankWriter(rank, out_dir, "chunk_kda_cp_fwd", ["T", "H", "gpus", "docs"], ["rel_err", "single_gpu_seconds"])
     wb = _RankWriter(rank, out_dir, "chunk_kda_cp_fwd_bwd", ["T", "H", "gpus", "docs"], [])
     check_limit_tokens = 2 ** 17
-    for H in grids.KCP_HEADS:
+    for H in heads:
         for docs in grids.KCP_DOCS:
             for T in grids.KCP_T:
                 params = dict(T=T, H=H, gpus=world, docs=docs)
@@ -194,6 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="collectives,kcp")
+    ap.add_argument("--heads", default=",".join(map(str, grids.KCP_HEADS)))
     ap.add_argument("--deadline-s", type=float, default=500.0, help="seconds from start for all parts")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -208,7 +209,7 @@ def main() -> None:
         if part == "collectives":
             collectives(a.out, deadline, rank, world)
         elif part == "kcp":
-            kcp(a.out, deadline, rank, world)
+            kcp(a.out, deadline, rank, world, [int(h) for h in a.heads.split(",")])
         if rank == 0:
             print(f"[dist] {part} done at {time.monotonic() - start:.0f}s", flush=True)
     dist.destroy_process_group()

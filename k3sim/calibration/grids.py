@@ -53,6 +53,6 @@ SDPA_T = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 COLLECTIVE_BYTES = [2 ** e for e in range(10, 31, 1)]
 
 # KCP: global tokens and equal-length packed documents.
-KCP_T = [16384, 32768, 65536, 131072, 262144, 524288]
+KCP_T = [32768, 65536, 131072, 262144, 524288]
 KCP_DOCS = [1, 4]
 KCP_HEADS = [96, 12]   # K3 without head TP, and at TP8

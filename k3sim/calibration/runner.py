@@ -99,6 +99,8 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                "-m", "k3sim.calibration.distributed", "--out", str(out_dir), "--parts", ",".join(multi),
                "--deadline-s", str(left)]
+        if heads:
+            cmd += ["--heads", ",".join(map(str, heads))]
         subprocess.run(cmd, env=env, check=False)
     info["elapsed_s"] = round(time.monotonic() - start, 1)
     write_provenance(out_dir, info)
