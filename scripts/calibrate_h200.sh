@@ -30,7 +30,7 @@ else
   CUDA_VISIBLE_DEVICES=1 timeout 150 $R --out /tmp/res/$day-1gpu-d --budget-s 120 --heads 48 \
     --parts kda_fwd > /tmp/res/log-d.txt 2>&1 &
   wait
-  timeout 420 $R --out /tmp/res/$day-2gpu --budget-s 400 --heads 96 --parts collectives,kcp > /tmp/res/log-2gpu.txt 2>&1
+  timeout 410 $R --out /tmp/res/$day-2gpu --budget-s 390 --heads 96 --parts collectives,kcp > /tmp/res/log-2gpu.txt 2>&1
 fi
 tail -n 30 /tmp/res/log-*.txt
 for f in /tmp/res/*/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done

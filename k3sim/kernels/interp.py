@@ -10,7 +10,8 @@ model in place of the bare roofline. Methods, in order:
 2. axis lines: along each parameter, the nearest measured neighbours below and above with every other
    parameter equal, linear in log2; several axes are averaged, weighted by 1 / bracket width (this is
    what leave-one-out on a grid exercises);
-3. inverse-distance weighting of the nearest points in octaves (ragged grids, shapes never measured).
+3. line-nearest: at a grid's corner, the residual of the nearest point along one parameter, held;
+4. inverse-distance weighting of the nearest points in octaves (ragged grids, shapes never measured).
 
 A query outside the bounding box of the points is not interpolated (`None`).
 """
@@ -53,7 +54,7 @@ class ResidualGrid:
         i = self.index.get(self._key(q))
         if i is not None:
             return float(self.z[i]), "exact"
-        for method in (self._multilinear, self._axis_lines, self._idw):
+        for method in (self._multilinear, self._axis_lines, self._line_nearest, self._idw):
             out = method(q)
             if out is not None:
                 return out
@@ -97,6 +98,20 @@ class ResidualGrid:
         if not vals:
             return None
         return float(np.average(vals, weights=weights)), "axis-line"
+
+    def _line_nearest(self, q):
+        """Corners of a grid: the nearest neighbour along any one parameter, others equal (held)."""
+        same = np.abs(self.X - q) < _TOL
+        best = None
+        for j in range(self.X.shape[1]):
+            others = np.delete(same, j, axis=1).all(axis=1)
+            if not others.any():
+                continue
+            d = np.abs(self.X[others, j] - q[j])
+            i = int(np.argmin(d))
+            if best is None or d[i] < best[0]:
+                best = (d[i], float(self.z[others][i]))
+        return None if best is None else (best[1], "line-nearest")
 
     def _idw(self, q):
         d = np.sqrt(((self.X - q) ** 2).sum(axis=1))  # octaves: every parameter counts alike

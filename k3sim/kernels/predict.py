@@ -54,33 +54,57 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
                       f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
 
 
+@dataclass
+class PointSet:
+    """Measured shapes of one op as arrays: params (n x d ints, in OpSpec order), median seconds, row
+    counts, run ids, FLOP and bytes."""
+
+    params: np.ndarray
+    seconds: np.ndarray
+    rows: np.ndarray
+    runs: list[str]
+    flop: np.ndarray
+    nbytes: np.ndarray
+
+    @classmethod
+    def from_points(cls, spec: OpSpec, points) -> "PointSet":
+        from k3sim.kernels.fit import work
+
+        flop, nbytes = work(spec, points)
+        return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
+                   points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
+                   [str(r) for r in points["runs"]], flop, nbytes)
+
+    def without(self, i: int) -> "PointSet":
+        m = np.ones(len(self.seconds), bool)
+        m[i] = False
+        return PointSet(self.params[m], self.seconds[m], self.rows[m], [r for j, r in enumerate(self.runs) if j != i],
+                        self.flop[m], self.nbytes[m])
+
+
 class OpPredictor:
     """One op on one calibrated profile: exact hits, residual grids per categorical group, the fit."""
 
-    def __init__(self, spec: OpSpec, points, fit, hw: Any, fit_note: str, exclude: tuple | None = None):
-        from k3sim.kernels.fit import work
-
+    def __init__(self, spec: OpSpec, points: "PointSet", fit, hw: Any, fit_note: str):
         self.spec, self.fit, self.hw, self.fit_note = spec, fit, hw, fit_note
-        keys = list(spec.params)
-        if exclude is not None:
-            points = points[~(points[keys] == list(exclude)).all(axis=1)]
-        self.exact = {tuple(int(v) for v in r[keys]): (float(r["seconds"]), int(r["rows"]), str(r["runs"]))
-                      for _, r in points.iterrows()}
-        flop, nbytes = work(spec, points)
-        resid = np.log(points["seconds"].to_numpy(float)) - np.log(self._model(flop, nbytes, points))
+        self.exact = {tuple(int(v) for v in row): (float(s), int(n), r)
+                      for row, s, n, r in zip(points.params, points.seconds, points.rows, points.runs)}
+        resid = np.log(points.seconds) - np.log(self._model(points.flop, points.nbytes, points))
         self.groups: dict[tuple, ResidualGrid] = {}
-        cat = list(spec.categorical)
-        cat_vals = points[cat].to_numpy(int) if cat else np.zeros((len(points), 0), int)
-        X = np.array([log2_coords(spec, r) for r in points[keys].to_dict("records")]).reshape(len(points), -1)
-        for g in {tuple(v) for v in cat_vals}:
-            m = (cat_vals == np.array(g, int)).all(axis=1) if cat else np.ones(len(points), bool)
+        cat_idx = [spec.params.index(c) for c in spec.categorical]
+        num_idx = [i for i, n in enumerate(spec.params) if n not in spec.categorical]
+        cat_vals = points.params[:, cat_idx]
+        X = np.log2(points.params[:, num_idx].astype(float))
+        for g in {tuple(int(x) for x in v) for v in cat_vals}:
+            m = (cat_vals == np.array(g, int)).all(axis=1)
             self.groups[g] = ResidualGrid(X[m], resid[m])
-        self.n_points = len(points)
+        self.n_points = len(points.seconds)
 
-    def _model(self, flop, nbytes, points) -> np.ndarray:
+    def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:
         if self.spec.kind != "collective":
             return self.fit.roofline.seconds(flop, nbytes)
-        return np.array([self._alpha_beta(int(n))[0].seconds(w) for n, w in zip(points["gpus"], nbytes)])
+        gpus = points.params[:, self.spec.params.index("gpus")]
+        return np.array([self._alpha_beta(int(n))[0].seconds(w) for n, w in zip(gpus, nbytes)])
 
     def _alpha_beta(self, gpus: int):
         """The fit for this GPU count, else the nearest count's (bus bandwidth carries across counts)."""
@@ -156,8 +180,9 @@ class ProfilePredictor:
         if self.store is None or name not in self.fitted.ops:
             return None
         if name not in self._ops:
-            self._ops[name] = OpPredictor(get_op(name), self.store.points(name), self.fitted.ops[name], self.hw,
-                                          self.fit_note)
+            spec = get_op(name)
+            pts = PointSet.from_points(spec, self.store.points(name))
+            self._ops[name] = OpPredictor(spec, pts, self.fitted.ops[name], self.hw, self.fit_note)
         return self._ops[name]
 
     def predict(self, op: str, params: Mapping[str, object]) -> KernelTime:

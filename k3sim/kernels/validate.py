@@ -22,25 +22,24 @@ from k3sim.kernels.ops import FAMILIES, OPS
 GOAL_MAPE = {"gemm": 0.05, "hbm": 0.05, "moe": 0.05, "kda": 0.05, "attention": 0.05, "collective": 0.10}
 
 
-def _refit(spec, points, full_fit, hw):
-    """Refit one op without one point, warm-started from the all-data parameters."""
-    from k3sim.kernels.fit import OpFit, work
-    from k3sim.kernels.model import fit_alpha_beta, levenberg_marquardt, roofline_seconds, RooflineFit
+def _refit(spec, pts, full_fit):
+    """Refit one op on `pts` (a PointSet without the left-out shape), warm-started from the all-data fit."""
+    from k3sim.kernels.fit import OpFit
+    from k3sim.kernels.model import RooflineFit, fit_alpha_beta, levenberg_marquardt, roofline_seconds
 
-    flop, nbytes = work(spec, points)
-    seconds = points["seconds"].to_numpy(float)
-    out = OpFit(op=spec.name, points_used=len(points))
+    out = OpFit(op=spec.name, points_used=len(pts.seconds))
     if spec.kind == "collective":
-        for n in sorted(points["gpus"].unique()):
-            m = (points["gpus"] == n).to_numpy()
-            out.alpha_beta[int(n)] = fit_alpha_beta(nbytes[m], seconds[m])
+        gpus = pts.params[:, spec.params.index("gpus")]
+        for n in sorted(set(gpus.tolist())):
+            m = gpus == n
+            out.alpha_beta[int(n)] = fit_alpha_beta(pts.nbytes[m], pts.seconds[m])
         for n, ab in full_fit.alpha_beta.items():  # a GPU count left with no points keeps its fit
             out.alpha_beta.setdefault(n, ab)
         return out
     rf = full_fit.roofline
-    y = np.log(seconds)
+    y = np.log(pts.seconds)
     th, _ = levenberg_marquardt(
-        lambda t: np.log(roofline_seconds(t, flop, nbytes, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)) - y,
+        lambda t: np.log(roofline_seconds(t, pts.flop, pts.nbytes, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)) - y,
         rf.to_theta(), prior_weight=1e-4)
     out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)
     return out
@@ -52,23 +51,21 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
     import pandas as pd
 
     from k3sim.kernels.fit import fit_profile
-    from k3sim.kernels.predict import EXTRAPOLATION, OpPredictor
+    from k3sim.kernels.predict import EXTRAPOLATION, OpPredictor, PointSet
 
     extrapolation = extrapolation or EXTRAPOLATION
     fitted = fitted or fit_profile(store, hw)
     rows = []
     for op in ops or store.ops():
         spec = OPS[op]
-        pts = store.points(op)
+        pts = PointSet.from_points(spec, store.points(op))
         keys = list(spec.params)
-        for i in range(len(pts)):
-            if len(pts) < 2:
-                break
-            rest = pts.drop(index=pts.index[i])
-            fit = _refit(spec, rest, fitted.ops[op], hw) if refit else fitted.ops[op]
-            key = tuple(int(v) for v in pts.iloc[i][keys])
+        for i in range(len(pts.seconds) if len(pts.seconds) > 1 else 0):
+            rest = pts.without(i)
+            fit = _refit(spec, rest, fitted.ops[op]) if refit else fitted.ops[op]
+            key = tuple(int(v) for v in pts.params[i])
             pred = OpPredictor(spec, rest, fit, hw, "leave-one-out fit").predict(dict(zip(keys, key)), extrapolation)
-            measured = float(pts.iloc[i]["seconds"])
+            measured = float(pts.seconds[i])
             method = pred.detail.split("(")[1].split(")")[0] if pred.source == "interpolated" else (
                 "boundary-held" if "held" in pred.detail else "model")
             rows.append({"family": spec.family, "op": op, "shape": " ".join(f"{k}={v}" for k, v in zip(keys, key)),

@@ -48,3 +48,12 @@ def test_idw_on_ragged_points_and_outside():
     assert g(np.array([5.0, 2.0])) is None
     assert g(np.array([-0.5, 2.0])) is None
     assert np.allclose(g.clip(np.array([5.0, -1.0])), [4.0, 0.0])
+
+
+def test_line_nearest_at_a_corner(full_grid):
+    X, z = full_grid
+    keep = ~((X[:, 0] == 0) & (X[:, 1] == 0))
+    g = ResidualGrid(X[keep], z[keep])
+    val, method = g(np.array([0.0, 0.0]))
+    assert method == "line-nearest"
+    assert val in (pytest.approx(linear([1, 0])), pytest.approx(linear([0, 1])))
