@@ -56,6 +56,8 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
         raise InputError(f"context must be positive (got {context})", source="--context")
     if not 0 <= workspace_fraction < 1:
         raise InputError(f"must be in [0, 1) (got {workspace_fraction})", source="--workspace-fraction")
+    if prefill_chunk <= 0:
+        raise InputError(f"must be positive (got {prefill_chunk})", source="--prefill-chunk")
     model = load_model(model_path)
     hw = load_hardware(hardware)
     par = validate(Parallelism, layout, source)

@@ -84,7 +84,10 @@ def validate(cls: type[T], data: dict[str, Any], source: str) -> T:
 
 
 def load_model(path: str | Path) -> ModelConfig:
-    """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat)."""
+    """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat),
+    or a Hugging Face model folder holding one."""
+    if Path(path).is_dir() and (Path(path) / "config.json").is_file():
+        path = Path(path) / "config.json"
     data = read_mapping(path)
     if is_hf_config(data):
         p = Path(path)

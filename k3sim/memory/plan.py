@@ -61,28 +61,30 @@ def _rank_params(model: ModelConfig, layers: list[int], stage: int, pp: int) -> 
             if k in extra:
                 out[k] = extra[k]
     if stage == pp - 1:
-        out["lm_head"] = extra.get("lm_head", 0)
+        # Tied embeddings: the last stage keeps its own copy when it is not also the first (Megatron).
+        tied_copy = extra["embeddings"] if model.tie_word_embeddings and pp > 1 else 0
+        out["lm_head"] = extra.get("lm_head", tied_copy)
         out["norms"] = out.get("norms", 0) + extra["norms"]
     return {k: v for k, v in out.items() if v}
 
 
-def _weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, int], training: bool) -> list[Row]:
-    """Weight bytes per GPU by component. Serving stores routed experts in their format and the rest in
-    `weight_format`; training holds a bf16 working copy of everything (QAT keeps high-precision weights)."""
+def _serve_weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, int]) -> list[Row]:
+    """Serving weight bytes per GPU by component: routed experts in their format, linear weights in
+    `weight_format`, embeddings in `embedding_format`, the small replicated rest in bf16."""
     rows = []
-    etp = 1 if training else expert_tp(par)
+    etp = expert_tp(par)
     for comp in COMPONENT_ORDER:
         n = params.get(comp, 0)
         if not n:
             continue
         if comp == ROUTED:
-            fmt = "bf16" if training else model.moe.routed_weight_format
+            fmt = model.moe.routed_weight_format
             div, how = par.ep * etp, f"/ (ep={par.ep} x expert_tp={etp})"
         elif comp in TP_SHARDED:
-            fmt, div, how = ("bf16" if training else model.weight_format), par.tp, f"/ tp={par.tp}"
+            fmt, div, how = model.weight_format, par.tp, f"/ tp={par.tp}"
         elif comp in ("embeddings", "lm_head"):
             fmt, div, how = model.embedding_format, par.tp, f"/ tp={par.tp} (vocab-parallel)"
-        else:  # router, norms, attn_res, vision: replicated
+        else:  # norms, attn_res, vision: replicated
             fmt, div, how = "bf16", 1, "replicated"
         rows.append(Row(f"weights_{comp}", math.ceil(n * bytes_per_element(fmt) / div),
                         f"{n:,} params x {fmt} {how}"))
@@ -138,7 +140,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
     attn_res_tok = sizes.attn_res_block_bytes_per_token(model)
     stages = []
     for r, layers in enumerate(rank_layers(model, par)):
-        rows = _weight_rows(model, par, _rank_params(model, layers, r, par.pp), training=False)
+        rows = _serve_weight_rows(model, par, _rank_params(model, layers, r, par.pp))
         if attn_res_tok:
             rows.append(Row("attn_res_blocks", math.ceil(attn_res_tok * prefill_chunk_tokens / par.tp),
                             f"{attn_res_tok} B/token x {prefill_chunk_tokens} prefill tokens / tp"))
@@ -230,6 +232,9 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
                num_micro_batches: int | None = None, workspace_fraction: float = 0.10,
                source: str | None = None, allow_overflow: bool = False) -> TrainPlan:
     """Per-GPU training memory: weights, grads, optimizer states, activations.
+
+    Weights are a bf16 working copy of every parameter, whatever the serving format (K3's MXFP4 experts
+    come from quantization-aware training over high-precision weights).
 
     Sharding: non-expert weights by TP (router, norms replicated), routed experts by EP (expert TP = 1),
     layers by PP. ZeRO stage z over the data-parallel replicas of each parameter: dp x cp for

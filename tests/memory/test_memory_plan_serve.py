@@ -84,3 +84,11 @@ def toy():
 @pytest.fixture(name="toy_gpu")
 def _gpu():
     return _toy_gpu()
+
+
+def test_tied_embeddings_copy_on_last_stage(toy):
+    from k3sim.memory.plan import _rank_params
+
+    tied = toy.model_copy(update={"tie_word_embeddings": True})
+    assert _rank_params(tied, [2, 3], 1, 2)["lm_head"] == 100 * 16  # own copy of the 100 x 16 table
+    assert "lm_head" not in _rank_params(tied, [0, 1, 2, 3], 0, 1)  # one stage: the same tensor
