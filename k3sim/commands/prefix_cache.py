@@ -1,0 +1,118 @@
+"""`k3sim prefix-cache`: hit rate of the hybrid KDA+MLA prefix cache on a Mooncake trace, one config or a sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _ints(text: str, option: str) -> list[int]:
+    from k3sim.errors import InputError
+
+    try:
+        return [int(float(x)) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got '{text}'", source=option) from None
+
+
+def _capacities(text: str) -> list[float | None]:
+    from k3sim.errors import InputError
+
+    out: list[float | None] = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        if x in ("none", "unbounded", "inf"):
+            out.append(None)
+            continue
+        try:
+            out.append(float(x))
+        except ValueError:
+            raise InputError(f"expected bytes or 'none', got '{x}'", source="--capacities") from None
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("prefix-cache")
+    def prefix_cache(
+        trace: Path = typer.Option(..., "--trace", help="Mooncake JSONL trace (timestamp ms, lengths, hash_ids)"),
+        model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model", help="model YAML or HF config.json"),
+        policy: str = typer.Option("decoupled", "--policy", help="coarse | decoupled | full-attention"),
+        hash_block: int = typer.Option(512, "--hash-block", help="hash block (tokens); coarse uses the physical block"),
+        physical_block: int = typer.Option(6144, "--physical-block", help="physical block = page (tokens)"),
+        capacity_bytes: Optional[float] = typer.Option(None, "--capacity-bytes", help="pool bytes; omit = unbounded"),
+        kda_groups: Optional[int] = typer.Option(None, "--kda-groups", help="KDA cache groups (default KDA/MLA layers)"),
+        token_budget: int = typer.Option(8192, "--token-budget", help="tokens per scheduling step"),
+        max_running: int = typer.Option(256, "--max-running"),
+        tokens_per_s: float = typer.Option(2.0e5, "--tokens-per-s", help="step cost: tokens per second (scale knob)"),
+        step_overhead_s: float = typer.Option(0.01, "--step-overhead-s", help="step cost: fixed seconds per step"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="replay only the first N requests"),
+        strict: bool = typer.Option(False, "--strict", help="stop at the first malformed trace line (exit 2)"),
+        sweep: bool = typer.Option(False, "--sweep", help="sweep policies x hash blocks x physical blocks x capacities"),
+        policies: str = typer.Option("coarse,decoupled,full-attention", "--policies"),
+        hash_blocks: str = typer.Option("512", "--hash-blocks"),
+        physical_blocks: str = typer.Option("512,1024,2048,4096,6144", "--physical-blocks"),
+        capacities: str = typer.Option("none,64e9,256e9,1e12,4e12", "--capacities", help="bytes; 'none' = unbounded"),
+        processes: Optional[int] = typer.Option(None, "--processes", help="sweep workers (default: all cores)"),
+        out: Path = typer.Option(Path("reports/prefix_cache"), "--out", help="sweep output directory"),
+        name: Optional[str] = typer.Option(None, "--name", help="sweep file prefix (default: trace file stem)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
+    ) -> None:
+        """Prefix-cache hit rate for a trace under coarse / decoupled / full-attention caching."""
+        from k3sim.errors import InputError
+        from k3sim.output import human_bytes, print_json, print_kv, print_table
+        from k3sim.prefix_cache.run import make_config, simulate, sweep_report
+        from k3sim.prefix_cache.serving import SchedulerConfig, StepCost
+
+        if token_budget <= 0 or max_running <= 0:
+            raise InputError("must be positive", source="--token-budget/--max-running")
+        if tokens_per_s <= 0 or step_overhead_s < 0:
+            raise InputError("throughput must be positive and overhead non-negative", source="--tokens-per-s")
+        sched = SchedulerConfig(token_budget, max_running)
+        cost = StepCost(tokens_per_s, step_overhead_s)
+        cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups)
+        if sweep:
+            pols = [p.strip() for p in policies.split(",") if p.strip()]
+            for p in pols:
+                if p not in ("coarse", "decoupled", "full-attention"):
+                    raise InputError(f"unknown policy '{p}'", source="--policies")
+            rep = sweep_report(trace, cfg, policies=pols, hash_blocks=_ints(hash_blocks, "--hash-blocks"),
+                               physical_blocks=_ints(physical_blocks, "--physical-blocks"),
+                               capacities=_capacities(capacities), out_dir=out, name=name, strict=strict,
+                               limit=limit, sched=sched, cost=cost, processes=processes)
+            if json_out:
+                print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
+                            "wall_s": rep.wall_s, "rows": rep.table})
+                return
+            t = rep.table
+            print_table(f"prefix-cache sweep: {trace.name}",
+                        ["policy", "hash", "block", "capacity", "token hit %", "request hit %", "evictions"],
+                        [(r.policy, r.hash_block_tokens, r.physical_block_tokens,
+                          "unbounded" if r.capacity_bytes != r.capacity_bytes else human_bytes(r.capacity_bytes),
+                          f"{100 * r.token_hit_rate:.2f}", f"{100 * r.request_hit_rate:.2f}", r.evictions)
+                         for r in t.itertuples()])
+            print_kv("files", list(rep.files.items()))
+            return
+        res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost)
+        if json_out:
+            print_json(res)
+            return
+        print_kv(f"prefix cache: {trace.name} ({res.policy})", [
+            ("hash / physical block", f"{res.hash_block_tokens} / {res.physical_block_tokens} tokens"),
+            ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
+            ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
+                     f"{res.num_kda_groups} groups"),
+            ("requests (rejected)", f"{res.requests:,} ({res.requests_rejected})"),
+            ("token hit rate", f"{100 * res.token_hit_rate:.2f} %"),
+            ("request hit rate", f"{100 * res.request_hit_rate:.2f} %"),
+            ("MLA-only token hit rate", f"{100 * res.mla_only_token_hit_rate:.2f} %"),
+            ("prefill tokens saved", f"{res.prefill_tokens_saved:,}"),
+            ("checkpoint bytes peak", human_bytes(res.checkpoint_bytes_peak)),
+            ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
+            ("trace lines skipped", res.trace_lines_skipped),
+        ])
+        for p in res.extra.get("trace_problems", [])[:5]:
+            print(f"skipped line {p['line']}: {p['reason']}")

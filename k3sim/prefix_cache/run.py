@@ -1,0 +1,114 @@
+"""Entry points the CLI calls: one replay of a trace file, or a sweep that writes a table and plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from k3sim.errors import InputError
+from k3sim.prefix_cache.config import CacheConfig, config_from_model
+from k3sim.prefix_cache.serving import ReplayResult, SchedulerConfig, StepCost, replay
+from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake
+
+
+def _check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block") -> None:
+    if hash_block_tokens % MOONCAKE_BLOCK_TOKENS:
+        raise InputError(
+            f"{hash_block_tokens} is not a multiple of the trace's {MOONCAKE_BLOCK_TOKENS}-token hash ids "
+            "(a Mooncake id does not say where inside its block two prompts diverge)", source=source)
+
+
+def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
+                capacity_bytes: float | None, num_kda_groups: int | None = None) -> CacheConfig:
+    from k3sim.configs import load_model
+
+    if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
+        raise InputError(f"hash block {hash_block_tokens} does not divide physical block {physical_block_tokens}",
+                         source="--hash-block")
+    model = load_model(str(model_path))
+    kw = {"num_kda_groups": num_kda_groups} if num_kda_groups else {}
+    return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, **kw)
+
+
+def simulate(trace: str | Path, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
+             sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost()) -> ReplayResult:
+    """Stream a Mooncake trace through the cache; malformed lines are skipped and listed unless `strict`."""
+    _check_trace_granularity(cfg.effective_hash_block_tokens)
+    cfg.check_capacity()
+    stats = TraceStats()
+    res = replay(read_mooncake(trace, strict=strict, stats=stats, limit=limit), cfg, sched, cost)
+    res.trace_lines_skipped = stats.skipped
+    res.extra["trace"] = str(trace)
+    res.extra["trace_problems"] = [{"line": ln, "reason": why} for ln, why in stats.problems]
+    return res
+
+
+@dataclass
+class SweepReport:
+    table: "object"  # pandas DataFrame, one row per configuration
+    files: dict[str, str] = field(default_factory=dict)
+    trace_lines_skipped: int = 0
+    wall_s: float = 0.0
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capacity_bytes", "token_hit_rate",
+                 "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions",
+                 "requests_rejected", "wall_s"]
+
+
+def sweep_report(trace: str | Path, base: CacheConfig, *, policies: Sequence[str], hash_blocks: Sequence[int],
+                 physical_blocks: Sequence[int], capacities: Sequence[float | None], out_dir: str | Path,
+                 name: str | None = None, strict: bool = False, limit: int | None = None,
+                 sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
+                 processes: int | None = None) -> SweepReport:
+    """Replay every valid configuration of the grid; write `<name>_sweep.csv`, `<name>_sweep.md` and the two
+    plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block)."""
+    import time
+
+    from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
+    from k3sim.prefix_cache.sweep import grid, run_sweep
+
+    for hb in hash_blocks:
+        _check_trace_granularity(hb, "--hash-blocks")
+    for pb in physical_blocks:
+        if pb <= 0:
+            raise InputError(f"must be positive (got {pb})", source="--physical-blocks")
+    t0 = time.perf_counter()
+    stats = TraceStats()
+    requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
+    configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
+    if not configs:
+        raise InputError("no valid configuration: every hash block fails to divide every physical block",
+                         source="--hash-blocks")
+    df = run_sweep(requests, configs, sched, cost, processes)
+    out = Path(out_dir)
+    name = name or Path(trace).stem
+    files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
+             "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
+             "capacity_plot": str(out / f"{name}_hit_vs_capacity.png")}
+    _atomic_write_text(Path(files["csv"]), df.to_csv(index=False))
+    cols = [c for c in TABLE_COLUMNS if c in df]
+    md = df[cols].copy()
+    for c in ("token_hit_rate", "request_hit_rate"):
+        if c in md:
+            md[c] = (100 * md[c]).round(2)
+    md["capacity_bytes"] = md["capacity_bytes"].map(lambda v: "unbounded" if v != v or v is None else f"{v:.3g}")
+    header = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
+    _atomic_write_text(Path(files["table"]), f"Sweep on `{Path(trace).name}` (hit rates in %, bytes SI)\n\n" + header + body)
+    title = Path(trace).name
+    plot_granularity(df, Path(files["granularity_plot"]), f"{title}: unbounded capacity")
+    plot_capacity(df, Path(files["capacity_plot"]), title, base.physical_block_tokens, base.hash_block_tokens)
+    return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)
