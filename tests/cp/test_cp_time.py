@@ -1,0 +1,105 @@
+"""Time composition with a fake kernel clock: overlap, fold, links, documents, hybrid sums."""
+
+from __future__ import annotations
+
+import pytest
+
+from cp_fakes import ALPHA, LINK, fake_kernel_time, hw, k3
+from k3sim.cp import cp_step
+from k3sim.cp.comm import KernelClock
+from k3sim.cp.layers import kcp_layer, ring_layer
+from k3sim.cp.model import layer_inputs
+from k3sim.cp.published import predict_published
+
+
+def x_(S, P, **kw):
+    return layer_inputs(k3(kw.pop("tp", 1)), kw.pop("hw", hw()), S, P, kernel_time=fake_kernel_time, **kw)
+
+
+def rows(phase):
+    return {r["component"].split(",")[0].split(":")[0]: r["seconds"] for r in phase.rows}
+
+
+def test_kcp_forward_composition():
+    """fwd = main(L) + pre-process 0.90 x main(L) + 7 fold steps + all-gather + halo, all in series."""
+    x = x_(65536, 8, state_dtype="bf16")
+    lc = kcp_layer(x)
+    main = 2e-5 + 8192 * 96 * 1e-10
+    fold = 7 * 2 * (96 * 128) * 128 * 128 / 6e14
+    ag = ALPHA + 7 * 96 * 128 * 256 * 2 / LINK
+    halo = ALPHA + 3 * 96 * 384 * 2 / LINK
+    expect = main + x.kcp_pre_factor * main + fold + ag + halo
+    assert lc.fwd.time_s == pytest.approx(expect, rel=1e-9)
+    assert lc.fwd.exposed_comm_s == pytest.approx(ag + halo, rel=1e-9)
+
+
+def test_fp32_fold_costs_three_passes():
+    b = rows(kcp_layer(x_(65536, 8, state_dtype="bf16")).fwd)
+    f = rows(kcp_layer(x_(65536, 8, state_dtype="fp32")).fwd)
+    assert f["fold"] == pytest.approx(3 * b["fold"])
+
+
+def test_kcp_comm_is_length_independent_compute_is_not():
+    a, b = kcp_layer(x_(32768, 8)), kcp_layer(x_(1048576, 8))
+    assert a.fwd.recv_bytes == b.fwd.recv_bytes
+    assert a.fwd.comm_s == pytest.approx(b.fwd.comm_s)
+    assert b.fwd.compute_s > 10 * a.fwd.compute_s         # 32x the tokens, fixed fold and launch costs
+
+
+def test_docs_at_rank_edges_skip_fold_and_preprocess():
+    r = rows(kcp_layer(x_(65536, 8, docs=8)).fwd)
+    assert r["fold"] == 0 and r["pre-process (M"] == 0
+
+
+def test_ring_hides_comm_under_compute_on_nvlink_not_on_a_slow_link():
+    fast = ring_layer(x_(262144, 8, mla_kv="expanded"), "zigzag-ring")
+    slow = ring_layer(x_(262144, 8, mla_kv="expanded", bandwidth_override=1e9), "zigzag-ring")
+    assert fast.fwd.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
+    assert slow.fwd.exposed_comm_s > 1.0                 # 7 hops of 2 GB at 1 GB/s
+    assert slow.fwd.time_s == pytest.approx(slow.fwd.compute_s + slow.fwd.exposed_comm_s)
+
+
+def test_zigzag_beats_contiguous_ring_on_causal_work():
+    """Contiguous: slowest rank computes 1 diagonal + 7 full blocks per step sequence (15 half-blocks);
+    zigzag: every rank 2P - 1 = 15 chunk blocks of L/2 plus 2 diagonals (~ 8 half-blocks)."""
+    ct = ring_layer(x_(65536, 8, mla_kv="expanded"), "ring").fwd.compute_s
+    zz = ring_layer(x_(65536, 8, mla_kv="expanded"), "zigzag-ring").fwd.compute_s
+    assert 1.7 < ct / zz < 2.0
+
+
+def test_link_scale_out_beyond_domain():
+    assert cp_step(k3(), hw(), 65536, 8, kernel_time=fake_kernel_time).link == "scale-up"
+    assert cp_step(k3(), hw(), 65536, 16, kernel_time=fake_kernel_time).link == "scale-out"
+    assert cp_step(k3(tp=2), hw(), 65536, 8, "kcp", "ring", kernel_time=fake_kernel_time).link == "scale-out"
+
+
+def test_hybrid_step_sums_layers():
+    r = cp_step(k3(), hw(), 131072, 8, "kcp", "zigzag-ring", state_dtype="bf16", kernel_time=fake_kernel_time)
+    assert r.step_attention_time_s == pytest.approx(69 * r.kda.time_s + 24 * r.mla.time_s)
+    assert r.kda_layer_recv_bytes_per_rank == 42 * 2 ** 20 + 3 * 96 * 384 * 2
+    assert {b["layer"] for b in r.breakdown} == {"kda", "mla"}
+
+
+def test_ulysses_not_overlapped():
+    r = cp_step(k3(), hw(), 65536, 8, "ulysses", "ulysses", kernel_time=fake_kernel_time)
+    assert r.kda.fwd.time_s == pytest.approx(r.kda.fwd.compute_s + r.kda.fwd.comm_s)
+
+
+def test_published_setting_rates_are_percentages():
+    p = predict_published(hw(scaleup=2e11), kernel_time=fake_kernel_time)
+    for ph in ("fwd", "fwd_bwd"):
+        assert 0 < p[ph]["kcp_rate_pct"] <= 100 and 0 < p[ph]["a2a_rate_pct"] <= 100
+        assert p[ph]["a2a_over_kcp_time"] == pytest.approx(p[ph]["a2a_s"] / p[ph]["kcp_s"])
+
+
+def test_clock_memoises():
+    calls = []
+
+    def kt(op, p, h):
+        calls.append(op)
+        return fake_kernel_time(op, p, h)
+
+    c = KernelClock(hw(), kt)
+    c("chunk_kda_fwd", T=1024, H=8)
+    c("chunk_kda_fwd", T=1024, H=8)
+    assert calls == ["chunk_kda_fwd"]
