@@ -34,6 +34,7 @@ class OpFit:
     points_used: int = 0
     runs: list[str] = field(default_factory=list)
     rms_log_error: float = 0.0
+    data_fingerprint: str = ""  # of this op's measurement files when fitted
 
 
 @dataclass
@@ -72,8 +73,14 @@ def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
     return out
 
 
+def fit_store_op(store, op: str, hw: Any) -> OpFit:
+    f = fit_op(OPS[op], store.points(op), hw)
+    f.data_fingerprint = store.op_fingerprints.get(op, "")
+    return f
+
+
 def fit_profile(store, hw: Any) -> FittedProfile:
-    ops = {op: fit_op(OPS[op], store.points(op), hw) for op in store.ops()}
+    ops = {op: fit_store_op(store, op, hw) for op in store.ops()}
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return FittedProfile(profile=str(hw.name), fit_date=date, data_fingerprint=store.fingerprint, ops=ops)
 
@@ -82,7 +89,7 @@ def to_dict(fp: FittedProfile) -> dict:
     ops = {}
     for name, f in fp.ops.items():
         d: dict[str, Any] = {"rows_used": f.rows_used, "points_used": f.points_used, "runs": f.runs,
-                             "rms_log_error": round(f.rms_log_error, 6)}
+                             "data_fingerprint": f.data_fingerprint, "rms_log_error": round(f.rms_log_error, 6)}
         if f.roofline is not None:
             d["model"] = "roofline"
             d["params"] = {k: float(f"{v:.6g}") for k, v in f.roofline.as_dict().items()}
@@ -102,7 +109,8 @@ def from_dict(d: dict, source: str) -> FittedProfile:
         ops = {}
         for name, o in d["ops"].items():
             f = OpFit(op=name, rows_used=int(o["rows_used"]), points_used=int(o["points_used"]),
-                      runs=list(o["runs"]), rms_log_error=float(o["rms_log_error"]))
+                      runs=list(o["runs"]), rms_log_error=float(o["rms_log_error"]),
+                      data_fingerprint=str(o.get("data_fingerprint", "")))
             if o["model"] == "roofline":
                 f.roofline = RooflineFit(**{k: float(v) for k, v in o["params"].items()})
             else:
@@ -144,10 +152,19 @@ def read_fitted(path: Path) -> FittedProfile | None:
     return from_dict(data, str(path))
 
 
+def op_fit(store, fitted: FittedProfile | None, op: str, hw: Any) -> tuple[OpFit, str]:
+    """The committed fit of `op` when it was made from the same files, else a fresh in-memory fit."""
+    f = fitted.ops.get(op) if fitted is not None else None
+    if f is not None and f.data_fingerprint == store.op_fingerprints.get(op):
+        return f, f"fit of {fitted.fit_date}"
+    why = "no fitted.yaml" if fitted is None else ("fitted.yaml is stale for this op" if f else
+                                                  "op absent from fitted.yaml")
+    return fit_store_op(store, op, hw), f"in-memory fit ({why})"
+
+
 def load_or_fit(store, hw: Any) -> tuple[FittedProfile, str]:
     """The committed fit when it matches the data, else a fresh in-memory fit; says which."""
-    path = Path(store.root) / FITTED_NAME
-    fp = read_fitted(path)
+    fp = read_fitted(Path(store.root) / FITTED_NAME)
     if fp is not None and fp.data_fingerprint == store.fingerprint:
         return fp, f"fit of {fp.fit_date}"
     why = "no fitted.yaml" if fp is None else "fitted.yaml is stale (data changed)"

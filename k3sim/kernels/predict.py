@@ -166,23 +166,25 @@ class ProfilePredictor:
         self.dir = measured_dir(hw)
         self.store = None
         self.fitted = None
-        self.fit_note = ""
         self._ops: dict[str, OpPredictor] = {}
         self._answers: dict[tuple, KernelTime] = {}  # simulators ask the same shapes over and over
         if self.dir is not None:
-            from k3sim.kernels.fit import load_or_fit
+            from k3sim.kernels.fit import FITTED_NAME, read_fitted
             from k3sim.kernels.store import load_store
 
             self.store = load_store(self.dir)
-            self.fitted, self.fit_note = load_or_fit(self.store, hw)
+            self.fitted = read_fitted(self.dir / FITTED_NAME)
 
     def op(self, name: str) -> OpPredictor | None:
-        if self.store is None or name not in self.fitted.ops:
+        if self.store is None or name not in self.store.ops():
             return None
         if name not in self._ops:
+            from k3sim.kernels.fit import op_fit
+
             spec = get_op(name)
+            fit, note = op_fit(self.store, self.fitted, name, self.hw)
             pts = PointSet.from_points(spec, self.store.points(name))
-            self._ops[name] = OpPredictor(spec, pts, self.fitted.ops[name], self.hw, self.fit_note)
+            self._ops[name] = OpPredictor(spec, pts, fit, self.hw, note)
         return self._ops[name]
 
     def predict(self, op: str, params: Mapping[str, object]) -> KernelTime:

@@ -32,7 +32,8 @@ class MeasurementStore:
     runs: dict[str, dict]
     rows: dict[str, "pd.DataFrame"]
     ignored: list[str] = field(default_factory=list)
-    fingerprint: str = ""
+    fingerprint: str = ""  # of all measurement files
+    op_fingerprints: dict[str, str] = field(default_factory=dict)  # of each op's files: per-op fit staleness
 
     def ok(self, op: str) -> "pd.DataFrame":
         import pandas as pd
@@ -142,7 +143,7 @@ def _load(root: Path) -> MeasurementStore:
     runs: dict[str, dict] = {}
     parts: dict[str, list] = {}
     ignored: list[str] = []
-    digest = hashlib.sha256()
+    digests: dict[str, "hashlib._Hash"] = {}
     for run in sorted(p for p in root.iterdir() if p.is_dir()):
         csvs = sorted(run.glob("*.csv"))
         prov = run / "provenance.yaml"
@@ -156,7 +157,11 @@ def _load(root: Path) -> MeasurementStore:
                 ignored.append(str(path.relative_to(root)))
                 continue
             parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run.name))
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
+            d = digests.setdefault(path.stem, hashlib.sha256())
+            d.update(str(path.relative_to(root)).encode())
+            d.update(path.read_bytes())
     rows = {op: pd.concat(dfs, ignore_index=True) for op, dfs in parts.items()}
-    return MeasurementStore(root=root, runs=runs, rows=rows, ignored=ignored, fingerprint=digest.hexdigest()[:16])
+    op_fp = {op: d.hexdigest()[:16] for op, d in sorted(digests.items())}
+    total = hashlib.sha256("".join(f"{k}:{v};" for k, v in op_fp.items()).encode()).hexdigest()[:16]
+    return MeasurementStore(root=root, runs=runs, rows=rows, ignored=ignored, fingerprint=total,
+                            op_fingerprints=op_fp)

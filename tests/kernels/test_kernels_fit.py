@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import GEMM_POINTS, HBM_POINTS, TRUE_AB, TRUE_GEMM, TRUE_HBM, hardware, write_run
+from conftest import COLL_POINTS, GEMM_POINTS, HBM_POINTS, TRUE_AB, TRUE_GEMM, TRUE_HBM, hardware, write_run
 
 from k3sim.errors import InputError
 from k3sim.kernels.fit import FITTED_NAME, fit_profile, load_or_fit, read_fitted, write_fitted
@@ -49,12 +49,13 @@ def test_fitted_yaml_round_trip_and_staleness(tmp_path):
     assert back.ops["hbm_copy"].roofline.eff_bytes == pytest.approx(fp.ops["hbm_copy"].roofline.eff_bytes, rel=1e-5)
     _, note = load_or_fit(load_store(tmp_path), hw)
     assert note.startswith("fit of ")
-    write_run(tmp_path, "b", {"hbm_copy": HBM_POINTS[:3]})
+    write_run(tmp_path, "b", {"hbm_copy": HBM_POINTS[:3], "all_gather": COLL_POINTS})
     _, note = load_or_fit(load_store(tmp_path), hw)
     assert "stale" in note
-    clear_cache()
-    kt = predict_kernel_time("gemm_bf16", dict(M=100, N=7168, K=2048), hw)
-    assert "stale" in kt.detail
+    clear_cache()  # a new run of hbm_copy makes only hbm_copy's fit stale
+    assert "fit of" in predict_kernel_time("gemm_bf16", dict(M=100, N=7168, K=2048), hw).detail
+    assert "stale" in predict_kernel_time("hbm_copy", dict(bytes=3 * 2 ** 20), hw).detail
+    assert "absent" in predict_kernel_time("all_gather", dict(bytes=3 * 2 ** 20, gpus=2), hw).detail
 
 
 def test_fitted_yaml_is_used_by_the_predictor(tmp_path):
