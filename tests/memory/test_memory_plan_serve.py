@@ -92,3 +92,17 @@ def test_tied_embeddings_copy_on_last_stage(toy):
     tied = toy.model_copy(update={"tie_word_embeddings": True})
     assert _rank_params(tied, [2, 3], 1, 2)["lm_head"] == 100 * 16  # own copy of the 100 x 16 table
     assert "lm_head" not in _rank_params(tied, [0, 1, 2, 3], 0, 1)  # one stage: the same tensor
+
+
+@pytest.mark.parametrize("pp, v", [(1, 1), (2, 1), (3, 2), (16, 2), (31, 3)])
+def test_pipeline_split_conserves_parameters(root, pp, v):
+    """Every layer lands on exactly one rank, so the ranks' parameters add up to the model's."""
+    from k3sim.memory.params import count_params
+    from k3sim.memory.plan import _rank_params
+
+    m = load_model(root / "models/kimi-k3.yaml")
+    par = Parallelism(pp=pp, virtual_stages=v)
+    ranks = rank_layers(m, par)
+    assert sorted(i for layers in ranks for i in layers) == list(range(93))
+    total = sum(sum(_rank_params(m, layers, r, pp).values()) for r, layers in enumerate(ranks))
+    assert total == count_params(m).total_params
