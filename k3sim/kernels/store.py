@@ -34,6 +34,7 @@ class MeasurementStore:
     ignored: list[str] = field(default_factory=list)
     fingerprint: str = ""  # of all measurement files
     op_fingerprints: dict[str, str] = field(default_factory=dict)  # of each op's files: per-op fit staleness
+    _ops: list[str] | None = field(default=None, repr=False)
 
     def ok(self, op: str) -> "pd.DataFrame":
         import pandas as pd
@@ -62,7 +63,10 @@ class MeasurementStore:
         return out
 
     def ops(self) -> list[str]:
-        return [op for op in OPS if op in self.rows and not self.ok(op).empty]
+        """Ops with at least one successful row, in registry order (computed once)."""
+        if self._ops is None:
+            self._ops = [op for op in OPS if op in self.rows and not self.ok(op).empty]
+        return self._ops
 
 
 def _read_provenance(path: Path) -> dict:
