@@ -71,6 +71,12 @@ def _parts(T: int, h: int, p: IntraParams) -> tuple[float, float, float, int]:
     return t_par, n_chunks, lanes, waves
 
 
+def serial_pass_seconds(T: int, h: int, p: IntraParams, m_chain: bool = False) -> float:
+    """The chunk-to-chunk state pass alone (T/C steps x waves); with the M chain (KCP pre-process) x (1 + mu)."""
+    _, n, _, waves = _parts(T, h, p)
+    return n * p.tau_s * waves * ((1 + MU_M_CHAIN) if m_chain else 1.0)
+
+
 def naive(T: int, h: int, p: IntraParams) -> IntraResult:
     t_par, n, lanes, waves = _parts(T, h, p)
     t_ser = n * p.tau_s * waves

@@ -10,6 +10,7 @@ collective or a ring step that waits for all ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,7 @@ class LayerInputs:
     mla_kv: str = "latent"
     kcp_pre_factor: float = field(default_factory=kcp_preprocess_factor)
     conv_halo: bool = True              # False: the KDA op alone, as the calibration harness times it
+    intra: Any = None                   # fitted IntraParams: pre-process from the state-pass model instead
 
     @property
     def L(self) -> int:
@@ -108,15 +110,14 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
         # pre-process: ranks whose last segment a later rank folds (fwd), whose first an earlier one does (bwd)
         need_f = [r for r in range(P - 1) if pre[r + 1] > 0]
         need_b = [r for r in range(1, P) if post[r - 1] > 0]
-        pf = max((x.clock("chunk_kda_fwd", T=last_seg[r], H=H)[0] for r in need_f), default=0.0)
-        pb = max((x.clock("chunk_kda_fwd", T=first_seg[r], H=H)[0] for r in need_b), default=0.0)
+        pf, pre_label, pre_src = _preprocess(x, [last_seg[r] for r in need_f], H, src)
+        pb, _, _ = _preprocess(x, [first_seg[r] for r in need_b], H, src)
         step, ssrc = x.clock("gemm_bf16", M=H * g.kda_head_dim_k, N=g.kda_head_dim_v, K=g.kda_head_dim_k)
         step *= FOLD_PASSES[x.state_dtype]
-        k = x.kcp_pre_factor
-        rows_f += [(f"pre-process (M, S~) of last segment, {k:.2f} x chunk_kda_fwd", k * pf, src, "compute"),
+        rows_f += [(f"pre-process (M, S~) of last segment, {pre_label}", pf, pre_src, "compute"),
                    (f"fold: {int(pre.max())} steps of H x {g.kda_head_dim_k}^3 matmul", int(pre.max()) * step,
                     ssrc, "compute")]
-        rows_b += [(f"pre-process (dM, dS~) of first segment, {k:.2f} x chunk_kda_fwd", k * pb, src, "compute"),
+        rows_b += [(f"pre-process (dM, dS~) of first segment, {pre_label}", pb, pre_src, "compute"),
                    (f"fold: {int(post.max())} steps of H x {g.kda_head_dim_k}^3 matmul", int(post.max()) * step,
                     ssrc, "compute")]
     rows_f += _comm_rows(x, fwd_tr)
@@ -125,6 +126,24 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
     return LayerCost("kda", "kcp", "contiguous", x.comm.link,
                      _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
                      _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+
+
+def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[float, str, str]:
+    """Slowest rank's pre-process: the S~ state pass plus the M chain over its exported segment.
+
+    With fitted intra-device parameters: (1 + mu) x the state-pass time of that many chunks (both are
+    serial passes over the same lanes, `KCP.md` stages 1 and 2). Otherwise: the FLOP ratio
+    `kcp_pre_factor` x chunk_kda_fwd over the segment (`flops.kcp_preprocess_factor`, 0.90)."""
+    if not seg_lens:
+        return 0.0, "none needed", "none"
+    if x.intra is not None:
+        from k3sim.cp.intra_device import serial_pass_seconds
+
+        return (max(serial_pass_seconds(t, H, x.intra, m_chain=True) for t in seg_lens),
+                "(1 + mu) x state pass (intra-device fit)", x.intra.source)
+    k = x.kcp_pre_factor
+    return (k * max(x.clock("chunk_kda_fwd", T=t, H=H)[0] for t in seg_lens),
+            f"{k:.2f} x chunk_kda_fwd (FLOP ratio)", src)
 
 
 def lasp2_layer(x: LayerInputs) -> LayerCost:

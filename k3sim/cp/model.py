@@ -46,12 +46,12 @@ class CPStepResult:
 def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dtype: str = "fp32",
                  mla_kv: str = DEFAULT_MLA_KV, docs: int | None = None, doc_lengths: list[int] | None = None,
                  kernel_time=None, bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
-                 conv_halo: bool = True, clock: KernelClock | None = None) -> LayerInputs:
+                 conv_halo: bool = True, clock: KernelClock | None = None, intra: Any = None) -> LayerInputs:
     """Everything a per-layer cost function reads; `clock` lets a sweep share memoised kernel times."""
     bounds = D.doc_bounds(seq_len, docs, doc_lengths)
     clock = clock or KernelClock(hardware, kernel_time or default_kernel_time())
     comm = CommModel(clock, P, P * g.tp, bandwidth_override)
-    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo)
+    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo, intra=intra)
     if kcp_pre_factor is not None:
         x.kcp_pre_factor = kcp_pre_factor
     return x
@@ -67,7 +67,8 @@ def layer_at(strategy: str, layer_kind: str, x: LayerInputs) -> LayerCost:
 def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: str = "kcp",
             mla_strategy: str = DEFAULT_MLA_STRATEGY, *, state_dtype: str = "fp32", mla_kv: str = DEFAULT_MLA_KV,
             docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
-            bandwidth_override: float | None = None, kcp_pre_factor: float | None = None) -> CPStepResult:
+            bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
+            intra: Any = None) -> CPStepResult:
     """Per-rank bytes and seconds of every attention layer of one training step (one sequence)."""
     if state_dtype not in ("bf16", "fp32"):
         raise InputError(f"state dtype must be bf16 or fp32, got '{state_dtype}'", source="--state-dtype")
@@ -79,7 +80,7 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
         check_strategy(mla_strategy, "mla", seq_len, P, g.mla_heads_per_rank, "--mla-strategy")
     x = layer_inputs(g, hardware, seq_len, P, state_dtype=state_dtype, mla_kv=mla_kv, docs=docs,
                      doc_lengths=doc_lengths, kernel_time=kernel_time, bandwidth_override=bandwidth_override,
-                     kcp_pre_factor=kcp_pre_factor)
+                     kcp_pre_factor=kcp_pre_factor, intra=intra)
     bounds, comm = x.bounds, x.comm
     kda = layer_cost(kda_strategy, "kda", x) if g.num_kda_layers else None
     mla = layer_cost(mla_strategy, "mla", x) if g.num_mla_layers else None

@@ -145,7 +145,7 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
     _write(out / "published_h800.json", json.dumps(pub, indent=2))
     files["published"] = str(out / "published_h800.json")
 
-    kcp = V.kcp_check(hw, root, kernel_time=kernel_time)
+    kcp = V.kcp_check(hw, root, kernel_time=kernel_time, intra=check["params"] if check else None)
     if kcp:
         _csv(out / "kcp_validation.csv", kcp["rows"])
         plot_kcp_validation(kcp["rows"], out / "kcp_validation.png")

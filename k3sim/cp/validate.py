@@ -73,8 +73,12 @@ def intra_device_check(hw: Any, root: Path | None) -> dict | None:
             "leave_head_out_max": float(np.max(loho)), "rows": rows}
 
 
-def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | None = None) -> dict | None:
-    """Predicted vs measured KCP layer time (fwd and fwd+bwd) on the measured GPU counts."""
+def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | None = None,
+              intra: Any = None) -> dict | None:
+    """Predicted vs measured KCP layer time (fwd and fwd+bwd) on the measured GPU counts.
+
+    The pre-process is predicted from the FLOP ratio; with `intra` (fitted intra-device parameters) a
+    second prediction uses the state-pass model, reported as `predicted_fwd_intra_s`."""
     fwd = load_op(root, "chunk_kda_cp_fwd")
     if fwd is None:
         return None
@@ -104,6 +108,14 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
             row["measured_fwd_bwd_s"] = fbm[(T, H, P, docs)]
             row["predicted_fwd_bwd_s"] = lc.time_s
             row["fwd_bwd_err"] = lc.time_s / fbm[(T, H, P, docs)] - 1
+        if intra is not None:
+            xi = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False, intra=intra)
+            li = kcp_layer(xi)
+            row["predicted_fwd_intra_s"] = li.fwd.time_s
+            row["fwd_intra_err"] = li.fwd.time_s / float(r["seconds"]) - 1
+            if "measured_fwd_bwd_s" in row:
+                row["predicted_fwd_bwd_intra_s"] = li.time_s
+                row["fwd_bwd_intra_err"] = li.time_s / row["measured_fwd_bwd_s"] - 1
         rows.append(row)
     errs = np.abs([r["fwd_err"] for r in rows])
     fb_errs = np.abs([r["fwd_bwd_err"] for r in rows if "fwd_bwd_err" in r])
@@ -114,6 +126,10 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
             k0 = kcp_preprocess_factor() if pre_factor is None else pre_factor
             base = r["predicted_fwd_s"] - r["predicted_preprocess_s"]
             implied.append((r["measured_fwd_s"] - base) / (r["predicted_preprocess_s"] / k0))
+    ie = np.abs([r["fwd_intra_err"] for r in rows if "fwd_intra_err" in r])
+    ibe = np.abs([r["fwd_bwd_intra_err"] for r in rows if "fwd_bwd_intra_err" in r])
     return {"rows": rows, "fwd_mape": float(errs.mean()), "fwd_max_err": float(errs.max()),
+            "fwd_intra_mape": float(ie.mean()) if len(ie) else None,
+            "fwd_bwd_intra_mape": float(ibe.mean()) if len(ibe) else None,
             "fwd_bwd_mape": float(fb_errs.mean()) if len(fb_errs) else None,
             "implied_pre_factor_median": float(np.median(implied)) if implied else None}
