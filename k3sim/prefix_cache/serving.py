@@ -86,8 +86,10 @@ def replay(
     sched: SchedulerConfig = SchedulerConfig(),
     cost: CostFn = StepCost(),
     check_every: int = 0,
+    record_requests: bool = False,
 ) -> ReplayResult:
-    """Serve `requests` (sorted by arrival) through the cache; `check_every` > 0 checks invariants every N steps."""
+    """Serve `requests` (sorted by arrival) through the cache; `check_every` > 0 checks invariants every N steps;
+    `record_requests` lists (input tokens, hit tokens) per admitted request in `extra["per_request"]`."""
     import simpy
 
     cfg.check_capacity()
@@ -97,6 +99,7 @@ def replay(
     B_h = cfg.effective_hash_block_tokens
     waiting: deque[tuple[TraceRequest, list[int]]] = deque()
     running: list[ReqState] = []
+    per_request: list[tuple[int, int]] = []
     st = {"next": math.inf, "done": False, "wake": None, "rejected": 0, "input": 0, "steps": 0, "peak": 0}
 
     def wake() -> None:
@@ -144,6 +147,8 @@ def replay(
                     st["rejected"] += 1
                     continue
                 st["input"] += req.input_tokens
+                if record_requests:
+                    per_request.append((req.input_tokens, rs.hit_hb * B_h))
                 running.append(rs)
                 prefilling += 1
                 n = cache.schedule_prefill(rs, budget)
@@ -189,6 +194,7 @@ def replay(
         cache.check()
     s = cache.stats
     n = s.requests_admitted
+    extra = {"per_request": per_request} if record_requests else {}
     inp = st["input"]
     return ReplayResult(
         policy=cfg.policy,
@@ -222,4 +228,5 @@ def replay(
         steps=st["steps"],
         simulated_s=env.now,
         wall_s=time.perf_counter() - t0,
+        extra=extra,
     )

@@ -1,0 +1,48 @@
+import pytest
+
+from k3sim.prefix_cache.pool import FREE, KDA, MLA, BlockPool, PoolExhausted
+
+
+def test_empty_pages_before_lru_and_lru_order():
+    pool = BlockPool(3)
+    evicted = []
+    pool.on_evict = evicted.append
+    a, b, c = (pool.allocate(MLA) for _ in range(3))
+    pool.decref(a, cached=True)
+    pool.decref(b, cached=True)
+    pool.decref(c, cached=False)  # holds nothing: handed out first
+    assert pool.allocate(MLA) == c and evicted == []
+    assert pool.allocate(MLA) == a and evicted == [a]  # then the least recently freed cached page
+    pool.check()
+
+
+def test_pinned_page_leaves_free_list_and_exhaustion():
+    pool = BlockPool(1)
+    p = pool.allocate(KDA)
+    pool.decref(p, cached=True)
+    pool.incref(p)
+    assert p not in pool.lru
+    with pytest.raises(PoolExhausted):
+        pool.allocate(MLA)
+    pool.decref(p, cached=False)
+    assert pool.kind[p] == FREE and pool.empty == [p]
+    pool.check()
+
+
+def test_bulk_allocation_matches_single_and_grows_unbounded():
+    pool = BlockPool(None)
+    pages = pool.allocate_n(KDA, 5)
+    assert pages == [0, 1, 2, 3, 4] and all(pool.refcount[p] == 1 for p in pages)
+    pool.decref_n(pages, cached=True)
+    assert list(pool.lru) == pages
+    pool.uncache_n(pages)
+    assert sorted(pool.empty) == pages
+    pool.check()
+
+
+def test_check_catches_a_page_both_free_and_referenced():
+    pool = BlockPool(2)
+    p = pool.allocate(MLA)
+    pool.empty.append(p)  # corrupt on purpose
+    with pytest.raises(AssertionError):
+        pool.check()
