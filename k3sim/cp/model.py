@@ -32,7 +32,8 @@ class CPStepResult:
     link: str
     num_kda_layers: int
     num_mla_layers: int
-    kda_layer_recv_bytes_per_rank: float       # forward, one KDA layer
+    kda_layer_recv_bytes_per_rank: float       # forward, one KDA layer (KCP: state fragments + conv halo)
+    kda_layer_state_recv_bytes_per_rank: float # forward, the [S~|M] (or S) fragments alone: the paper's figure
     mla_layer_recv_bytes_per_rank: float       # forward, one MLA layer
     kda_layer_time_s: float                    # forward + backward, one layer
     mla_layer_time_s: float
@@ -41,6 +42,15 @@ class CPStepResult:
     kda: LayerCost | None = None
     mla: LayerCost | None = None
     breakdown: list[dict] = field(default_factory=list)
+
+
+def _state_recv(g: CPGeometry, strategy: str, seq_len: int, P: int, state_dtype: str) -> float:
+    """Forward bytes of the state fragments alone (no conv halo); for Ulysses the whole all-to-all."""
+    from k3sim.configs.dtypes import bytes_per_element
+    from k3sim.cp.traffic import layer_traffic
+
+    fwd, _ = layer_traffic(strategy, "kda", g, seq_len, P, bytes_per_element(state_dtype), conv_halo=False)
+    return fwd.recv_bytes
 
 
 def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dtype: str = "fp32",
@@ -101,6 +111,7 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
         state_dtype=state_dtype, kda_strategy=kda_strategy, mla_strategy=mla_strategy, mla_kv=mla_kv,
         docs=len(bounds) - 1, link=comm.link, num_kda_layers=nk, num_mla_layers=nm,
         kda_layer_recv_bytes_per_rank=kda.fwd.recv_bytes if kda else 0.0,
+        kda_layer_state_recv_bytes_per_rank=_state_recv(g, kda_strategy, seq_len, P, state_dtype) if kda else 0.0,
         mla_layer_recv_bytes_per_rank=mla.fwd.recv_bytes if mla else 0.0,
         kda_layer_time_s=t_k, mla_layer_time_s=t_m, step_attention_time_s=nk * t_k + nm * t_m,
         step_recv_bytes_per_rank=(nk * (kda.fwd.recv_bytes + kda.bwd.recv_bytes) if kda else 0.0)

@@ -22,6 +22,7 @@ def test_cp_json_keys_and_kcp_bytes(cli):
         assert key in out
     halo = 3 * 96 * 384 * 2                              # 3 conv rows of q, k, v
     assert out["kda_layer_recv_bytes_per_rank"] == 42 * 2 ** 20 + halo
+    assert out["kda_layer_state_recv_bytes_per_rank"] == 42 * 2 ** 20
     assert out["mla_strategy"] == "allgather-kv" and out["mla_kv"] == "latent"
     assert out["step_attention_time_s"] > 0
     short = run_json(cli, "--seq-len", "32K", "--cp", "8", "--state-dtype", "bf16")
