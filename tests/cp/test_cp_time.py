@@ -103,3 +103,16 @@ def test_clock_memoises():
     c("chunk_kda_fwd", T=1024, H=8)
     c("chunk_kda_fwd", T=1024, H=8)
     assert calls == ["chunk_kda_fwd"]
+
+
+def test_document_distribution_shrinks_fold_and_masked_work():
+    """Short documents (mean 4K of 256K): fewer ranks folded, far fewer attention pairs on MLA layers."""
+    from k3sim.cp.docs import sample_doc_lengths
+
+    S = 262144
+    one = cp_step(k3(), hw(), S, 8, "kcp", "zigzag-ring", kernel_time=fake_kernel_time)
+    many = cp_step(k3(), hw(), S, 8, "kcp", "zigzag-ring", kernel_time=fake_kernel_time,
+                   doc_lengths=sample_doc_lengths(S, 4096, seed=3))
+    assert rows(many.kda.fwd)["fold"] < rows(one.kda.fwd)["fold"]
+    assert many.mla.fwd.compute_s < 0.1 * one.mla.fwd.compute_s
+    assert many.kda_layer_recv_bytes_per_rank == one.kda_layer_recv_bytes_per_rank
