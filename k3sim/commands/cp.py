@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print_json(res)
                 return
-            print_table(f"crossovers at P={cp_degree}", ["layer", "fastest", "from S"],
-                        [(w["layer"], w["fastest"], w["from_seq_len"]) for w in res["winners"]])
+            print_table("fastest strategy per layer kind (changes with S)", ["P", "layer", "fastest", "from S"],
+                        [(w["cp"], w["layer"], w["fastest"], f"{w['from_seq_len']:,}") for w in res["winners"]])
             print_kv("written", [(k, v) for k, v in res["files"].items()])
             return
         S = parse_tokens(seq_len, "--seq-len")
