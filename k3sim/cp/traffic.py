@@ -105,10 +105,10 @@ def layer_traffic(strategy: str, layer_kind: str, g: CPGeometry, seq_len: int, P
     if strategy == "kcp":
         frag = g.kda_state_elems_per_rank(True) * state_bytes
         halo = (g.conv_kernel - 1) * g.kda_conv_channels_per_rank * e
-        fwd.add(Collective("all_gather", frag, what="[S~|M] per rank (fla hm buffer)"), P)
+        fwd.add(Collective("all_gather", frag, what="(S~, M) per rank (fla hm buffer)"), P)
         if conv_halo:
             fwd.add(Collective("send_recv", halo, what="conv halo: last W-1 rows of q,k,v"), P)
-        bwd.add(Collective("all_gather", frag, what="[dS~|dM] per rank (fla dhm buffer)"), P)
+        bwd.add(Collective("all_gather", frag, what="(dS~, dM) per rank (fla dhm buffer)"), P)
         if conv_halo:
             bwd.add(Collective("send_recv", halo, what="conv halo gradient"), P)
     elif strategy == "lasp2":
