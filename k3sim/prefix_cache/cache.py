@@ -82,6 +82,7 @@ class HybridPrefixCache:
         self.G = cfg.groups
         self.k = cfg.pages_per_group_state
         self.coarse = cfg.policy == "coarse"
+        self.retain = cfg.retention_interval_tokens if self.G else 0
         self.pool = BlockPool(cfg.num_pages)
         self.pool.on_evict = self._on_evict
         self.mla_index: dict[int, int] = {}  # key -> page holding that prefix endpoint
@@ -318,6 +319,11 @@ class HybridPrefixCache:
         J = rs.junction_tok
         if s < J < e:
             e = J  # end the chunk at the junction so its checkpoint lands there (vLLM align-mode style)
+        I = self.retain
+        if I and not self.coarse:
+            nxt = (s // I + 1) * I
+            if nxt < e:
+                e = nxt
         B_h, B_p, pool = self.B_h, self.B_p, self.pool
         need_blocks = -(-e // B_p)
         blocks = rs.blocks
@@ -349,7 +355,7 @@ class HybridPrefixCache:
                 if rs.transient is not None:
                     self._recycle.append(rs.transient)  # superseded by progress
                     rs.transient = None
-                kept = hb_end == rs.turn_hb or hb_end * B_h == J
+                kept = hb_end == rs.turn_hb or hb_end * B_h == J or (I > 0 and hb_end * B_h % I == 0)
                 self._write_ckpt(rs, hb_end, kept)
         rs.computed = e
         return e - s

@@ -36,6 +36,7 @@ class CacheConfig:
     fence_unlanded: bool = True  # rule 2
     invalidate_siblings: bool = True  # rule 3
     junction_checkpoints: bool = True  # decoupled: keep a checkpoint where a request leaves a cached MLA chain
+    retention_interval_tokens: int = 0  # decoupled: also end chunks at, and keep, every multiple of this (0: off)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -50,6 +51,8 @@ class CacheConfig:
             )
         if self.has_kda and (self.num_kda_groups <= 0 or self.kda_state_bytes_per_request <= 0):
             raise InputError("a hybrid policy needs KDA groups and a positive KDA state size", field="num_kda_groups")
+        if self.retention_interval_tokens < 0 or self.retention_interval_tokens % self.hash_block_tokens:
+            raise InputError("must be a non-negative multiple of the hash block", field="retention_interval_tokens")
         if self.capacity_bytes is not None and self.capacity_bytes <= 0:
             raise InputError(f"must be positive, got {self.capacity_bytes}", field="capacity_bytes")
 
