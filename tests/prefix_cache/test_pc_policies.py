@@ -34,7 +34,6 @@ def test_policy_order_on_trace_slices(trace):
     # checkpoints at every block boundary + hash endpoints: a superset of coarse, a subset of full attention
     assert c.token_hit_rate <= dr.token_hit_rate <= f.token_hit_rate and f.token_hit_rate > 0
     assert d.token_hit_rate <= f.token_hit_rate
-    assert c.request_hit_rate <= d.request_hit_rate
     assert d.prefill_tokens_saved % 512 == 0 and c.prefill_tokens_saved % 6144 == 0
     assert d.checkpoint_bytes_peak < dr.checkpoint_bytes_peak
 
@@ -43,6 +42,7 @@ def test_decoupled_beats_coarse_on_conversation_turns():
     reqs = list(read_mooncake(TRACES / "conversation_head300.jsonl"))
     c, d = (replay(reqs, cfg(p)) for p in ("coarse", "decoupled"))
     assert d.token_hit_rate > 1.5 * c.token_hit_rate
+    assert d.request_hit_rate > 0.9 > 0.1 > c.request_hit_rate  # the shared first block hits everywhere
 
 
 def test_bounded_capacity_never_beats_unbounded_and_counts_evictions():
