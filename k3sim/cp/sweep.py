@@ -47,8 +47,10 @@ def label(row: dict) -> str:
     return row["strategy"] + (f" ({row['mla_kv']})" if row["layer"] == "mla" and row["strategy"] != "ulysses" else "")
 
 
-def crossovers(rows: list[dict], P: int, layer: str, key: str = "time_s") -> list[dict]:
-    """Lengths where the ordering of two strategies on `key` flips (log-linear interpolation in S)."""
+def crossovers(rows: list[dict], P: int, layer: str, key: str = "time_s", min_gap: float = 0.05) -> list[dict]:
+    """Lengths where the ordering of two strategies on `key` flips (log-linear interpolation in S).
+
+    Pairs that never differ by more than `min_gap` (5 %) on both sides are near-ties, not crossovers."""
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r["cp"] == P and r["layer"] == layer and not r["skipped"]:
@@ -59,6 +61,9 @@ def crossovers(rows: list[dict], P: int, layer: str, key: str = "time_s") -> lis
         for b in names[i + 1:]:
             sa, sb = dict(series[a]), dict(series[b])
             common = sorted(set(sa) & set(sb))
+            logr = [np.log(sa[s] / sb[s]) for s in common]
+            if not logr or min(logr) > -min_gap or max(logr) < min_gap:
+                continue
             for s0, s1 in zip(common, common[1:]):
                 d0, d1 = np.log(sa[s0] / sb[s0]), np.log(sa[s1] / sb[s1])
                 if d0 == 0 or d0 * d1 < 0:
