@@ -1,0 +1,52 @@
+import json
+from pathlib import Path
+
+from conftest import run_cli
+
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+CONV = str(TRACES / "conversation_head300.jsonl")
+
+
+def test_json_keys_and_values():
+    proc = run_cli("prefix-cache", "--trace", CONV, "--model", "models/kimi-k3.yaml", "--policy", "decoupled",
+                   "--hash-block", "512", "--physical-block", "6144", "--capacity-bytes", "64e9", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions"):
+        assert key in out
+    assert 0 < out["token_hit_rate"] < 1 and out["requests"] == 300 and out["capacity_bytes"] == 64e9
+
+
+def test_table_output_unbounded_coarse():
+    proc = run_cli("prefix-cache", "--trace", CONV, "--policy", "coarse")
+    assert proc.returncode == 0, proc.stderr
+    assert "token hit rate" in proc.stdout and "unbounded" in proc.stdout
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(Path(CONV).read_text().splitlines()[0] + "\n" + '{"timestamp": 1, "input_length": -5}\n')
+    cases = [
+        ("--hash-block", "500"),
+        ("--capacity-bytes", "1e6"),
+    ]
+    for opt, val in cases:
+        proc = run_cli("prefix-cache", "--trace", CONV, opt, val)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = run_cli("prefix-cache", "--trace", str(bad), "--strict")
+    assert proc.returncode == 2 and "line 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("prefix-cache", "--trace", str(bad), "--json")  # default: skip and count
+    assert proc.returncode == 0
+    out = json.loads(proc.stdout)
+    assert out["trace_lines_skipped"] == 1 and out["extra"]["trace_problems"][0]["line"] == 2
+
+
+def test_sweep_writes_table_and_plots(tmp_path):
+    proc = run_cli("prefix-cache", "--trace", CONV, "--sweep", "--physical-blocks", "2048,6144",
+                   "--capacities", "none,64e9", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["rows"]) == 3 * 2 * 2
+    for f in out["files"].values():
+        assert Path(f).exists() and Path(f).stat().st_size > 0
+    assert not list(tmp_path.glob(".*"))  # no temp files left behind

@@ -1,0 +1,72 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from k3sim.errors import InputError
+from k3sim.workloads import TraceRequest, TraceStats, prefix_keys, read_mooncake, write_mooncake
+
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
+
+
+def test_reads_slice_streaming_in_order():
+    stats = TraceStats()
+    it = read_mooncake(TRACES / "conversation_head300.jsonl", stats=stats)
+    first = next(it)
+    assert stats.requests == 1  # streamed: nothing beyond the first line read yet
+    assert (first.arrival_s, first.input_tokens, first.output_tokens) == (0.0, 6758, 500)
+    rest = list(it)
+    assert stats.requests == 300 and stats.skipped == 0
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip([first, *rest], rest))
+
+
+BAD_LINES = [
+    ("{not json", "bad JSON"),
+    ('{"timestamp": 5, "input_length": -3, "output_length": 1, "hash_ids": []}', "input_length"),
+    ('{"timestamp": 5, "input_length": 1000, "output_length": 1, "hash_ids": [1]}', "expected ceil"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": -1, "hash_ids": [1]}', "output_length"),
+    ('[1, 2]', "not a JSON object"),
+]
+
+
+@pytest.mark.parametrize("line,reason", BAD_LINES)
+def test_malformed_line_reported_with_line_number(tmp_path, line, reason):
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}'
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join([good, good, line, good]) + "\n")
+    stats = TraceStats()
+    reqs = list(read_mooncake(p, stats=stats))
+    assert len(reqs) == 3 and stats.skipped == 1
+    assert stats.problems[0][0] == 3 and reason in stats.problems[0][1]
+    with pytest.raises(InputError, match=rf"line 3: .*{reason}"):
+        list(read_mooncake(p, strict=True))
+
+
+def test_time_going_backwards_and_missing_file(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 9, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n'
+                 '{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [2]}\n')
+    with pytest.raises(InputError, match="line 2"):
+        list(read_mooncake(p, strict=True))
+    with pytest.raises(InputError, match="cannot read"):
+        list(read_mooncake(tmp_path / "missing.jsonl"))
+
+
+def test_prefix_keys_coarsen_mooncake_ids_and_refuse_finer():
+    r = TraceRequest(0.0, 2600, 1, block_ids=[10, 11, 12, 13, 14, 15])
+    assert prefix_keys(r, 512) == [10, 11, 12, 13, 14]  # the partial last block is never a key
+    assert prefix_keys(r, 1024) == [11, 13]
+    assert prefix_keys(r, 2048) == [13]
+    with pytest.raises(InputError, match="multiple"):
+        prefix_keys(r, 256)
+
+
+def test_write_then_read_round_trip(tmp_path):
+    reqs = [TraceRequest(0.5, 1030, 7, tokens=list(range(1030))), TraceRequest(1.0, 600, 2, tokens=list(range(600)))]
+    p = tmp_path / "out.jsonl"
+    assert write_mooncake(reqs, p) == 2
+    back = list(read_mooncake(p, strict=True))
+    assert [b.input_tokens for b in back] == [1030, 600]
+    assert back[0].block_ids[0] == back[1].block_ids[0]  # same first 512 tokens -> same id
+    assert back[0].block_ids[1] != back[1].block_ids[1]
+    assert json.loads(p.read_text().splitlines()[0])["timestamp"] == 500
