@@ -1,0 +1,83 @@
+"""Benchmark the prefix-cache replay and sweep (not a test: figures go to reports/prefix_cache/).
+
+    python3 benchmarks/bench_prefix_cache.py [--trace FILE] [--runs 3] [--out reports/prefix_cache/benchmark.json]
+
+Replay: the whole trace, read streaming from disk, one policy/config, median of --runs runs.
+Sweep: 5 physical blocks x 4 capacities (one policy, then all three) on all cores, median of --sweep-runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+from k3sim.configs import load_model
+from k3sim.prefix_cache import config_from_model, replay
+from k3sim.prefix_cache.sweep import grid, run_sweep
+from k3sim.workloads import read_mooncake
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_replay(trace: Path, model, policy: str, pb: int, cap: float | None, runs: int) -> dict:
+    cfg = config_from_model(model, policy, 512, pb, cap)
+    walls, res = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        res = replay(read_mooncake(trace), cfg)
+        walls.append(time.perf_counter() - t0)
+    w = statistics.median(walls)
+    return {"policy": policy, "physical_block_tokens": pb, "capacity_bytes": cap, "replay_s_median": w,
+            "replay_s_all": walls, "requests": res.requests, "requests_per_s": res.requests / w,
+            "lookups_per_s": res.lookups / w, "lookup_probes_per_s": res.lookup_probes / w,
+            "token_hit_rate": res.token_hit_rate}
+
+
+def bench_sweep(trace: Path, model, policies: list[str], runs: int) -> dict:
+    reqs = list(read_mooncake(trace))
+    base = config_from_model(model, "decoupled", 512, 6144)
+    cfgs = grid(base, policies, [512], [512, 1024, 2048, 4096, 6144], [None, 64e9, 256e9, 1e12])
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        df = run_sweep(reqs, cfgs)
+        walls.append(time.perf_counter() - t0)
+    return {"policies": policies, "configs": len(cfgs), "processes": os.cpu_count(),
+            "sweep_s_median": statistics.median(walls), "sweep_s_all": walls,
+            "replays_per_s": len(cfgs) / statistics.median(walls),
+            "slowest_config_s": float(df["wall_s"].max())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", default="/work/shared/data/traces/conversation_trace.jsonl")
+    ap.add_argument("--model", default=str(ROOT / "models/kimi-k3.yaml"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--sweep-runs", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "reports/prefix_cache/benchmark.json"))
+    a = ap.parse_args()
+    trace, model = Path(a.trace), load_model(a.model)
+    out = {"trace": trace.name, "cpu_count": os.cpu_count(), "replay": [], "sweep": []}
+    for policy, pb, cap in [("decoupled", 6144, None), ("decoupled", 6144, 64e9), ("coarse", 6144, 64e9),
+                            ("full-attention", 6144, 64e9), ("decoupled", 512, 64e9)]:
+        r = bench_replay(trace, model, policy, pb, cap, a.runs)
+        out["replay"].append(r)
+        print(f"replay {policy:15s} block {pb:5d} cap {cap!s:8s}: {r['replay_s_median']:.2f} s, "
+              f"{r['requests_per_s']:,.0f} req/s, {r['lookups_per_s']:,.0f} lookups/s, "
+              f"{r['lookup_probes_per_s']:,.0f} probes/s")
+    for pols in (["decoupled"], ["coarse", "decoupled", "full-attention"]):
+        s = bench_sweep(trace, model, pols, a.sweep_runs)
+        out["sweep"].append(s)
+        print(f"sweep {','.join(pols)}: {s['configs']} configs in {s['sweep_s_median']:.1f} s on {s['processes']} cores")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(a.out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2))
+    os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
