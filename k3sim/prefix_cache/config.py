@@ -51,7 +51,9 @@ class CacheConfig:
             )
         if self.has_kda and (self.num_kda_groups <= 0 or self.kda_state_bytes_per_request <= 0):
             raise InputError("a hybrid policy needs KDA groups and a positive KDA state size", field="num_kda_groups")
-        if self.retention_interval_tokens < 0 or self.retention_interval_tokens % self.hash_block_tokens:
+        if self.retention_interval_tokens < 0 or (
+            self.policy == "decoupled" and self.retention_interval_tokens % self.hash_block_tokens
+        ):
             raise InputError("must be a non-negative multiple of the hash block", field="retention_interval_tokens")
         if self.capacity_bytes is not None and self.capacity_bytes <= 0:
             raise InputError(f"must be positive, got {self.capacity_bytes}", field="capacity_bytes")

@@ -23,14 +23,17 @@ def _check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block
 
 
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
-                capacity_bytes: float | None, num_kda_groups: int | None = None) -> CacheConfig:
+                capacity_bytes: float | None, num_kda_groups: int | None = None,
+                retention_interval_tokens: int = 0) -> CacheConfig:
     from k3sim.configs import load_model
 
     if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
         raise InputError(f"hash block {hash_block_tokens} does not divide physical block {physical_block_tokens}",
                          source="--hash-block")
     model = load_model(str(model_path))
-    kw = {"num_kda_groups": num_kda_groups} if num_kda_groups else {}
+    kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups else {}
+    if retention_interval_tokens:
+        kw["retention_interval_tokens"] = retention_interval_tokens
     return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, **kw)
 
 

@@ -177,9 +177,13 @@ def replay(
             if pool_pages > st["peak"]:
                 st["peak"] = pool_pages
             still = []
+            B_p = cfg.physical_block_tokens
             for rs in running:
                 if rs.computed >= rs.L:
-                    cache.grow_decode(rs, n_steps if rs.generated or rs in decoders else 1)
+                    # the last prefill forward yields the first output token; decode steps one token each
+                    rs.generated += n_steps if rs.generated else 1
+                    if rs.L + rs.generated > len(rs.blocks) * B_p and len(rs.blocks) < rs.total_blocks:
+                        cache.grow_decode(rs, 0)
                     if rs.generated >= rs.O:
                         cache.release(rs)
                         continue
