@@ -21,32 +21,39 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_granularity(df, path: Path, title: str) -> None:
-    """Token hit rate vs physical block, unbounded capacity; decoupled drawn once per hash block."""
+    """Token hit rate vs physical block, one panel per capacity; decoupled/full-attention once per hash block."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    d = df[df["capacity_bytes"].isna()] if "capacity_bytes" in df else df
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for (pol, hb), g in d.groupby(["policy", "hash_block_tokens"] if len(d) else []):
-        if pol == "coarse":
-            continue
-        color, marker = POLICY_STYLE.get(pol, ("k", "x"))
-        g = g.sort_values("physical_block_tokens")
-        ax.plot(g["physical_block_tokens"], 100 * g["token_hit_rate"], marker=marker, color=color,
-                alpha=1.0 if hb == d["hash_block_tokens"].min() else 0.5, label=f"{pol} (hash {hb})")
-    c = d[d["policy"] == "coarse"].sort_values("physical_block_tokens")
-    if len(c):
-        color, marker = POLICY_STYLE["coarse"]
-        ax.plot(c["physical_block_tokens"], 100 * c["token_hit_rate"], marker=marker, color=color,
-                label="coarse (hash = block)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("physical block (tokens)")
-    ax.set_ylabel("token hit rate (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    caps = sorted(df["capacity_bytes"].dropna().unique().tolist())
+    panels: list[float | None] = ([None] if df["capacity_bytes"].isna().any() else []) + caps
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), sharey=True, squeeze=False)
+    blocks = sorted(df["physical_block_tokens"].unique().tolist())
+    hb_min = df["hash_block_tokens"].min()
+    for ax, cap in zip(axes[0], panels):
+        d = df[df["capacity_bytes"].isna()] if cap is None else df[df["capacity_bytes"] == cap]
+        for (pol, hb), g in d[d["policy"] != "coarse"].groupby(["policy", "hash_block_tokens"]):
+            color, marker = POLICY_STYLE.get(pol, ("k", "x"))
+            g = g.sort_values("physical_block_tokens")
+            ax.plot(g["physical_block_tokens"], 100 * g["token_hit_rate"], marker=marker, color=color,
+                    alpha=1.0 if hb == hb_min else 0.45, label=f"{pol} (hash {hb})")
+        c = d[d["policy"] == "coarse"].sort_values("physical_block_tokens")
+        if len(c):
+            color, marker = POLICY_STYLE["coarse"]
+            ax.plot(c["physical_block_tokens"], 100 * c["token_hit_rate"], marker=marker, color=color,
+                    label="coarse (hash = block)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(blocks)
+        ax.set_xticklabels([str(b) for b in blocks], rotation=45)
+        ax.minorticks_off()
+        ax.set_xlabel("physical block (tokens)")
+        ax.set_title("unbounded" if cap is None else f"capacity {cap / 1e9:g} GB", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("token hit rate (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
     _save(fig, path)
     plt.close(fig)
 

@@ -112,6 +112,6 @@ def sweep_report(trace: str | Path, base: CacheConfig, *, policies: Sequence[str
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
     _atomic_write_text(Path(files["table"]), f"Sweep on `{Path(trace).name}` (hit rates in %, bytes SI)\n\n" + header + body)
     title = Path(trace).name
-    plot_granularity(df, Path(files["granularity_plot"]), f"{title}: unbounded capacity")
+    plot_granularity(df, Path(files["granularity_plot"]), f"{title}: token hit rate vs granularity")
     plot_capacity(df, Path(files["capacity_plot"]), title, base.physical_block_tokens, base.hash_block_tokens)
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)
