@@ -104,7 +104,8 @@ def collectives(out_dir: Path, deadline: float, rank: int, world: int) -> None:
                 w.failed(params, err)
 
 
-def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int]) -> None:
+def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int],
+        lengths: list[int] = grids.KCP_T, docs_list: list[int] = grids.KCP_DOCS) -> None:
     """One KDA layer under fla's KCP (contiguous split, `docs` equal packed documents), fwd and fwd+bwd.
 
     Extras: `rel_err` = ||o_cp - o_ref|| / ||o_ref|| against single-GPU chunk_kda on the whole packed
@@ -121,8 +122,8 @@ def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int])
     wb = _RankWriter(rank, out_dir, "chunk_kda_cp_fwd_bwd", ["T", "H", "gpus", "docs"], [])
     check_limit_tokens = 2 ** 17
     for H in heads:
-        for docs in grids.KCP_DOCS:
-            for T in grids.KCP_T:
+        for docs in docs_list:
+            for T in lengths:
                 params = dict(T=T, H=H, gpus=world, docs=docs)
                 if _past(deadline):
                     wf.failed(params, "skipped: part time budget exhausted")
@@ -187,6 +188,10 @@ def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int])
                 torch.cuda.empty_cache()
 
 
+def _ints(csv_list: str) -> list[int]:
+    return [int(x) for x in csv_list.split(",") if x]
+
+
 def main() -> None:
     import torch
     import torch.distributed as dist
@@ -195,6 +200,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="collectives,kcp")
     ap.add_argument("--heads", default=",".join(map(str, grids.KCP_HEADS)))
+    ap.add_argument("--kcp-lengths", default=",".join(map(str, grids.KCP_T)))
+    ap.add_argument("--kcp-docs", default=",".join(map(str, grids.KCP_DOCS)))
     ap.add_argument("--deadline-s", type=float, default=500.0, help="seconds from start for all parts")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -209,7 +216,7 @@ def main() -> None:
         if part == "collectives":
             collectives(a.out, deadline, rank, world)
         elif part == "kcp":
-            kcp(a.out, deadline, rank, world, [int(h) for h in a.heads.split(",")])
+            kcp(a.out, deadline, rank, world, _ints(a.heads), _ints(a.kcp_lengths), _ints(a.kcp_docs))
         if rank == 0:
             print(f"[dist] {part} done at {time.monotonic() - start:.0f}s", flush=True)
     dist.destroy_process_group()

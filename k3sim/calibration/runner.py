@@ -60,7 +60,8 @@ def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | N
 
 
 def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s: float,
-                    heads: list[int] | None = None, part_budgets_s: dict[str, float] | None = None) -> Path:
+                    heads: list[int] | None = None, part_budgets_s: dict[str, float] | None = None,
+                    kcp_lengths: list[int] | None = None, kcp_docs: list[int] | None = None) -> Path:
     """Measure `parts` into `out_dir` (created); returns it. Raises InputError without a GPU."""
     from k3sim.calibration.records import provenance, write_provenance
     from k3sim.errors import InputError
@@ -101,6 +102,8 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
                "--deadline-s", str(left)]
         if heads:
             cmd += ["--heads", ",".join(map(str, heads))]
+        cmd += ["--kcp-lengths", ",".join(map(str, kcp_lengths or grids.KCP_T)),
+                "--kcp-docs", ",".join(map(str, kcp_docs or grids.KCP_DOCS))]
         subprocess.run(cmd, env=env, check=False)
     info["elapsed_s"] = round(time.monotonic() - start, 1)
     write_provenance(out_dir, info)
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--heads", default="", help="KDA head counts, e.g. 96,12")
+    ap.add_argument("--kcp-lengths", default="", help="global tokens for the KCP part, e.g. 131072,262144")
+    ap.add_argument("--kcp-docs", default="", help="packed documents per sequence for the KCP part, e.g. 1,4")
     ap.add_argument("--part-budgets", default="", help="e.g. kda_fwd=200,kda_fwd_bwd=150")
     a = ap.parse_args(argv)
     heads = [int(h) for h in a.heads.split(",") if h] or None
@@ -121,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     from k3sim.errors import InputError
 
     try:
-        run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, heads, budgets)
+        ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+        run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, heads, budgets,
+                        ints(a.kcp_lengths) or None, ints(a.kcp_docs) or None)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
