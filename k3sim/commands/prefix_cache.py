@@ -38,7 +38,12 @@ def _capacities(text: str) -> list[float | None]:
 def register(app: typer.Typer) -> None:
     @app.command("prefix-cache")
     def prefix_cache(
-        trace: Path = typer.Option(..., "--trace", help="Mooncake JSONL trace (timestamp ms, lengths, hash_ids)"),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake JSONL trace (timestamp ms, lengths, hash_ids)"),
+        workload: Optional[str] = typer.Option(None, "--workload",
+                                               help="synthetic token-level workload instead of a trace: "
+                                                    "chat | system-prompts | agent | rag"),
+        seed: int = typer.Option(0, "--seed", help="synthetic workload seed"),
+        n_requests: int = typer.Option(1000, "--requests", help="synthetic workload size (about N requests)"),
         model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model", help="model YAML or HF config.json"),
         policy: str = typer.Option("decoupled", "--policy", help="coarse | decoupled | full-attention"),
         hash_block: int = typer.Option(512, "--hash-block", help="hash block (tokens); coarse uses the physical block"),
@@ -69,6 +74,8 @@ def register(app: typer.Typer) -> None:
         from k3sim.prefix_cache.run import make_config, simulate, sweep_report
         from k3sim.prefix_cache.serving import SchedulerConfig, StepCost
 
+        if (trace is None) == (workload is None):
+            raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
         if token_budget <= 0 or max_running <= 0:
             raise InputError("must be positive", source="--token-budget/--max-running")
         if tokens_per_s <= 0 or step_overhead_s < 0:
@@ -84,13 +91,14 @@ def register(app: typer.Typer) -> None:
             rep = sweep_report(trace, cfg, policies=pols, hash_blocks=_ints(hash_blocks, "--hash-blocks"),
                                physical_blocks=_ints(physical_blocks, "--physical-blocks"),
                                capacities=_capacities(capacities), out_dir=out, name=name, strict=strict,
-                               limit=limit, sched=sched, cost=cost, processes=processes)
+                               limit=limit, sched=sched, cost=cost, processes=processes, workload=workload,
+                               seed=seed, n_requests=n_requests)
             if json_out:
                 print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
                             "wall_s": rep.wall_s, "rows": rep.table})
                 return
             t = rep.table
-            print_table(f"prefix-cache sweep: {trace.name}",
+            print_table(f"prefix-cache sweep: {trace.name if trace else workload}",
                         ["policy", "hash", "block", "capacity", "token hit %", "request hit %", "evictions"],
                         [(r.policy, r.hash_block_tokens, r.physical_block_tokens,
                           "unbounded" if r.capacity_bytes != r.capacity_bytes else human_bytes(r.capacity_bytes),
@@ -98,11 +106,12 @@ def register(app: typer.Typer) -> None:
                          for r in t.itertuples()])
             print_kv("files", list(rep.files.items()))
             return
-        res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost)
+        res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload, seed=seed,
+                       requests=n_requests)
         if json_out:
             print_json(res)
             return
-        print_kv(f"prefix cache: {trace.name} ({res.policy})", [
+        print_kv(f"prefix cache: {trace.name if trace else workload} ({res.policy})", [
             ("hash / physical block", f"{res.hash_block_tokens} / {res.physical_block_tokens} tokens"),
             ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
             ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "

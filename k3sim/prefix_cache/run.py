@@ -37,11 +37,21 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
     return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, **kw)
 
 
-def simulate(trace: str | Path, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
-             sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost()) -> ReplayResult:
-    """Stream a Mooncake trace through the cache; malformed lines are skipped and listed unless `strict`."""
-    _check_trace_granularity(cfg.effective_hash_block_tokens)
+def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
+             sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
+             workload: str | None = None, seed: int = 0, requests: int = 1000) -> ReplayResult:
+    """Stream a Mooncake trace (malformed lines skipped and listed unless `strict`) or a named synthetic
+    token-level workload through the cache."""
     cfg.check_capacity()
+    if workload is not None:
+        from k3sim.workloads.synthetic import synthetic_workload
+
+        res = replay(synthetic_workload(workload, seed, requests), cfg, sched, cost)
+        res.extra["workload"] = {"name": workload, "seed": seed, "requests": requests}
+        return res
+    if trace is None:
+        raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
+    _check_trace_granularity(cfg.effective_hash_block_tokens)
     stats = TraceStats()
     res = replay(read_mooncake(trace, strict=strict, stats=stats, limit=limit), cfg, sched, cost)
     res.trace_lines_skipped = stats.skipped
@@ -71,11 +81,12 @@ TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capaci
                  "requests_rejected", "wall_s"]
 
 
-def sweep_report(trace: str | Path, base: CacheConfig, *, policies: Sequence[str], hash_blocks: Sequence[int],
+def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Sequence[str], hash_blocks: Sequence[int],
                  physical_blocks: Sequence[int], capacities: Sequence[float | None], out_dir: str | Path,
                  name: str | None = None, strict: bool = False, limit: int | None = None,
                  sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
-                 processes: int | None = None) -> SweepReport:
+                 processes: int | None = None, workload: str | None = None, seed: int = 0,
+                 n_requests: int = 1000) -> SweepReport:
     """Replay every valid configuration of the grid; write `<name>_sweep.csv`, `<name>_sweep.md` and the two
     plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block)."""
     import time
@@ -83,21 +94,31 @@ def sweep_report(trace: str | Path, base: CacheConfig, *, policies: Sequence[str
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
     from k3sim.prefix_cache.sweep import grid, run_sweep
 
-    for hb in hash_blocks:
-        _check_trace_granularity(hb, "--hash-blocks")
     for pb in physical_blocks:
         if pb <= 0:
             raise InputError(f"must be positive (got {pb})", source="--physical-blocks")
     t0 = time.perf_counter()
     stats = TraceStats()
-    requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
+    if workload is not None:
+        from k3sim.workloads.synthetic import synthetic_workload
+
+        requests = synthetic_workload(workload, seed, n_requests)
+        label = f"synthetic {workload} (seed {seed})"
+        name = name or f"synthetic_{workload}"
+    elif trace is not None:
+        for hb in hash_blocks:
+            _check_trace_granularity(hb, "--hash-blocks")
+        requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
+        label = Path(trace).name
+        name = name or Path(trace).stem
+    else:
+        raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
     configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
     if not configs:
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
                          source="--hash-blocks")
     df = run_sweep(requests, configs, sched, cost, processes)
     out = Path(out_dir)
-    name = name or Path(trace).stem
     files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
              "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
              "capacity_plot": str(out / f"{name}_hit_vs_capacity.png")}
@@ -110,8 +131,8 @@ def sweep_report(trace: str | Path, base: CacheConfig, *, policies: Sequence[str
     md["capacity_bytes"] = md["capacity_bytes"].map(lambda v: "unbounded" if v != v or v is None else f"{v:.3g}")
     header = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
-    _atomic_write_text(Path(files["table"]), f"Sweep on `{Path(trace).name}` (hit rates in %, bytes SI)\n\n" + header + body)
-    title = Path(trace).name
+    _atomic_write_text(Path(files["table"]), f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
+    title = label
     plot_granularity(df, Path(files["granularity_plot"]), f"{title}: token hit rate vs granularity")
     plot_capacity(df, Path(files["capacity_plot"]), title, base.physical_block_tokens, base.hash_block_tokens)
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)

@@ -7,10 +7,12 @@ request into the chained hash keys of its complete hash blocks, whatever the wor
 from k3sim.workloads.request import TraceRequest, prefix_keys
 from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake, write_mooncake
 from k3sim.workloads.synthetic import (
+    SYNTHETIC_WORKLOADS,
     agent_loops,
     multi_turn_chat,
     rag_shared_documents,
     shared_system_prompts,
+    synthetic_workload,
 )
 
 __all__ = [
@@ -24,4 +26,6 @@ __all__ = [
     "shared_system_prompts",
     "agent_loops",
     "rag_shared_documents",
+    "SYNTHETIC_WORKLOADS",
+    "synthetic_workload",
 ]

@@ -106,3 +106,22 @@ def rag_shared_documents(
         prompt = np.concatenate([system, *(docs[k] for k in chosen), _tokens(rng, _length(rng, question_mean_tokens))])
         reqs.append(TraceRequest(float(t[i]), len(prompt), _length(rng, output_mean_tokens), tokens=prompt))
     return reqs
+
+
+SYNTHETIC_WORKLOADS = {
+    "chat": lambda seed, n: multi_turn_chat(max(1, n // 5), 5, seed=seed),
+    "system-prompts": lambda seed, n: shared_system_prompts(n, seed=seed),
+    "agent": lambda seed, n: agent_loops(max(1, n // 12), 12, seed=seed),
+    "rag": lambda seed, n: rag_shared_documents(n, seed=seed),
+}
+
+
+def synthetic_workload(name: str, seed: int = 0, requests: int = 1000) -> list[TraceRequest]:
+    """A named generator with default shape parameters and about `requests` requests."""
+    from k3sim.errors import InputError
+
+    if name not in SYNTHETIC_WORKLOADS:
+        raise InputError(f"unknown workload '{name}' (choose {', '.join(SYNTHETIC_WORKLOADS)})", source="--workload")
+    if requests <= 0:
+        raise InputError(f"must be positive (got {requests})", source="--requests")
+    return SYNTHETIC_WORKLOADS[name](seed, requests)

@@ -50,3 +50,15 @@ def test_sweep_writes_table_and_plots(tmp_path):
     for f in out["files"].values():
         assert Path(f).exists() and Path(f).stat().st_size > 0
     assert not list(tmp_path.glob(".*"))  # no temp files left behind
+
+
+def test_synthetic_workload_allows_fine_hash_blocks():
+    proc = run_cli("prefix-cache", "--workload", "chat", "--requests", "100", "--hash-block", "64",
+                   "--physical-block", "1024", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["hash_block_tokens"] == 64 and out["token_hit_rate"] > 0.3
+    proc = run_cli("prefix-cache", "--trace", CONV, "--hash-block", "256", "--physical-block", "1024")
+    assert proc.returncode == 2 and "multiple" in proc.stderr  # Mooncake ids are 512-token blocks
+    proc = run_cli("prefix-cache", "--workload", "chat", "--trace", CONV)
+    assert proc.returncode == 2
