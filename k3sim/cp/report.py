@@ -73,6 +73,36 @@ def plot_intra(rows: list[dict], path: Path, title: str) -> None:
     tmp.replace(path)
 
 
+def plot_intra_fit(rows: list[dict], path: Path, hw_name: str) -> None:
+    """Measured chunk_kda_fwd per token vs T, one colour per head count, with the fitted naive form
+    (solid) and the fit that never saw that head count (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for h in sorted({r["H"] for r in rows}):
+        sel = sorted((r for r in rows if r["H"] == h), key=lambda r: r["T"])
+        T = [r["T"] for r in sel]
+        line, = ax.plot(T, [r["measured_s"] / r["T"] * 1e9 for r in sel], "o", label=f"measured H={h}")
+        ax.plot(T, [r["fit_all_s"] / r["T"] * 1e9 for r in sel], "-", color=line.get_color())
+        ax.plot(T, [r["leave_head_out_s"] / r["T"] * 1e9 for r in sel], "--", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens T")
+    ax.set_ylabel("chunk_kda forward, ns per token")
+    ax.set_title(f"naive chunkwise form vs measured fla chunk_kda on {hw_name}\n"
+                 "solid: fit on all head counts; dashed: fit without this head count")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
 def plot_kcp_validation(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -139,7 +169,9 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
     files["intra_device"] = str(out / "intra_device.png")
     if check:
         _csv(out / "intra_device_validation.csv", check["rows"])
+        plot_intra_fit(check["rows"], out / "intra_device_fit.png", hw.name)
         files["intra_device_validation"] = str(out / "intra_device_validation.csv")
+        files["intra_device_fit"] = str(out / "intra_device_fit.png")
 
     pub = published_table(load_hardware("h800"), hw, kernel_time=kernel_time)
     _write(out / "published_h800.json", json.dumps(pub, indent=2))
