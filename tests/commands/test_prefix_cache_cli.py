@@ -1,10 +1,18 @@
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import run_cli
+ROOT = Path(__file__).resolve().parents[2]
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 CONV = str(TRACES / "conversation_head300.jsonl")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """As tests/conftest.py does: `python -m k3sim ...` in a subprocess from the repository root."""
+    return subprocess.run([sys.executable, "-m", "k3sim", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
 
 
 def test_json_keys_and_values():
