@@ -50,6 +50,7 @@ def register(app: typer.Typer) -> None:
         physical_block: int = typer.Option(6144, "--physical-block", help="physical block = page (tokens)"),
         capacity_bytes: Optional[float] = typer.Option(None, "--capacity-bytes", help="pool bytes; omit = unbounded"),
         kda_groups: Optional[int] = typer.Option(None, "--kda-groups", help="KDA cache groups (default KDA/MLA layers)"),
+        tp: int = typer.Option(1, "--tp", help="TP ranks: sizes and capacity per GPU (KDA heads split, MLA replicated)"),
         retention_interval: int = typer.Option(0, "--retention-interval",
                                                help="decoupled: also keep a checkpoint every N tokens (0: off)"),
         token_budget: int = typer.Option(8192, "--token-budget", help="tokens per scheduling step"),
@@ -82,7 +83,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("throughput must be positive and overhead non-negative", source="--tokens-per-s")
         sched = SchedulerConfig(token_budget, max_running)
         cost = StepCost(tokens_per_s, step_overhead_s)
-        cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups, retention_interval)
+        cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
+                          retention_interval, tp)
         if sweep:
             pols = [p.strip() for p in policies.split(",") if p.strip()]
             for p in pols:

@@ -109,16 +109,23 @@ def kda_groups_for(num_kda_layers: int, num_mla_layers: int) -> int:
 
 
 def config_from_model(model, policy: str, hash_block_tokens: int, physical_block_tokens: int,
-                      capacity_bytes: float | None = None, **switches) -> CacheConfig:
+                      capacity_bytes: float | None = None, tp: int = 1, **switches) -> CacheConfig:
     """Sizes from a `ModelConfig`: MLA KV bytes per token (all MLA layers) and, per checkpoint, the KDA recurrent
-    state plus the short-conv window of every KDA layer (a restore needs both)."""
+    state plus the short-conv window of every KDA layer (a restore needs both).
+
+    `tp` > 1 gives one GPU's pool: KDA heads (state and conv channels) are split over the TP ranks, while MLA's
+    compressed latent KV is replicated on every rank (27 KiB/token/rank for K3 at TP8, kvcache-ai/kvcache-blog
+    kimi-k3-day0-support); capacity is then per GPU."""
     from k3sim.memory.sizes import (
         conv_state_bytes_per_request,
         kda_state_bytes_per_request,
         mla_kv_bytes_per_token,
     )
 
+    if tp < 1:
+        raise InputError(f"must be >= 1 (got {tp})", source="--tp")
     kda = kda_state_bytes_per_request(model) + conv_state_bytes_per_request(model) if model.num_kda_layers else 0
+    kda = math.ceil(kda / tp)
     groups = switches.pop("num_kda_groups", None) or kda_groups_for(model.num_kda_layers, model.num_mla_layers)
     if not model.num_kda_layers and policy != "full-attention":
         raise InputError(f"model '{model.name}' has no KDA layers: use --policy full-attention", field="policy")

@@ -24,7 +24,7 @@ def _check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block
 
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
                 capacity_bytes: float | None, num_kda_groups: int | None = None,
-                retention_interval_tokens: int = 0) -> CacheConfig:
+                retention_interval_tokens: int = 0, tp: int = 1) -> CacheConfig:
     from k3sim.configs import load_model
 
     if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
@@ -34,7 +34,7 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
     kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups else {}
     if retention_interval_tokens:
         kw["retention_interval_tokens"] = retention_interval_tokens
-    return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, **kw)
+    return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp, **kw)
 
 
 def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
