@@ -113,14 +113,19 @@ def sm_cp(T: int, h: int, p: IntraParams) -> IntraResult:
 FORMS = {"naive": naive, "flashkda-overlap": overlap, "sm-level-cp": sm_cp}
 
 
-def table(H: int, tps: list[int], T: int, p: IntraParams) -> list[dict]:
-    """Every form at every TP degree: heads per rank H/TP, time per token and GPU fraction used."""
+def table(H: int, tps: list[int], T: int, p: IntraParams, sequences: int = 1) -> list[dict]:
+    """Every form at every TP degree: heads per rank H/TP, time per token and GPU fraction used.
+
+    Independent sequences of the same length parallelise exactly like heads (lanes = heads x sequences x
+    V-tiles), so `sequences` > 1 enters as H/TP x sequences heads; times are per token of all sequences."""
     rows = []
     for tp in tps:
         for name, fn in FORMS.items():
-            r = fn(T, H // tp, p)
-            rows.append({"tp": tp, "heads_per_rank": H // tp, "T": T, "form": name, "seconds": r.seconds,
-                         "seconds_per_token": r.seconds_per_token, "gpu_seconds_per_token": r.seconds_per_token * tp,
+            r = fn(T, H // tp * sequences, p)
+            rows.append({"tp": tp, "heads_per_rank": H // tp, "sequences": sequences, "T": T, "form": name,
+                         "seconds": r.seconds,
+                         "seconds_per_token": r.seconds / (T * sequences),
+                         "gpu_seconds_per_token": r.seconds / (T * sequences) * tp,
                          "gpu_fraction": r.gpu_fraction,
                          "segments": r.segments, "params_source": p.source})
     return rows

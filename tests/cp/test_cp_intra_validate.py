@@ -79,3 +79,11 @@ def test_validate_on_synthetic_measurements(tmp_path):
 def test_validate_without_data_returns_none(tmp_path):
     assert V.intra_device_check(hw(), tmp_path) is None
     assert V.kcp_check(hw(), None) is None
+
+
+def test_more_sequences_fill_the_gpu_like_heads():
+    """TP = 8 (12 heads): 4 sequences give 48 heads' worth of lanes, so the naive form uses more of the GPU."""
+    one = [r for r in ID.table(96, [8], 65536, P0, sequences=1) if r["form"] == "naive"][0]
+    four = [r for r in ID.table(96, [8], 65536, P0, sequences=4) if r["form"] == "naive"][0]
+    assert four["gpu_fraction"] > 2 * one["gpu_fraction"]
+    assert four["seconds_per_token"] < one["seconds_per_token"]
