@@ -31,14 +31,15 @@ def plot_granularity(df, path: Path, title: str) -> None:
     panels: list[float | None] = ([None] if df["capacity_bytes"].isna().any() else []) + caps
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.8), sharey=True, squeeze=False)
     blocks = sorted(df["physical_block_tokens"].unique().tolist())
-    hb_min = df["hash_block_tokens"].min()
+    hashes = sorted(df.loc[df["policy"] != "coarse", "hash_block_tokens"].unique().tolist())
+    dash = {hb: ls for hb, ls in zip(hashes, ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))])}
     for ax, cap in zip(axes[0], panels):
         d = df[df["capacity_bytes"].isna()] if cap is None else df[df["capacity_bytes"] == cap]
         for (pol, hb), g in d[d["policy"] != "coarse"].groupby(["policy", "hash_block_tokens"]):
             color, marker = POLICY_STYLE.get(pol, ("k", "x"))
             g = g.sort_values("physical_block_tokens")
             ax.plot(g["physical_block_tokens"], 100 * g["token_hit_rate"], marker=marker, color=color,
-                    alpha=1.0 if hb == hb_min else 0.45, label=f"{pol} (hash {hb})")
+                    ls=dash.get(hb, "-"), alpha=1.0 if hb == hashes[0] else 0.6, label=f"{pol} (hash {hb})")
         c = d[d["policy"] == "coarse"].sort_values("physical_block_tokens")
         if len(c):
             color, marker = POLICY_STYLE["coarse"]

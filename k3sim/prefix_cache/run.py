@@ -134,5 +134,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     _atomic_write_text(Path(files["table"]), f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
     title = label
     plot_granularity(df, Path(files["granularity_plot"]), f"{title}: token hit rate vs granularity")
-    plot_capacity(df, Path(files["capacity_plot"]), title, base.physical_block_tokens, base.hash_block_tokens)
+    pb = base.physical_block_tokens if base.physical_block_tokens in physical_blocks else max(physical_blocks)
+    hb = base.hash_block_tokens if base.hash_block_tokens in hash_blocks else min(hash_blocks)
+    plot_capacity(df, Path(files["capacity_plot"]), title, pb, hb)
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)
