@@ -245,17 +245,17 @@ class HybridPrefixCache:
         total_blocks = -(-(L + O) // self.B_p)
         shared = len(hit_pages)
         need = total_blocks - shared + G * k
-        if pool.capacity is not None and total_blocks + G * k > pool.capacity:
-            return REJECT
-        pins_from_free = 0
-        rc = pool.refcount
-        seen = set()
         pin_pages = list(hit_pages)
         if src >= 0:
             pin_pages.append(src)
         ck_slots = [s for s in ck.slots if s >= 0] if ck is not None else []
         for s in ck_slots:
             pin_pages.extend(self.slot_pages[s])
+        if pool.capacity is not None and need + len(pin_pages) > pool.capacity:
+            return REJECT  # could not fit even in an otherwise empty pool
+        pins_from_free = 0
+        rc = pool.refcount
+        seen = set()
         for p in pin_pages:
             if rc[p] == 0 and p not in seen:
                 pins_from_free += 1

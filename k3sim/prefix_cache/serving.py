@@ -156,11 +156,8 @@ def replay(
                 pf += n
             dec = len(decoders)
             if pf == 0 and dec == 0:
-                if running:
-                    raise RuntimeError("scheduler stalled with requests running")
-                st["wake"] = env.event()  # head of queue waits for memory that only arrivals... cannot free
-                yield st["wake"]
-                continue
+                # nothing runs, so nothing holds pages: admission refusing now would refuse forever
+                raise RuntimeError("scheduler stalled: the head request cannot be admitted into an idle pool")
             n_steps = 1
             if pf == 0 and not prefilling:  # decode only: jump to the next completion or arrival
                 rem = min(rs.O - rs.generated for rs in decoders)

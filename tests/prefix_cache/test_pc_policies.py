@@ -78,3 +78,10 @@ def test_full_conversation_trace_anchor():
     """Unbounded 512-token reuse on the released conversation trace: about 37% of tokens (anchors file, 5.2)."""
     res = replay(read_mooncake(SHARED / "conversation_trace.jsonl"), cfg("full-attention", pb=512))
     assert res.token_hit_rate == pytest.approx(0.3734, abs=0.003)
+
+
+def test_requests_larger_than_the_pool_are_rejected_and_counted():
+    pages = 8
+    res = replay(read_mooncake(TRACES / "conversation_head300.jsonl"), cfg("decoupled", cap=pages * 6144 * MLA_B))
+    assert res.requests_rejected > 0 and res.requests + res.requests_rejected == 300
+    assert res.pool_bytes_peak <= pages * 6144 * MLA_B
