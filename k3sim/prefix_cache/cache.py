@@ -30,6 +30,7 @@ class CacheStats:
     # failures the consistency rules prevent (stay 0 with the rules on)
     evicted_hits: int = 0  # rule 1: a hit page reused by the request's own allocation
     stale_reads: int = 0  # rule 2: a hit on bytes that had not landed yet
+    fenced_lookups: int = 0  # lookups that stopped at bytes still in flight (rule 2 doing its job)
     partial_restores: int = 0  # rule 3: a checkpoint restored with a group missing
 
 
@@ -179,6 +180,7 @@ class HybridPrefixCache:
         fence = self.cfg.fence_unlanded
         probes = 0
         unready_hb = 1 << 62  # first prefix length (hash blocks) that relied on unlanded bytes
+        fenced = False
         pages: list[int] = []
         nb = cap // r
         k = 0
@@ -190,6 +192,7 @@ class HybridPrefixCache:
                 break
             if ready[key] > step:
                 if fence:
+                    fenced = True
                     break
                 unready_hb = min(unready_hb, (k + 1) * r)
             pages.append(p)
@@ -204,6 +207,7 @@ class HybridPrefixCache:
                 if p is not None:
                     if ready[key] > step:
                         if fence:
+                            fenced = True
                             continue
                         unready_hb = min(unready_hb, j + 1)
                     mla_end = j + 1
@@ -219,6 +223,7 @@ class HybridPrefixCache:
                 if c is not None:
                     if c.ready > step:
                         if fence:
+                            fenced = True
                             continue
                         unready_hb = min(unready_hb, j + 1)
                     hit = j + 1
@@ -228,6 +233,8 @@ class HybridPrefixCache:
             hit = mla_end
         self.stats.lookups += 1
         self.stats.lookup_probes += probes
+        if fenced:
+            self.stats.fenced_lookups += 1
         m = hit // r
         if hit % r:
             src = pages[m] if m < k else src

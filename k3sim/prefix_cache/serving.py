@@ -68,6 +68,7 @@ class ReplayResult:
     lookups: int
     lookup_probes: int
     stale_reads: int
+    fenced_lookups: int
     evicted_hits: int
     partial_restores: int
     steps: int
@@ -224,6 +225,7 @@ def replay(
         lookups=s.lookups,
         lookup_probes=s.lookup_probes,
         stale_reads=s.stale_reads,
+        fenced_lookups=s.fenced_lookups,
         evicted_hits=s.evicted_hits,
         partial_restores=s.partial_restores,
         steps=st["steps"],

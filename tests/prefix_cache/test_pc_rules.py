@@ -33,6 +33,7 @@ def test_rule2_fence_blocks_until_their_bytes_land(rule_on):
     cache.schedule_prefill(a, 100)  # registers endpoints 1..3 and a checkpoint, landing at the end of the step
     b = cache.admit([1, 2, 3, 4], 8, 0)
     assert cache.stats.stale_reads == (0 if rule_on else 1)
+    assert cache.stats.fenced_lookups == (1 if rule_on else 0)
     assert b.hit_hb == (0 if rule_on else 3)
     cache.end_step()
     c = cache.admit([1, 2, 3, 5], 8, 0)  # next step: landed, a legitimate hit
