@@ -26,10 +26,13 @@ class CacheMachine(RuleBasedStateMachine):
         groups=st.integers(1, 3),
         pages=st.one_of(st.none(), st.integers(8, 40)),
         r=st.sampled_from([1, 2, 4]),
+        retention=st.sampled_from([0, 4]),
+        junction=st.booleans(),
     )
-    def setup(self, policy, groups, pages, r):
+    def setup(self, policy, groups, pages, r, retention, junction):
         self.cache = HybridPrefixCache(tiny_config(policy, hash_block=2, physical_block=2 * r, groups=groups,
-                                                   pages=pages))
+                                                   pages=pages, retention_interval_tokens=retention,
+                                                   junction_checkpoints=junction))
         self.running: list[tuple[ReqState, list[tuple[int, int]]]] = []
 
     @rule(bits=st.lists(st.integers(0, 1), max_size=10), extra=st.integers(0, 1), out=st.integers(0, 5))
@@ -80,4 +83,4 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 TestCacheMachine = CacheMachine.TestCase
-TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestCacheMachine.settings = settings(max_examples=120, stateful_step_count=50, deadline=None)
