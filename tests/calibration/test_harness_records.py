@@ -1,0 +1,84 @@
+"""The harness's CPU-side pieces: row-by-row CSV writing, provenance YAML, part validation, no-GPU error."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+
+import pytest
+import yaml
+
+from k3sim.calibration import grids
+from k3sim.calibration.records import OpWriter, write_provenance
+from k3sim.calibration.timing import Timing
+from k3sim.errors import InputError
+
+
+def test_rows_are_on_disk_before_the_writer_closes(tmp_path):
+    w = OpWriter(tmp_path, "gemm_bf16", ["M", "N", "K"])
+    w.ok({"M": 1, "N": 2, "K": 3}, Timing(1.5e-5, 1.4e-5, 1.6e-5, 25))
+    # A run killed here must keep the row: read the file while the writer is still open.
+    rows = list(csv.DictReader(open(tmp_path / "gemm_bf16.csv")))
+    assert rows == [{"M": "1", "N": "2", "K": "3", "seconds": "1.5e-05", "seconds_p20": "1.4e-05",
+                     "seconds_p80": "1.6e-05", "reps": "25", "status": "ok", "error": ""}]
+    w.failed({"M": 4, "N": 2, "K": 3}, RuntimeError("CUDA out of memory\nmore"))
+    w.close()
+    rows = list(csv.DictReader(open(tmp_path / "gemm_bf16.csv")))
+    assert rows[1]["status"] == "failed" and rows[1]["seconds"] == ""
+    assert rows[1]["error"] == "RuntimeError: CUDA out of memory more"
+
+
+def test_a_second_writer_appends_without_a_second_header(tmp_path):
+    for m in (1, 2):
+        w = OpWriter(tmp_path, "hbm_copy", ["bytes"])
+        w.ok({"bytes": m}, Timing(1.0, 1.0, 1.0, 5))
+        w.close()
+    lines = (tmp_path / "hbm_copy.csv").read_text().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("bytes,seconds")
+
+
+def test_extras_follow_the_timing_columns(tmp_path):
+    w = OpWriter(tmp_path, "moe_grouped_bf16", ["B", "E", "K", "N", "topk"], ["distinct_experts"])
+    w.ok(dict(B=8, E=896, K=3584, N=6144, topk=16), Timing(1e-3, 1e-3, 1e-3, 5), distinct_experts=122)
+    w.close()
+    header = (tmp_path / "moe_grouped_bf16.csv").read_text().splitlines()[0].split(",")
+    assert header[-1] == "distinct_experts" and header[5] == "seconds"
+
+
+def test_provenance_yaml_is_valid_yaml_with_quoted_strings(tmp_path):
+    info = {"gpu_name": 'NVIDIA "H200"', "sm_count": 132, "command": "a: b --x 'y'"}
+    write_provenance(tmp_path, info)
+    assert yaml.safe_load((tmp_path / "provenance.yaml").read_text()) == info
+    assert not (tmp_path / "provenance.yaml.tmp").exists()
+
+
+def test_unknown_part_is_bad_input(tmp_path):
+    from k3sim.calibration.runner import run_calibration
+
+    with pytest.raises(InputError, match="unknown part"):
+        run_calibration(tmp_path, ["gemm_bf16", "warp_drive"], "h200", 10)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="only meaningful without torch")
+def test_no_torch_is_bad_input_and_writes_nothing(tmp_path):
+    from k3sim.calibration.runner import run_calibration
+
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match="PyTorch"):
+        run_calibration(out, ["gemm_bf16"], "h200", 10)
+    assert not out.exists()
+
+
+def test_gemm_grid_holds_the_k3_layer_shapes_from_the_config():
+    """The measured (N, K) pairs include K3's per-rank projections at TP8, derived from the model file."""
+    from k3sim.configs import load_model
+
+    m = load_model("models/kimi-k3.yaml")
+    tp = 8
+    kda_qkv = (3 * m.kda.num_heads * m.kda.head_dim_k // tp, m.hidden_size)
+    latent_down = (m.moe.latent_width, m.hidden_size)
+    expert_gate_up = (2 * m.moe.expert_ffn_width, m.moe.latent_width)
+    expert_down = (m.moe.latent_width, m.moe.expert_ffn_width)
+    for shape in (kda_qkv, latent_down, expert_gate_up, expert_down):
+        assert shape in grids.GEMM_NK, shape
+    assert m.kda.num_heads // tp in grids.KDA_HEADS and m.kda.num_heads in grids.KDA_HEADS
