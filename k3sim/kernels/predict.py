@@ -134,7 +134,8 @@ class OpPredictor:
         key = tuple(p[k] for k in self.spec.params)
         if key in self.exact:
             s, rows, runs = self.exact[key]
-            return KernelTime(s, "measured", f"median of {rows} measured row(s), run(s) {runs}")
+            return KernelTime(s, "measured", f"median of the repetitions in run {runs}"
+                              + (f" (latest of {rows} runs that measured it)" if rows > 1 else ""))
         base, note = self.model_seconds(p)
         g = tuple(p[c] for c in self.spec.categorical)
         grid = self.groups.get(g)

@@ -48,16 +48,23 @@ class MeasurementStore:
         df = self.rows.get(op)
         return df[df["status"] != "ok"] if df is not None else pd.DataFrame()
 
+    def run_order(self) -> list[str]:
+        """Runs oldest first: by provenance `date_utc`, then directory name."""
+        return sorted(self.runs, key=lambda r: (str(self.runs[r].get("date_utc", "")), r))
+
     def points(self, op: str) -> "pd.DataFrame":
-        """One row per measured shape: median seconds over runs, row count and run ids."""
+        """One row per measured shape. A shape measured by several runs takes the latest run's median
+        (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
+        `runs` names the run used."""
         df = self.ok(op)
         if df.empty:
             return df
         keys = list(OPS[op].params)
+        order = {r: i for i, r in enumerate(self.run_order())}
+        df = df.assign(_order=df["run_id"].map(order)).sort_values("_order", kind="stable")
         g = df.groupby(keys, sort=True)
-        out = g["seconds"].median().to_frame("seconds")  # params stay float: failed rows may lack them
-        out["rows"] = g.size()
-        out["runs"] = g["run_id"].agg(lambda s: ",".join(sorted(set(s))))
+        out = g[["seconds", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
+        out.insert(1, "rows", g.size())
         out = out.reset_index()
         out[keys] = out[keys].astype("int64")
         return out

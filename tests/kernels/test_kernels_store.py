@@ -18,12 +18,23 @@ def test_runs_are_concatenated_and_failed_rows_kept(tmp_path):
     assert sorted(st.runs) == ["a", "b"]
     assert len(st.ok("gemm_bf16")) == 25 and len(st.failed("gemm_bf16")) == 2
     pts = st.points("gemm_bf16")
-    assert len(pts) == 20  # five shapes measured by both runs
+    assert len(pts) == 20  # five shapes measured by both runs: the latest run's measurement is used
     both = pts[pts["rows"] == 2]
-    assert len(both) == 5 and set(both["runs"]) == {"a,b"}
+    assert len(both) == 5 and set(both["runs"]) == {"b"}
     assert st.ops() == ["gemm_bf16", "hbm_copy"]
     assert st.ignored == ["b/kcp_extra.csv"]
     assert pts["M"].dtype.kind == "i"
+
+
+def test_latest_run_supersedes(tmp_path):
+    write_run(tmp_path, "z-old", {"hbm_copy": HBM_POINTS[:2]})
+    new = write_run(tmp_path, "a-new", {"hbm_copy": HBM_POINTS[:2]}, wiggle=0.5)
+    (tmp_path / "z-old" / "provenance.yaml").write_text('gpu_name: g\ncommand: c\ndate_utc: "2026-01-01T00:00:00"\n')
+    (new / "provenance.yaml").write_text('gpu_name: g\ncommand: c\ndate_utc: "2026-01-02T00:00:00"\n')
+    pts = load_store(tmp_path).points("hbm_copy")
+    assert list(pts["runs"]) == ["a-new", "a-new"] and list(pts["rows"]) == [2, 2]
+    want = [float(line.split(",")[1]) for line in (new / "hbm_copy.csv").read_text().splitlines()[1:3]]
+    assert list(pts["seconds"]) == want
 
 
 def test_fingerprint_follows_content(tmp_path):
