@@ -18,7 +18,7 @@ from pathlib import Path
 from k3sim.configs import load_model
 from k3sim.prefix_cache import config_from_model, replay
 from k3sim.prefix_cache.sweep import grid, run_sweep
-from k3sim.workloads import read_mooncake
+from k3sim.workloads import prefix_keys, read_mooncake
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +35,26 @@ def bench_replay(trace: Path, model, policy: str, pb: int, cap: float | None, ru
             "replay_s_all": walls, "requests": res.requests, "requests_per_s": res.requests / w,
             "lookups_per_s": res.lookups / w, "lookup_probes_per_s": res.lookup_probes / w,
             "token_hit_rate": res.token_hit_rate}
+
+
+def bench_lookup(trace: Path, model, runs: int) -> dict:
+    """The two-level lookup alone: every request of the trace looked up again in the cache a full
+    (unbounded, decoupled 512/6144) replay left behind. Read-only apart from counters."""
+    reqs = list(read_mooncake(trace))
+    res = replay(reqs, config_from_model(model, "decoupled", 512, 6144), keep_cache=True)
+    cache = res.extra.pop("cache")
+    keys = [(prefix_keys(r, 512), r.input_tokens) for r in reqs]
+    cache.step += 1  # everything has landed
+    walls = []
+    for _ in range(runs):
+        p0 = cache.stats.lookup_probes
+        t0 = time.perf_counter()
+        for k, L in keys:
+            cache.lookup(k, L)
+        walls.append(time.perf_counter() - t0)
+        probes = cache.stats.lookup_probes - p0
+    w = statistics.median(walls)
+    return {"lookups": len(keys), "lookup_s_median": w, "lookups_per_s": len(keys) / w, "probes_per_s": probes / w}
 
 
 def bench_sweep(trace: Path, model, policies: list[str], runs: int) -> dict:
@@ -69,6 +89,9 @@ def main() -> None:
         print(f"replay {policy:15s} block {pb:5d} cap {cap!s:8s}: {r['replay_s_median']:.2f} s, "
               f"{r['requests_per_s']:,.0f} req/s, {r['lookups_per_s']:,.0f} lookups/s, "
               f"{r['lookup_probes_per_s']:,.0f} probes/s")
+    lk = bench_lookup(trace, model, a.runs)
+    out["lookup"] = lk
+    print(f"lookup alone: {lk['lookups_per_s']:,.0f} lookups/s, {lk['probes_per_s']:,.0f} probes/s")
     for pols in (["decoupled"], ["coarse", "decoupled", "full-attention"]):
         s = bench_sweep(trace, model, pols, a.sweep_runs)
         out["sweep"].append(s)

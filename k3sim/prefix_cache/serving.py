@@ -88,9 +88,11 @@ def replay(
     cost: CostFn = StepCost(),
     check_every: int = 0,
     record_requests: bool = False,
+    keep_cache: bool = False,
 ) -> ReplayResult:
     """Serve `requests` (sorted by arrival) through the cache; `check_every` > 0 checks invariants every N steps;
-    `record_requests` lists (input tokens, hit tokens) per admitted request in `extra["per_request"]`."""
+    `record_requests` lists (input tokens, hit tokens) per admitted request in `extra["per_request"]`;
+    `keep_cache` leaves the final cache in `extra["cache"]` (benchmarks, inspection)."""
     import simpy
 
     cfg.check_capacity()
@@ -196,7 +198,9 @@ def replay(
         cache.check()
     s = cache.stats
     n = s.requests_admitted
-    extra = {"per_request": per_request} if record_requests else {}
+    extra: dict = {"per_request": per_request} if record_requests else {}
+    if keep_cache:
+        extra["cache"] = cache
     inp = st["input"]
     return ReplayResult(
         policy=cfg.policy,
