@@ -22,6 +22,7 @@ from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_r
 from k3sim.kernels.ops import OPS, OpSpec
 
 FITTED_NAME = "fitted.yaml"
+WEIGHTED_FIT = False
 FORMAT = "k3sim-kernel-fit/1"
 
 
@@ -53,10 +54,19 @@ def work(spec: OpSpec, points) -> tuple[np.ndarray, np.ndarray]:
     return flop, nbytes
 
 
+def fit_weights(points) -> np.ndarray:
+    """1 for a repeatable shape, less for one whose repetitions scatter (see predict.point_sigma)."""
+    from k3sim.kernels.predict import SIGMA_FLOOR, point_sigma
+
+    spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
+    return SIGMA_FLOOR / point_sigma(spread) if WEIGHTED_FIT else np.ones(len(points))
+
+
 def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
     """Fit one op from its aggregated points (`MeasurementStore.points`)."""
     flop, nbytes = work(spec, points)
     seconds = points["seconds"].to_numpy(float)
+    w = fit_weights(points)
     runs = sorted({r for s in points["runs"] for r in str(s).split(",")}) if "runs" in points else []
     out = OpFit(op=spec.name, rows_used=int(points["rows"].sum()) if "rows" in points else len(points),
                 points_used=len(points), runs=runs)
@@ -64,10 +74,11 @@ def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
         pred = np.empty_like(seconds)
         for n in sorted(points["gpus"].unique()):
             m = (points["gpus"] == n).to_numpy()
-            out.alpha_beta[int(n)] = ab = fit_alpha_beta(nbytes[m], seconds[m])
+            out.alpha_beta[int(n)] = ab = fit_alpha_beta(nbytes[m], seconds[m], weights=w[m])
             pred[m] = ab.seconds(nbytes[m])
     else:
-        out.roofline = fit_roofline(flop, nbytes, seconds, peak_flops(hw, spec.dtype), float(hw.hbm_bandwidth_bytes_per_s))
+        out.roofline = fit_roofline(flop, nbytes, seconds, peak_flops(hw, spec.dtype), float(hw.hbm_bandwidth_bytes_per_s),
+                                    weights=w)
         pred = out.roofline.seconds(flop, nbytes)
     out.rms_log_error = float(np.sqrt(np.mean(np.log(pred / seconds) ** 2)))
     return out

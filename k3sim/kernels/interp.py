@@ -8,9 +8,10 @@ model in place of the bare roofline. Methods, in order:
 
 1. multilinear on the bracketing hypercube when all its corners are measured (full grids);
 2. axis lines: along each parameter, the nearest measured neighbours below and above with every other
-   parameter equal, linear in log2; several axes are averaged, weighted by 1 / bracket width (this is
-   what leave-one-out on a grid exercises);
-3. line-nearest: at a grid's corner, the residual of the nearest point along one parameter, held;
+   parameter equal, linear in log2; several axes are averaged, weighted by 1 / (bracket width x the
+   residual's roughness along that axis) (this is what leave-one-out on a grid exercises);
+3. line-nearest: at a grid's corner, the residual of the nearest point along one parameter, held; the
+   axis with the least expected drift (distance x roughness) wins;
 4. inverse-distance weighting of the nearest points in octaves (ragged grids, shapes never measured).
 
 A query outside the bounding box of the points is not interpolated (`None`).
@@ -28,14 +29,38 @@ _TOL = 1e-9
 class ResidualGrid:
     """Points `X` (n x d, log2 of the parameters) with values `z`."""
 
-    def __init__(self, X: np.ndarray, z: np.ndarray, idw_neighbours: int = 6):
+    def __init__(self, X: np.ndarray, z: np.ndarray, sigma: np.ndarray | None = None, idw_neighbours: int = 6):
         self.X = np.asarray(X, float).reshape(len(z), -1)
         self.z = np.asarray(z, float)
+        self.sigma = np.full(len(self.z), 0.02) if sigma is None else np.asarray(sigma, float)
         self.lo = self.X.min(axis=0)
         self.hi = self.X.max(axis=0)
         self.uniq = [np.unique(self.X[:, j]) for j in range(self.X.shape[1])]
         self.index = {self._key(x): i for i, x in enumerate(self.X)}
         self.k = idw_neighbours
+        self._rough: np.ndarray | None = None
+
+    @property
+    def roughness(self) -> np.ndarray:
+        """Per parameter: median |change of z| per octave between neighbours along that parameter (the
+        others equal). Residuals drift slowly along size axes (tokens, M) and jump along kernel-choice
+        axes (head dim, N/K); the interpolator trusts the smooth axes more."""
+        if self._rough is None:
+            d = self.X.shape[1]
+            out = np.full(d, np.nan)
+            for j in range(d):
+                lines: dict[tuple, list[tuple[float, float]]] = {}
+                for x, z in zip(self.X, self.z):
+                    lines.setdefault(self._key(np.delete(x, j)), []).append((x[j], z))
+                slopes = []
+                for pts in lines.values():
+                    pts.sort()
+                    slopes += [abs(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:]) if b[0] > a[0]]
+                if slopes:
+                    out[j] = float(np.median(slopes))
+            fill = np.nanmax(out) if np.isfinite(out).any() else 1.0
+            self._rough = np.where(np.isfinite(out), out, fill) + 1e-3
+        return self._rough
 
     @staticmethod
     def _key(x) -> tuple:
@@ -92,8 +117,11 @@ class ResidualGrid:
             a = np.flatnonzero(below)[np.argmax(xs[below])]
             b = np.flatnonzero(above)[np.argmin(xs[above])]
             w = (q[j] - xs[a]) / (xs[b] - xs[a])
+            sa, sb = self.sigma[others][a], self.sigma[others][b]
             vals.append((1 - w) * zs[a] + w * zs[b])
-            weights.append(1.0 / (xs[b] - xs[a]))
+            # variance: the endpoints' noise plus the drift the axis allows across the bracket
+            var = ((1 - w) * sa) ** 2 + (w * sb) ** 2 + (0.5 * (xs[b] - xs[a]) * self.roughness[j]) ** 2
+            weights.append(1.0 / var)
             axes.append(j)
         if not vals:
             return None
@@ -108,13 +136,16 @@ class ResidualGrid:
             if not others.any():
                 continue
             d = np.abs(self.X[others, j] - q[j])
-            i = int(np.argmin(d))
-            if best is None or d[i] < best[0]:
-                best = (d[i], float(self.z[others][i]))
+            sig = self.sigma[others]
+            cost_all = (d * self.roughness[j]) ** 2 + sig ** 2  # drift of the held residual + its noise
+            i = int(np.argmin(cost_all))
+            cost = cost_all[i]
+            if best is None or cost < best[0]:
+                best = (cost, float(self.z[others][i]))
         return None if best is None else (best[1], "line-nearest")
 
     def _idw(self, q):
         d = np.sqrt(((self.X - q) ** 2).sum(axis=1))  # octaves: every parameter counts alike
         order = np.argsort(d)[: self.k]
-        w = 1.0 / np.maximum(d[order], 1e-12) ** 2
+        w = 1.0 / np.maximum(d[order], 1e-12) ** 2 / self.sigma[order] ** 2
         return float(np.average(self.z[order], weights=w)), "idw"

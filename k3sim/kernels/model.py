@@ -12,8 +12,8 @@ sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max
 roofs. Collectives: the alpha-beta model t = alpha + wire_bytes / bus_bandwidth (nccl-tests' bus
 bandwidth, so one fit holds across GPU counts of the same link).
 
-Fits minimise squared log-error (relative error, all sizes count equally) with Levenberg-Marquardt
-and a weak prior toward the initial guess, so parameters the data cannot see (a compute roof for a
+Fits minimise a robust (soft-L1) loss of the log-error (relative error, all sizes count equally)
+with Levenberg-Marquardt and a weak prior toward the initial guess, so parameters the data cannot see (a compute roof for a
 pure copy) stay at sensible values instead of wandering.
 """
 
@@ -138,13 +138,34 @@ def levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], theta0: np
     return th, cost
 
 
-def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight: float = 1e-4) -> RooflineFit:
-    """Fit the compute-op model to measured seconds (several starts, the lowest log-error wins)."""
-    flop, nbytes, seconds = (np.asarray(a, float) for a in (flop, nbytes, seconds))
+ROBUST_SCALE = 0.05  # soft-L1 knee in log error: points off the curve by more than ~5 % pull linearly
+
+
+def soft_l1(r: np.ndarray, c: float = ROBUST_SCALE) -> np.ndarray:
+    """Residuals rescaled so that their squares sum to the soft-L1 loss 2c^2(sqrt(1 + (r/c)^2) - 1):
+    quadratic for small errors, linear for large ones, so a few noisy or odd shapes (launch jitter, a
+    cuBLAS heuristic's slow pick) do not bend the whole curve (scipy least_squares' soft_l1)."""
+    return np.sign(r) * c * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
+
+
+def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None):
+    """Residual function of theta: log error, times per-point weights (1 / relative uncertainty,
+    normalised), through soft-L1."""
     y = np.log(seconds)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, float)
 
     def res(th):
-        return np.log(roofline_seconds(th, flop, nbytes, peak, bw)) - y
+        r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw)) - y)
+        return soft_l1(r) if robust else r
+
+    return res
+
+
+def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight: float = 1e-4,
+                 robust: bool = True, weights=None) -> RooflineFit:
+    """Fit the compute-op model to measured seconds (several starts, the lowest loss wins)."""
+    flop, nbytes, seconds = (np.asarray(a, float) for a in (flop, nbytes, seconds))
+    res = roofline_residual(flop, nbytes, seconds, peak, bw, robust, weights)
 
     best = None
     fpos = flop[flop > 0]
@@ -159,13 +180,14 @@ def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight:
     return RooflineFit.from_theta(best[0], peak, bw)
 
 
-def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6) -> AlphaBetaFit:
-    """Alpha-beta in log space: small messages set alpha, large ones the bus bandwidth."""
+def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6, weights=None) -> AlphaBetaFit:
+    """Alpha-beta in log space (soft-L1): small messages set alpha, large ones the bus bandwidth."""
     wire, seconds = np.asarray(wire, float), np.asarray(seconds, float)
     y = np.log(seconds)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, float)
 
     def res(th):
-        return np.log(np.exp(th[0]) + wire / np.exp(th[1])) - y
+        return soft_l1(w * (np.log(np.exp(th[0]) + wire / np.exp(th[1])) - y))
 
     big = wire >= np.quantile(wire, 0.75)
     beta0 = float(np.median(wire[big] / seconds[big])) if big.any() else 1e11

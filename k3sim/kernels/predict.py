@@ -54,6 +54,16 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
                       f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
 
 
+SIGMA_FLOOR = 0.02  # relative: run-to-run drift a tight p20-p80 spread does not show (clocks, another GPU)
+
+
+def point_sigma(spread: np.ndarray) -> np.ndarray:
+    """Relative uncertainty of a measured time from its repetitions' p20-p80 spread (p20-p80 of a normal
+    spans 1.68 sigma), with a floor. Launch-bound shapes (tens of microseconds, CPU jitter) come out
+    noisy and count less in fits and interpolation than repeatable ones."""
+    return np.sqrt((np.asarray(spread, float) / 1.68) ** 2 + SIGMA_FLOOR ** 2)
+
+
 @dataclass
 class PointSet:
     """Measured shapes of one op as arrays: params (n x d ints, in OpSpec order), median seconds, row
@@ -65,21 +75,23 @@ class PointSet:
     runs: list[str]
     flop: np.ndarray
     nbytes: np.ndarray
+    sigma: np.ndarray  # relative uncertainty of each median (from its p20-p80 spread), for weighting
 
     @classmethod
     def from_points(cls, spec: OpSpec, points) -> "PointSet":
         from k3sim.kernels.fit import work
 
         flop, nbytes = work(spec, points)
+        spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
         return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
                    points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
-                   [str(r) for r in points["runs"]], flop, nbytes)
+                   [str(r) for r in points["runs"]], flop, nbytes, point_sigma(spread))
 
     def without(self, i: int) -> "PointSet":
         m = np.ones(len(self.seconds), bool)
         m[i] = False
         return PointSet(self.params[m], self.seconds[m], self.rows[m], [r for j, r in enumerate(self.runs) if j != i],
-                        self.flop[m], self.nbytes[m])
+                        self.flop[m], self.nbytes[m], self.sigma[m])
 
 
 class OpPredictor:
@@ -97,7 +109,7 @@ class OpPredictor:
         X = np.log2(points.params[:, num_idx].astype(float))
         for g in {tuple(int(x) for x in v) for v in cat_vals}:
             m = (cat_vals == np.array(g, int)).all(axis=1)
-            self.groups[g] = ResidualGrid(X[m], resid[m])
+            self.groups[g] = ResidualGrid(X[m], resid[m], points.sigma[m])
         self.n_points = len(points.seconds)
 
     def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:

@@ -55,15 +55,24 @@ class MeasurementStore:
     def points(self, op: str) -> "pd.DataFrame":
         """One row per measured shape. A shape measured by several runs takes the latest run's median
         (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
-        `runs` names the run used."""
+        `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent)."""
+        import numpy as np
+        import pandas as pd
+
         df = self.ok(op)
         if df.empty:
             return df
         keys = list(OPS[op].params)
         order = {r: i for i, r in enumerate(self.run_order())}
         df = df.assign(_order=df["run_id"].map(order)).sort_values("_order", kind="stable")
+        spread = np.zeros(len(df))
+        if {"seconds_p20", "seconds_p80"} <= set(df.columns):
+            p20 = pd.to_numeric(df["seconds_p20"], errors="coerce")
+            p80 = pd.to_numeric(df["seconds_p80"], errors="coerce")
+            spread = ((p80 - p20) / df["seconds"]).clip(lower=0).fillna(0.0).to_numpy()
+        df = df.assign(spread=spread)
         g = df.groupby(keys, sort=True)
-        out = g[["seconds", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
+        out = g[["seconds", "spread", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
         out.insert(1, "rows", g.size())
         out = out.reset_index()
         out[keys] = out[keys].astype("int64")

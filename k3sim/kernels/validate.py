@@ -25,22 +25,24 @@ GOAL_MAPE = {"gemm": 0.05, "hbm": 0.05, "moe": 0.05, "kda": 0.05, "attention": 0
 def _refit(spec, pts, full_fit):
     """Refit one op on `pts` (a PointSet without the left-out shape), warm-started from the all-data fit."""
     from k3sim.kernels.fit import OpFit
-    from k3sim.kernels.model import RooflineFit, fit_alpha_beta, levenberg_marquardt, roofline_seconds
+    from k3sim.kernels.model import RooflineFit, fit_alpha_beta, levenberg_marquardt, roofline_residual
+    from k3sim.kernels.fit import WEIGHTED_FIT
+    from k3sim.kernels.predict import SIGMA_FLOOR
 
     out = OpFit(op=spec.name, points_used=len(pts.seconds))
+    w = SIGMA_FLOOR / pts.sigma if WEIGHTED_FIT else np.ones(len(pts.sigma))
     if spec.kind == "collective":
         gpus = pts.params[:, spec.params.index("gpus")]
         for n in sorted(set(gpus.tolist())):
             m = gpus == n
-            out.alpha_beta[int(n)] = fit_alpha_beta(pts.nbytes[m], pts.seconds[m])
+            out.alpha_beta[int(n)] = fit_alpha_beta(pts.nbytes[m], pts.seconds[m], weights=w[m])
         for n, ab in full_fit.alpha_beta.items():  # a GPU count left with no points keeps its fit
             out.alpha_beta.setdefault(n, ab)
         return out
     rf = full_fit.roofline
-    y = np.log(pts.seconds)
-    th, _ = levenberg_marquardt(
-        lambda t: np.log(roofline_seconds(t, pts.flop, pts.nbytes, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)) - y,
-        rf.to_theta(), prior_weight=1e-4)
+    res = roofline_residual(pts.flop, pts.nbytes, pts.seconds, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s,
+                            weights=w)
+    th, _ = levenberg_marquardt(res, rf.to_theta(), prior_weight=1e-4)
     out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)
     return out
 
@@ -58,7 +60,9 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
     rows = []
     for op in ops or store.ops():
         spec = OPS[op]
-        pts = PointSet.from_points(spec, store.points(op))
+        table = store.points(op)
+        pts = PointSet.from_points(spec, table)
+        spread = table["spread"].to_numpy(float) if "spread" in table else np.zeros(len(table))
         keys = list(spec.params)
         for i in range(len(pts.seconds) if len(pts.seconds) > 1 else 0):
             rest = pts.without(i)
@@ -73,9 +77,13 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
             rows.append({"family": spec.family, "op": op, "shape": " ".join(f"{k}={v}" for k, v in zip(keys, key)),
                          "measured_s": measured, "predicted_s": pred.seconds, "source": pred.source,
                          "method": method, "rel_err": pred.seconds / measured - 1.0,
-                         "model_s": model_s, "model_rel_err": model_s / measured - 1.0})
+                         "model_s": model_s, "model_rel_err": model_s / measured - 1.0,
+                         "spread": float(spread[i])})
     return pd.DataFrame(rows, columns=["family", "op", "shape", "measured_s", "predicted_s", "source", "method",
-                                       "rel_err", "model_s", "model_rel_err"])
+                                       "rel_err", "model_s", "model_rel_err", "spread"])
+
+
+REPEATABLE_SPREAD = 0.10  # a shape whose repetitions' p20-p80 spread is within 10 % of its median
 
 
 def summarize(loo) -> "pd.DataFrame":
@@ -93,6 +101,9 @@ def summarize(loo) -> "pd.DataFrame":
                         "p90_abs_err": float(err.quantile(0.9)),
                         "interpolated": int((g["source"] == "interpolated").sum()),
                         "model_only_mape": float(g["model_rel_err"].abs().mean()),
+                        "repeatable": int((g["spread"] <= REPEATABLE_SPREAD).sum()),
+                        "mape_repeatable": float(err[g["spread"] <= REPEATABLE_SPREAD].mean())
+                        if (g["spread"] <= REPEATABLE_SPREAD).any() else float("nan"),
                         "goal_mape": GOAL_MAPE[fam], "meets_goal": bool(err.mean() <= GOAL_MAPE[fam])})
     df = pd.DataFrame(out)
     if df.empty:
@@ -109,7 +120,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def markdown(summary, meta: dict) -> str:
+def markdown(summary, meta: dict, loo=None) -> str:
     lines = [f"# Kernel-time leave-one-out validation: {meta['profile']}", "",
              f"Generated {meta['date']} by `k3sim calibrate validate`; data fingerprint `{meta['fingerprint']}`; "
              f"runs: {', '.join(meta['runs'])}.", "",
@@ -117,14 +128,27 @@ def markdown(summary, meta: dict) -> str:
              "the rest (interpolated inside the remaining range, fitted model outside). Error = predicted / "
              "measured - 1. *model only*: the refitted model alone, without the interpolated residual (how well "
              "the fitted roofline / alpha-beta generalises on its own).", "",
-             "| family | op | count | MAPE | max abs err | p90 abs err | interpolated | model only MAPE | goal | met |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "*repeatable*: the shapes whose own repetitions agree (p20-p80 spread within "
+             f"{100 * REPEATABLE_SPREAD:.0f} % of the median), and the MAPE over those alone; the rest are "
+             "launch-bound shapes whose medians scatter run to run (see the notes below).", "",
+             "| family | op | count | MAPE | max abs err | p90 abs err | interpolated | model only MAPE "
+             "| repeatable | MAPE repeatable | goal | met |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for _, r in summary.iterrows():
         name = f"**{r['family']}**" if r["level"] == "family" else r["family"]
         lines.append(f"| {name} | {r['op']} | {r['count']} | {100 * r['mape']:.2f} % | {100 * r['max_abs_err']:.1f} % "
                      f"| {100 * r['p90_abs_err']:.1f} % | {r['interpolated']} | {100 * r['model_only_mape']:.1f} % "
-                     f"| {100 * r['goal_mape']:.0f} % "
+                     f"| {r['repeatable']} | {100 * r['mape_repeatable']:.2f} % | {100 * r['goal_mape']:.0f} % "
                      f"| {'yes' if r['meets_goal'] else 'no'} |")
+    if loo is not None and len(loo):
+        lines += ["", "## Largest errors per family", "",
+                  "| family | op | shape | measured | predicted | error | spread p20-p80 | method |",
+                  "|---|---|---|---:|---:|---:|---:|---|"]
+        worst = loo.assign(_a=loo["rel_err"].abs()).sort_values("_a", ascending=False).groupby("family", sort=False).head(3)
+        for _, r in worst.iterrows():
+            lines.append(f"| {r['family']} | {r['op']} | {r['shape']} | {1e6 * r['measured_s']:.1f} us "
+                         f"| {1e6 * r['predicted_s']:.1f} us | {100 * r['rel_err']:+.1f} % | {100 * r['spread']:.0f} % "
+                         f"| {r['method']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,7 +157,7 @@ def write_report(loo, summary, out_dir: Path, meta: dict) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "validation.md", out_dir / "validation.csv", out_dir / "validation_points.csv"]
-    _atomic_write(paths[0], markdown(summary, meta))
+    _atomic_write(paths[0], markdown(summary, meta, loo))
     _atomic_write(paths[1], summary.to_csv(index=False, float_format="%.6g"))
     _atomic_write(paths[2], loo.to_csv(index=False, float_format="%.6g"))
     return paths
