@@ -6,13 +6,14 @@ kernel choice), and a residual varies far more slowly than time does. This is AI
 "interpolate utilisation against a speed-of-light roofline" (perf_interp_design.md), with our fitted
 model in place of the bare roofline. Methods, in order:
 
-1. multilinear on the bracketing hypercube when all its corners are measured (full grids);
-2. axis lines: along each parameter, the nearest measured neighbours below and above with every other
-   parameter equal, linear in log2; several axes are averaged, weighted by 1 / (bracket width x the
-   residual's roughness along that axis) (this is what leave-one-out on a grid exercises);
-3. line-nearest: at a grid's corner, the residual of the nearest point along one parameter, held; the
-   axis with the least expected drift (distance x roughness) wins;
-4. inverse-distance weighting of the nearest points in octaves (ragged grids, shapes never measured).
+1. multilinear on the bracketing hypercube when all its corners are measured and repeatable;
+2. lines: along each parameter, with every other parameter equal, the nearest measured points below
+   and above: linear in log2 between them ("axis-line"), and each held on its own ("line-nearest", a
+   grid's edge or corner). All these estimates are averaged by inverse variance: the points' own
+   noise (from their p20-p80 spread) plus the drift the residual shows along that parameter
+   (`roughness`, per octave) over the distance bridged. Leave-one-out on a grid exercises this;
+3. inverse-distance weighting of the nearest points in octaves, also noise-weighted (ragged grids,
+   shapes never measured).
 
 A query outside the bounding box of the points is not interpolated (`None`).
 """
@@ -24,6 +25,8 @@ import itertools
 import numpy as np
 
 _TOL = 1e-9
+MULTILINEAR_MAX_SIGMA = 0.05  # relative; noisier corners go to the noise-weighted lines
+INTERP_DRIFT = 0.25  # drift allowed across a bracket, per octave of width x roughness (LOO-insensitive 0.1-0.5)
 
 
 class ResidualGrid:
@@ -79,7 +82,7 @@ class ResidualGrid:
         i = self.index.get(self._key(q))
         if i is not None:
             return float(self.z[i]), "exact"
-        for method in (self._multilinear, self._axis_lines, self._line_nearest, self._idw):
+        for method in (self._multilinear, self._lines, self._idw):
             out = method(q)
             if out is not None:
                 return out
@@ -98,51 +101,39 @@ class ResidualGrid:
         total = 0.0
         for corner in itertools.product(*brackets):
             i = self.index.get(self._key([c for c, _ in corner]))
-            if i is None:
-                return None
+            if i is None or self.sigma[i] > MULTILINEAR_MAX_SIGMA:
+                return None  # a missing or noisy corner: the lines weigh the noise
             total += float(np.prod([w for _, w in corner])) * self.z[i]
         return total, "multilinear"
 
-    def _axis_lines(self, q):
-        same = np.abs(self.X - q) < _TOL  # n x d
-        vals, weights, axes = [], [], []
+    def _lines(self, q):
+        """Every estimate the lines through q offer (bracketed interpolation; the nearest point held,
+        below and above), combined by inverse variance: noise of the points used plus drift allowed by
+        the residual's roughness along that axis."""
+        same = np.abs(self.X - q) < _TOL
+        vals, weights, bracketed = [], [], False
         for j in range(self.X.shape[1]):
             others = np.delete(same, j, axis=1).all(axis=1)
             if not others.any():
                 continue
-            xs, zs = self.X[others, j], self.z[others]
+            xs, zs, ss = self.X[others, j], self.z[others], self.sigma[others]
+            rough = self.roughness[j]
             below, above = xs < q[j] - _TOL, xs > q[j] + _TOL
-            if not (below.any() and above.any()):
-                continue
-            a = np.flatnonzero(below)[np.argmax(xs[below])]
-            b = np.flatnonzero(above)[np.argmin(xs[above])]
-            w = (q[j] - xs[a]) / (xs[b] - xs[a])
-            sa, sb = self.sigma[others][a], self.sigma[others][b]
-            vals.append((1 - w) * zs[a] + w * zs[b])
-            # variance: the endpoints' noise plus the drift the axis allows across the bracket
-            var = ((1 - w) * sa) ** 2 + (w * sb) ** 2 + (0.5 * (xs[b] - xs[a]) * self.roughness[j]) ** 2
-            weights.append(1.0 / var)
-            axes.append(j)
+            a = np.flatnonzero(below)[np.argmax(xs[below])] if below.any() else None
+            b = np.flatnonzero(above)[np.argmin(xs[above])] if above.any() else None
+            if a is not None and b is not None:
+                w = (q[j] - xs[a]) / (xs[b] - xs[a])
+                vals.append((1 - w) * zs[a] + w * zs[b])
+                weights.append(1.0 / (((1 - w) * ss[a]) ** 2 + (w * ss[b]) ** 2
+                                      + (INTERP_DRIFT * (xs[b] - xs[a]) * rough) ** 2))
+                bracketed = True
+            for i in (a, b):
+                if i is not None:
+                    vals.append(zs[i])
+                    weights.append(1.0 / ((abs(xs[i] - q[j]) * rough) ** 2 + ss[i] ** 2))
         if not vals:
             return None
-        return float(np.average(vals, weights=weights)), "axis-line"
-
-    def _line_nearest(self, q):
-        """Corners of a grid: the nearest neighbour along any one parameter, others equal (held)."""
-        same = np.abs(self.X - q) < _TOL
-        best = None
-        for j in range(self.X.shape[1]):
-            others = np.delete(same, j, axis=1).all(axis=1)
-            if not others.any():
-                continue
-            d = np.abs(self.X[others, j] - q[j])
-            sig = self.sigma[others]
-            cost_all = (d * self.roughness[j]) ** 2 + sig ** 2  # drift of the held residual + its noise
-            i = int(np.argmin(cost_all))
-            cost = cost_all[i]
-            if best is None or cost < best[0]:
-                best = (cost, float(self.z[others][i]))
-        return None if best is None else (best[1], "line-nearest")
+        return float(np.average(vals, weights=weights)), "axis-line" if bracketed else "line-nearest"
 
     def _idw(self, q):
         d = np.sqrt(((self.X - q) ** 2).sum(axis=1))  # octaves: every parameter counts alike

@@ -54,6 +54,7 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
                       f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
 
 
+WARMUP_SIGMA = 0.25  # relative uncertainty given to a row measured right after a compile (store.points)
 SIGMA_FLOOR = 0.02  # relative: run-to-run drift a tight p20-p80 spread does not show (clocks, another GPU)
 
 
@@ -83,9 +84,12 @@ class PointSet:
 
         flop, nbytes = work(spec, points)
         spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
+        sigma = point_sigma(spread)
+        if "warmup" in points:
+            sigma = np.where(points["warmup"].to_numpy(bool), np.maximum(sigma, WARMUP_SIGMA), sigma)
         return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
                    points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
-                   [str(r) for r in points["runs"]], flop, nbytes, point_sigma(spread))
+                   [str(r) for r in points["runs"]], flop, nbytes, sigma)
 
     def without(self, i: int) -> "PointSet":
         m = np.ones(len(self.seconds), bool)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 TIMING_COLUMNS = ("seconds", "status")
 PROVENANCE_KEYS = ("gpu_name", "command")
 STATUSES = ("ok", "failed")
+WARMUP_CUT_S = 0.25  # a kernel this short x the usual repetitions is far inside the harness's time budget
 
 
 @dataclass
@@ -55,7 +56,10 @@ class MeasurementStore:
     def points(self, op: str) -> "pd.DataFrame":
         """One row per measured shape. A shape measured by several runs takes the latest run's median
         (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
-        `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent)."""
+        `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent);
+        `warmup`: the harness cut the repetitions of a short kernel below its run's usual count, which
+        happens when the warm-up was slow (a compile or autotune just before): the GPU clocks may still
+        have been ramping (hardware_profiles/measured/h200/README.md), so the row is trusted less."""
         import numpy as np
         import pandas as pd
 
@@ -70,9 +74,14 @@ class MeasurementStore:
             p20 = pd.to_numeric(df["seconds_p20"], errors="coerce")
             p80 = pd.to_numeric(df["seconds_p80"], errors="coerce")
             spread = ((p80 - p20) / df["seconds"]).clip(lower=0).fillna(0.0).to_numpy()
-        df = df.assign(spread=spread)
+        warm = np.zeros(len(df), bool)
+        if "reps" in df.columns:
+            reps = pd.to_numeric(df["reps"], errors="coerce")
+            most = reps.groupby(df["run_id"]).transform("max")
+            warm = ((reps < most) & (df["seconds"] * most < WARMUP_CUT_S)).fillna(False).to_numpy()
+        df = df.assign(spread=spread, warmup=warm)
         g = df.groupby(keys, sort=True)
-        out = g[["seconds", "spread", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
+        out = g[["seconds", "spread", "warmup", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
         out.insert(1, "rows", g.size())
         out = out.reset_index()
         out[keys] = out[keys].astype("int64")

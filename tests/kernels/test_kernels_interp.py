@@ -38,6 +38,26 @@ def test_axis_lines_when_the_point_is_left_out(full_grid):
     assert val == pytest.approx(linear([2, 1]))
 
 
+def test_noisy_points_count_less():
+    X = np.array([[0.0], [1.0], [2.0], [3.0], [4.0]])
+    z = np.array([0.0, 0.0, 0.0, 1.0, 0.0])  # one noisy point
+    clean = ResidualGrid(X, z, sigma=np.full(5, 0.02))
+    noisy = ResidualGrid(X, z, sigma=np.array([0.02, 0.02, 0.02, 1.0, 0.02]))
+    q = np.array([2.5])
+    assert noisy(q)[0] < 0.5 * clean(q)[0]
+
+
+def test_roughness_prefers_the_smooth_axis():
+    # z jumps along axis 1 (a kernel-choice parameter), is flat along axis 0 (a size parameter)
+    X = np.array(list(itertools.product(range(4), range(3))), float)
+    z = np.array([0.5 * (x[1] % 2) for x in X])
+    keep = ~((X[:, 0] == 3) & (X[:, 1] == 1))  # a corner in axis 0, bracketed in axis 1
+    g = ResidualGrid(X[keep], z[keep])
+    assert g.roughness[0] < g.roughness[1]
+    val, _ = g(np.array([3.0, 1.0]))
+    assert val == pytest.approx(0.5, abs=0.05)  # held along the smooth axis, not averaged across the jump
+
+
 def test_idw_on_ragged_points_and_outside():
     X = np.array([[0, 0], [3, 1], [1, 3], [4, 4]], float)
     z = np.array([1.0, 2.0, 3.0, 4.0])
@@ -56,4 +76,5 @@ def test_line_nearest_at_a_corner(full_grid):
     g = ResidualGrid(X[keep], z[keep])
     val, method = g(np.array([0.0, 0.0]))
     assert method == "line-nearest"
-    assert val in (pytest.approx(linear([1, 0])), pytest.approx(linear([0, 1])))
+    lo, hi = sorted([linear([1, 0]), linear([0, 1])])
+    assert lo <= val <= hi  # the two held neighbours, weighted by the drift along each axis
