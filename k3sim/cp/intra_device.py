@@ -11,9 +11,11 @@ serial part (K3 report, FlashKDA). Three forms:
      compute every segment's transition (M, S~) in parallel (the M chain costs mu x a state step), fold
      the G pairs (G-1 steps), rerun the state pass from the exact initial states, then the outputs:
      t = t0 + W_par / R + (T/C/G) tau (2 + mu) + (G-1) tau.  Same math as KCP, no cross-device traffic.
-Free parameters: R (FLOP/s of the parallel phases), tau (seconds per chunk step of one lane), t0 (launch
-and fixed cost), blocks per SM. Defaults are a documented roofline guess; `fit_naive` replaces them with
-a least-squares fit to measured `chunk_kda_fwd` (the (a) form is what fla's Triton kernels do).
+Free parameters: R (FLOP/s of the parallel phases), tau (seconds per chunk step of one lane), t0 (fixed
+GPU cost), blocks per SM, and a floor: a call never takes less than the host needs to issue its kernels
+(fla's chunk_kda launches a dozen Triton kernels from Python), t = max(floor, t_gpu). Defaults are a
+documented roofline guess; `fit_naive` replaces them with a least-squares fit to measured `chunk_kda_fwd`
+(the (a) form is what fla's Triton kernels do).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class IntraParams:
     blocks_per_sm: int = 1
     num_sms: int = 132
     source: str = "roofline-guess"
+    floor_s: float = 0.0          # host-side issue time of one call: t = max(floor, GPU time)
 
     @classmethod
     def from_hardware(cls, hw: Any) -> "IntraParams":
@@ -77,10 +80,16 @@ def serial_pass_seconds(T: int, h: int, p: IntraParams, m_chain: bool = False) -
     return n * p.tau_s * waves * ((1 + MU_M_CHAIN) if m_chain else 1.0)
 
 
+def gpu_seconds(T: int, h: int, p: IntraParams) -> float:
+    """GPU time of the naive form without the host floor: what extra work inside the same call costs."""
+    t_par, n, _, waves = _parts(T, h, p)
+    return p.t0_s + t_par + n * p.tau_s * waves
+
+
 def naive(T: int, h: int, p: IntraParams) -> IntraResult:
     t_par, n, lanes, waves = _parts(T, h, p)
     t_ser = n * p.tau_s * waves
-    t = p.t0_s + t_par + t_ser
+    t = max(p.floor_s, p.t0_s + t_par + t_ser)
     busy = t_par * p.num_sms + n * p.tau_s * lanes / p.blocks_per_sm
     return IntraResult("naive", T, h, t, t / T, min(1.0, busy / (t * p.num_sms)))
 
@@ -89,7 +98,7 @@ def overlap(T: int, h: int, p: IntraParams) -> IntraResult:
     t_par, n, lanes, waves = _parts(T, h, p)
     t_ser = n * p.tau_s * waves
     ser_sm = n * p.tau_s * lanes / p.blocks_per_sm
-    t = p.t0_s + max(t_ser, (t_par * p.num_sms + ser_sm) / p.num_sms)
+    t = max(p.floor_s, p.t0_s + max(t_ser, (t_par * p.num_sms + ser_sm) / p.num_sms))
     busy = t_par * p.num_sms + ser_sm
     return IntraResult("flashkda-overlap", T, h, t, t / T, min(1.0, busy / (t * p.num_sms)))
 
@@ -102,7 +111,7 @@ def sm_cp(T: int, h: int, p: IntraParams) -> IntraResult:
     for G in range(2, g_max + 1):
         steps = math.ceil(n / G)
         t_ser = steps * p.tau_s * (2 + MU_M_CHAIN) + (G - 1) * p.tau_s
-        t = p.t0_s + t_par + t_ser
+        t = max(p.floor_s, p.t0_s + t_par + t_ser)
         if t < best.seconds:
             busy = t_par * p.num_sms + t_ser * G * lanes / p.blocks_per_sm
             best = IntraResult("sm-level-cp", T, h, t, t / T, min(1.0, busy / (t * p.num_sms)), G)
@@ -132,8 +141,12 @@ def table(H: int, tps: list[int], T: int, p: IntraParams, sequences: int = 1) ->
 
 
 def fit_naive(T: np.ndarray, H: np.ndarray, seconds: np.ndarray, base: IntraParams) -> tuple[IntraParams, dict]:
-    """Least squares in relative error of t = t0 + x_par / R + n tau waves over measured chunk_kda_fwd,
-    for blocks per SM in {1, 2}; linear in (t0, 1/R, tau). Returns the best fit and its errors."""
+    """Fit t = max(floor, t0 + x_par / R + n tau waves) to measured chunk_kda_fwd.
+
+    floor = median time at the smallest measured T (where every head count takes the same host-bound
+    time); (t0, 1/R, tau) by least squares in relative error over the points clearly above it
+    (> 1.5 floor), for blocks per SM in {1, 2}. Returns the best fit and its errors over all points."""
+    floor = float(np.median(seconds[T == T.min()]))
     best = None
     for bps in (1, 2):
         p = replace(base, blocks_per_sm=bps)
@@ -141,14 +154,17 @@ def fit_naive(T: np.ndarray, H: np.ndarray, seconds: np.ndarray, base: IntraPara
         for t_, h_ in zip(T, H):
             t_par, n, _, waves = _parts(int(t_), int(h_), replace(p, R_flops_per_s=1.0))
             cols.append([1.0, t_par, n * waves])
-        A = np.array(cols) / seconds[:, None]
-        coef, *_ = np.linalg.lstsq(A, np.ones(len(seconds)), rcond=None)
+        cols = np.array(cols)
+        m = seconds > 1.5 * floor
+        if m.sum() < 3:
+            m = np.ones_like(seconds, dtype=bool)
+        coef, *_ = np.linalg.lstsq(cols[m] / seconds[m, None], np.ones(int(m.sum())), rcond=None)
         coef = np.maximum(coef, [0.0, 1e-18, 0.0])
-        pred = np.array(cols) @ coef
+        pred = np.maximum(floor, cols @ coef)
         err = np.abs(pred / seconds - 1)
         if best is None or err.mean() < best[1]["mape"]:
             fitted = replace(p, t0_s=float(coef[0]), R_flops_per_s=float(1 / coef[1]), tau_s=float(coef[2]),
-                             source="fit to measured chunk_kda_fwd")
+                             floor_s=floor, source="fit to measured chunk_kda_fwd")
             best = (fitted, {"mape": float(err.mean()), "max_rel_err": float(err.max()), "points": int(len(err)),
-                             "blocks_per_sm": bps})
+                             "blocks_per_sm": bps, "floor_s": floor})
     return best

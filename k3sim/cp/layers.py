@@ -66,7 +66,8 @@ class LayerInputs:
     mla_kv: str = "latent"
     kcp_pre_factor: float = field(default_factory=kcp_preprocess_factor)
     conv_halo: bool = True              # False: the KDA op alone, as the calibration harness times it
-    intra: Any = None                   # fitted IntraParams: pre-process from the state-pass model instead
+    intra: Any = None                   # fitted IntraParams (host floor, GPU time of a chunk_kda call)
+    pre_model: str = "flop-ratio"       # KCP pre-process: "flop-ratio" (default) | "state-pass" (alternative)
 
     @property
     def L(self) -> int:
@@ -131,17 +132,25 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
 def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[float, str, str]:
     """Slowest rank's pre-process: the S~ state pass plus the M chain over its exported segment.
 
-    With fitted intra-device parameters: (1 + mu) x the state-pass time of that many chunks (both are
-    serial passes over the same lanes, `KCP.md` stages 1 and 2). Otherwise: the FLOP ratio
-    `kcp_pre_factor` x chunk_kda_fwd over the segment (`flops.kcp_preprocess_factor`, 0.90)."""
+    "flop-ratio": `kcp_pre_factor` (0.90, `flops.kcp_preprocess_factor`) x the GPU time of a chunk_kda
+    forward over the segment. The pre-process runs inside the same host call as the main kernel, so with
+    fitted intra-device parameters it scales the fitted GPU time, not the measured call time that a
+    host-bound short call reports (the measured ~1.3 ms floor would otherwise be counted twice).
+    "state-pass": (1 + mu) x the fitted state-pass time (stages 1 and 2 of `KCP.md` as serial passes over
+    the same lanes); kept as the alternative the measurements reject."""
     if not seg_lens:
         return 0.0, "none needed", "none"
-    if x.intra is not None:
-        from k3sim.cp.intra_device import serial_pass_seconds
+    from k3sim.cp.intra_device import gpu_seconds, serial_pass_seconds
 
+    if x.pre_model == "state-pass":
+        if x.intra is None:
+            raise ValueError("the state-pass pre-process model needs fitted intra-device parameters")
         return (max(serial_pass_seconds(t, H, x.intra, m_chain=True) for t in seg_lens),
                 "(1 + mu) x state pass (intra-device fit)", x.intra.source)
     k = x.kcp_pre_factor
+    if x.intra is not None:
+        return (k * max(gpu_seconds(t, H, x.intra) for t in seg_lens),
+                f"{k:.2f} x chunk_kda_fwd GPU time (FLOP ratio)", x.intra.source)
     return (k * max(x.clock("chunk_kda_fwd", T=t, H=H)[0] for t in seg_lens),
             f"{k:.2f} x chunk_kda_fwd (FLOP ratio)", src)
 

@@ -53,15 +53,28 @@ def _state_recv(g: CPGeometry, strategy: str, seq_len: int, P: int, state_dtype:
     return fwd.recv_bytes
 
 
+def fitted_intra(hardware: Any) -> Any:
+    """Intra-device parameters fitted to the profile's measured chunk_kda_fwd, or None."""
+    from k3sim.cp.validate import intra_device_check, measured_root
+
+    try:
+        check = intra_device_check(hardware, measured_root(hardware))
+    except (AttributeError, TypeError):
+        return None
+    return check["params"] if check else None
+
+
 def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dtype: str = "fp32",
                  mla_kv: str = DEFAULT_MLA_KV, docs: int | None = None, doc_lengths: list[int] | None = None,
                  kernel_time=None, bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
-                 conv_halo: bool = True, clock: KernelClock | None = None, intra: Any = None) -> LayerInputs:
+                 conv_halo: bool = True, clock: KernelClock | None = None, intra: Any = None,
+                 pre_model: str = "flop-ratio") -> LayerInputs:
     """Everything a per-layer cost function reads; `clock` lets a sweep share memoised kernel times."""
     bounds = D.doc_bounds(seq_len, docs, doc_lengths)
     clock = clock or KernelClock(hardware, kernel_time or default_kernel_time())
     comm = CommModel(clock, P, P * g.tp, bandwidth_override)
-    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo, intra=intra)
+    x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo, intra=intra,
+                    pre_model=pre_model)
     if kcp_pre_factor is not None:
         x.kcp_pre_factor = kcp_pre_factor
     return x
@@ -78,8 +91,13 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
             mla_strategy: str = DEFAULT_MLA_STRATEGY, *, state_dtype: str = "fp32", mla_kv: str = DEFAULT_MLA_KV,
             docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
             bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
-            intra: Any = None) -> CPStepResult:
-    """Per-rank bytes and seconds of every attention layer of one training step (one sequence)."""
+            intra: Any = "auto") -> CPStepResult:
+    """Per-rank bytes and seconds of every attention layer of one training step (one sequence).
+
+    `intra="auto"` fits the intra-device KDA model to the profile's measured chunk_kda_fwd when there is
+    any (host floor and GPU time for KCP's pre-process); None uses the kernel predictor's times alone."""
+    if isinstance(intra, str) and intra == "auto":
+        intra = fitted_intra(hardware) if kernel_time is None else None
     if state_dtype not in ("bf16", "fp32"):
         raise InputError(f"state dtype must be bf16 or fp32, got '{state_dtype}'", source="--state-dtype")
     if mla_kv not in ("latent", "expanded"):

@@ -29,13 +29,13 @@ PUBLISHED_GDN = {  # PR #691, GDN block, milliseconds and rates as printed
 
 
 def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: float | None = None,
-                      label: str = "") -> dict:
+                      label: str = "", intra: Any = None) -> dict:
     """Model's no-CP, KCP and all-to-all times for PR #691's setting, as rates and ratios."""
     S, P, H = SETTING["seq_len"], SETTING["cp"], SETTING["heads"]
     g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name="pr691-kda-64h")
     clock = KernelClock(hardware, kernel_time or default_kernel_time())
     x = layer_inputs(g, hardware, S, P, state_dtype=SETTING["state_dtype"], clock=clock, conv_halo=False,
-                     bandwidth_override=bandwidth_override)
+                     bandwidth_override=bandwidth_override, intra=intra)
     kcp, a2a = kcp_layer(x), ulysses_kda_layer(x)
     f1, src = clock("chunk_kda_fwd", T=S, H=H)
     fb1, _ = clock("chunk_kda_fwd_bwd", T=S, H=H)
@@ -48,11 +48,11 @@ def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: fl
     return out
 
 
-def published_table(hw_h800: Any, hw_calibrated: Any, kernel_time=None) -> dict:
+def published_table(hw_h800: Any, hw_calibrated: Any, kernel_time=None, intra: Any = None) -> dict:
     """Two predictions: the H800 profile as it is, and the calibrated profile's kernels with the H800's
     NVLink bandwidth (200 GB/s per direction), which is what differs most for the all-to-all."""
     preds = [predict_published(hw_h800, kernel_time=kernel_time, label=f"{hw_h800.name} profile")]
     preds.append(predict_published(hw_calibrated, kernel_time=kernel_time,
                                    bandwidth_override=float(hw_h800.scaleup_bandwidth_bytes_per_s),
-                                   label=f"{hw_calibrated.name} kernels + {hw_h800.name} NVLink"))
+                                   label=f"{hw_calibrated.name} kernels + {hw_h800.name} NVLink", intra=intra))
     return {"setting": SETTING, "seed_kda": SEED_KDA, "published_gdn": PUBLISHED_GDN, "predicted_kda": preds}

@@ -139,7 +139,10 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
-    rows = sweep(g, hw, seq_lens, cps, state_dtype=state_dtype, kernel_time=kernel_time)
+    root = V.measured_root(hw)
+    check = V.intra_device_check(hw, root)          # fitted to measured chunk_kda_fwd when it exists
+    fitted = check["params"] if check else None
+    rows = sweep(g, hw, seq_lens, cps, state_dtype=state_dtype, kernel_time=kernel_time, intra=fitted)
     _csv(out / "sweep.csv", rows)
     files["sweep"] = str(out / "sweep.csv")
     sb = 2.0 if state_dtype == "bf16" else 4.0
@@ -158,10 +161,7 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
     _csv(out / "crossovers.csv", cross)
     files["crossovers"] = str(out / "crossovers.csv")
 
-    # intra-device: fitted to measured chunk_kda_fwd when it exists
-    root = V.measured_root(hw)
-    check = V.intra_device_check(hw, root)
-    params = check["params"] if check else ID.IntraParams.from_hardware(hw)
+    params = fitted or ID.IntraParams.from_hardware(hw)
     intra = [r for T in (32768, 131072, 1048576) for r in ID.table(g.kda_heads, [1, 2, 4, 8], T, params)]
     _csv(out / "intra_device.csv", intra)
     plot_intra([r for r in intra if r["T"] == 131072], out / "intra_device.png",
@@ -173,7 +173,7 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
         files["intra_device_validation"] = str(out / "intra_device_validation.csv")
         files["intra_device_fit"] = str(out / "intra_device_fit.png")
 
-    pub = published_table(load_hardware("h800"), hw, kernel_time=kernel_time)
+    pub = published_table(load_hardware("h800"), hw, kernel_time=kernel_time, intra=fitted)
     _write(out / "published_h800.json", json.dumps(pub, indent=2))
     files["published"] = str(out / "published_h800.json")
 

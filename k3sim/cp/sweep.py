@@ -18,7 +18,7 @@ DEFAULT_CPS = [2, 4, 8, 16, 32]
 
 
 def sweep(g: CPGeometry, hardware: Any, seq_lens: list[int], cps: list[int], *, state_dtype: str = "fp32",
-          kernel_time=None, docs: int | None = None) -> list[dict]:
+          kernel_time=None, docs: int | None = None, intra=None) -> list[dict]:
     """One row per (S, P, layer kind, strategy, KV form); combinations a strategy refuses are skipped
     with the reason in `skipped`."""
     clock = KernelClock(hardware, kernel_time or default_kernel_time())
@@ -31,7 +31,8 @@ def sweep(g: CPGeometry, hardware: Any, seq_lens: list[int], cps: list[int], *, 
                 base = {"seq_len": S, "cp": P, "layer": kind, "strategy": strat, "mla_kv": kv}
                 try:
                     x = layer_inputs(g, hardware, S, P, state_dtype=state_dtype,
-                                     mla_kv=kv if kv != "-" else "latent", docs=docs, clock=clock)
+                                     mla_kv=kv if kv != "-" else "latent", docs=docs, clock=clock,
+                                     intra=intra)
                     lc = layer_at(strat, kind, x)
                 except InputError as err:
                     rows.append({**base, "skipped": err.reason})

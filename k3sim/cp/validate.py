@@ -77,8 +77,8 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
               intra: Any = None) -> dict | None:
     """Predicted vs measured KCP layer time (fwd and fwd+bwd) on the measured GPU counts.
 
-    The pre-process is predicted from the FLOP ratio; with `intra` (fitted intra-device parameters) a
-    second prediction uses the state-pass model, reported as `predicted_fwd_intra_s`."""
+    The pre-process is predicted from the FLOP ratio (on the fitted GPU time when `intra` is given); with
+    `intra` a second prediction uses the state-pass alternative, reported as `predicted_fwd_intra_s`."""
     fwd = load_op(root, "chunk_kda_cp_fwd")
     if fwd is None:
         return None
@@ -94,7 +94,7 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
         T, H, P, docs = (int(r[k]) for k in key)
         g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name=f"kda-{H}h")
         x = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False,
-                         kcp_pre_factor=pre_factor)
+                         kcp_pre_factor=pre_factor, intra=intra)
         lc = kcp_layer(x)
         pre = next((row["seconds"] for row in lc.fwd.rows if row["component"].startswith("pre-process")), 0.0)
         row = {"T": T, "H": H, "gpus": P, "docs": docs, "measured_fwd_s": float(r["seconds"]),
@@ -109,7 +109,8 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
             row["predicted_fwd_bwd_s"] = lc.time_s
             row["fwd_bwd_err"] = lc.time_s / fbm[(T, H, P, docs)] - 1
         if intra is not None:
-            xi = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False, intra=intra)
+            xi = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False, intra=intra,
+                              pre_model="state-pass")
             li = kcp_layer(xi)
             row["predicted_fwd_intra_s"] = li.fwd.time_s
             row["fwd_intra_err"] = li.fwd.time_s / float(r["seconds"]) - 1
@@ -125,7 +126,7 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
         if r["predicted_preprocess_s"] > 0:
             k0 = kcp_preprocess_factor() if pre_factor is None else pre_factor
             base = r["predicted_fwd_s"] - r["predicted_preprocess_s"]
-            implied.append((r["measured_fwd_s"] - base) / (r["predicted_preprocess_s"] / k0))
+            implied.append((r["measured_fwd_s"] - base) / (r["predicted_preprocess_s"] / k0))  # pre is linear in k
     ie = np.abs([r["fwd_intra_err"] for r in rows if "fwd_intra_err" in r])
     ibe = np.abs([r["fwd_bwd_intra_err"] for r in rows if "fwd_bwd_intra_err" in r])
     return {"rows": rows, "fwd_mape": float(errs.mean()), "fwd_max_err": float(errs.max()),

@@ -12,7 +12,7 @@ from cp_fakes import fake_kernel_time, hw
 from k3sim.cp import intra_device as ID
 from k3sim.cp import validate as V
 
-P0 = ID.IntraParams(R_flops_per_s=4e14, tau_s=1.5e-6, t0_s=40e-6, blocks_per_sm=1, num_sms=132)
+P0 = ID.IntraParams(R_flops_per_s=4e14, tau_s=1.5e-6, t0_s=40e-6, blocks_per_sm=1, num_sms=132, floor_s=1.2e-3)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -87,3 +87,8 @@ def test_more_sequences_fill_the_gpu_like_heads():
     four = [r for r in ID.table(96, [8], 65536, P0, sequences=4) if r["form"] == "naive"][0]
     assert four["gpu_fraction"] > 2 * one["gpu_fraction"]
     assert four["seconds_per_token"] < one["seconds_per_token"]
+
+
+def test_short_calls_are_host_bound():
+    """Below the floor (host issue time) every head count takes the same time, as measured at T = 4K."""
+    assert ID.naive(4096, 12, P0).seconds == ID.naive(4096, 96, P0).seconds == P0.floor_s
