@@ -122,9 +122,9 @@ def plot_crossover(rows: list[dict], P: int, g: CPGeometry, path: Path, state_by
     return path
 
 
-def winners(rows: list[dict], P: int, layer: str) -> list[dict]:
+def winners(rows: list[dict], P: int, layer: str, tie: float = 0.02) -> list[dict]:
     """The fastest exact strategy at each S (LASP-2 is a reference, not exact for KDA), and the lengths
-    where the winner changes."""
+    where the winner changes; the incumbent keeps the lead while within `tie` (2 %) of the fastest."""
     by_s: dict[int, list[dict]] = {}
     for r in rows:
         if r["cp"] == P and r["layer"] == layer and not r["skipped"] and r["strategy"] != "lasp2":
@@ -132,6 +132,9 @@ def winners(rows: list[dict], P: int, layer: str) -> list[dict]:
     out, prev = [], None
     for S in sorted(by_s):
         best = min(by_s[S], key=lambda r: r["time_s"])
+        held = next((r for r in by_s[S] if label(r) == prev), None)
+        if held is not None and held["time_s"] <= (1 + tie) * best["time_s"]:
+            best = held
         name = label(best)
         if name != prev:
             out.append({"layer": layer, "cp": P, "from_seq_len": S, "fastest": name, "time_s": best["time_s"]})

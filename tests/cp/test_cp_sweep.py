@@ -31,3 +31,9 @@ def test_near_ties_are_not_crossovers():
 def test_kcp_vs_ring_bytes_crossover():
     """(P-1) 96 x 128 x 256 x 2 B = (P-1)/P 4 S 7168 -> S = 8 x 6 291 456 / 28 672 = 1755.4 tokens."""
     assert kcp_vs_ring_bytes_crossover(k3(), 8, 2.0) == pytest.approx(8 * 6291456 / 28672)
+
+
+def test_winner_keeps_lead_within_a_tie():
+    rows = [row(S, "kcp", 1.0) for S in (1024, 2048, 4096)] + \
+           [row(1024, "ulysses", 2.0), row(2048, "ulysses", 0.99), row(4096, "ulysses", 0.5)]
+    assert [(w["fastest"], w["from_seq_len"]) for w in winners(rows, 8, "kda")] == [("kcp", 1024), ("ulysses", 4096)]
