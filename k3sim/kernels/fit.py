@@ -77,9 +77,10 @@ def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
             out.alpha_beta[int(n)] = ab = fit_alpha_beta(nbytes[m], seconds[m], weights=w[m])
             pred[m] = ab.seconds(nbytes[m])
     else:
+        feats = spec.features(points[list(spec.params)].to_dict("records"))
         out.roofline = fit_roofline(flop, nbytes, seconds, peak_flops(hw, spec.dtype), float(hw.hbm_bandwidth_bytes_per_s),
-                                    weights=w)
-        pred = out.roofline.seconds(flop, nbytes)
+                                    weights=w, feats=feats, names=tuple(spec.eff_params))
+        pred = out.roofline.seconds(flop, nbytes, feats)
     out.rms_log_error = float(np.sqrt(np.mean(np.log(pred / seconds) ** 2)))
     return out
 
@@ -103,7 +104,8 @@ def to_dict(fp: FittedProfile) -> dict:
                              "data_fingerprint": f.data_fingerprint, "rms_log_error": round(f.rms_log_error, 6)}
         if f.roofline is not None:
             d["model"] = "roofline"
-            d["params"] = {k: float(f"{v:.6g}") for k, v in f.roofline.as_dict().items()}
+            d["params"] = {k: ({n: float(f"{g:.6g}") for n, g in v.items()} if isinstance(v, dict) else float(f"{v:.6g}"))
+                           for k, v in f.roofline.as_dict().items()}
         else:
             d["model"] = "alpha-beta"
             d["by_gpus"] = {int(n): {k: float(f"{v:.6g}") for k, v in ab.as_dict().items()}
@@ -123,7 +125,8 @@ def from_dict(d: dict, source: str) -> FittedProfile:
                       runs=list(o["runs"]), rms_log_error=float(o["rms_log_error"]),
                       data_fingerprint=str(o.get("data_fingerprint", "")))
             if o["model"] == "roofline":
-                f.roofline = RooflineFit(**{k: float(v) for k, v in o["params"].items()})
+                f.roofline = RooflineFit(**{k: ({n: float(g) for n, g in v.items()} if isinstance(v, dict) else float(v))
+                                            for k, v in o["params"].items()})
             else:
                 f.alpha_beta = {int(n): AlphaBetaFit(**{k: float(v) for k, v in ab.items()})
                                 for n, ab in o["by_gpus"].items()}

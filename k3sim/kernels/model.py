@@ -6,7 +6,8 @@ Compute ops: a roofline with fitted efficiency, saturating in size, plus a launc
     t_c = flop  / (eff_flop  * peak) * (1 + (half_flop  / flop )^exp_flop)
     t_m = bytes / (eff_bytes * bw  ) * (1 + (half_bytes / bytes)^exp_bytes)
 
-`eff_*` is the large-size fraction of the datasheet peak; the `(1 + (half/s)^a)` factor is the
+`eff_*` is the large-size fraction of the datasheet peak (for an op with `eff_params`, the compute
+efficiency also scales as a fitted power of those: SDPA's head dim picks a different kernel tile); the `(1 + (half/s)^a)` factor is the
 efficiency loss of a GPU that is not filled (a = 1 would be a constant latency, a < 1 lets time grow
 sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max between the two
 roofs. Collectives: the alpha-beta model t = alpha + wire_bytes / bus_bandwidth (nccl-tests' bus
@@ -19,7 +20,7 @@ pure copy) stay at sensible values instead of wandering.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -41,23 +42,28 @@ class RooflineFit:
     smooth_p: float
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    # compute efficiency x (param / reference)^(-exponent) for the op's `eff_params` (e.g. SDPA head dim)
+    eff_exponents: dict[str, float] = field(default_factory=dict)
 
-    def seconds(self, flop, nbytes):
+    def seconds(self, flop, nbytes, feats=None):
+        """feats: n x k log2(param / reference) of the op's eff_params (None when it has none)."""
         return roofline_seconds(self.to_theta(), np.asarray(flop, float), np.asarray(nbytes, float),
-                                self.peak_flops_per_s, self.bandwidth_bytes_per_s)
+                                self.peak_flops_per_s, self.bandwidth_bytes_per_s, feats)
 
     def to_theta(self) -> np.ndarray:
         return np.array([np.log(self.launch_s), np.log(self.eff_flop), np.log(self.half_flop), _logit(self.exp_flop),
                          np.log(self.eff_bytes), np.log(self.half_bytes), _logit(self.exp_bytes),
-                         np.log(self.smooth_p - 1.0)])
+                         np.log(self.smooth_p - 1.0), *self.eff_exponents.values()])
 
     @classmethod
-    def from_theta(cls, theta, peak: float, bw: float) -> "RooflineFit":
+    def from_theta(cls, theta, peak: float, bw: float, names: tuple[str, ...] = ()) -> "RooflineFit":
         v = _decode(theta)
-        return cls(*[float(x) for x in v], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw))
+        return cls(*[float(x) for x in v], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw),
+                   eff_exponents={n: float(g) for n, g in zip(names, theta[8:])})
 
     def as_dict(self) -> dict:
-        return {k: float(v) for k, v in asdict(self).items()}
+        d = {k: float(v) for k, v in asdict(self).items() if k != "eff_exponents"}
+        return {**d, "eff_exponents": dict(self.eff_exponents)} if self.eff_exponents else d
 
 
 @dataclass
@@ -86,8 +92,11 @@ def _decode(theta):
             1.0 + np.exp(t[7]))
 
 
-def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float) -> np.ndarray:
+def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float, feats=None) -> np.ndarray:
     launch, ef, hf, af, eb, hb, ab, p = _decode(theta)
+    if len(theta) > 8 and feats is not None:
+        flop = flop * np.exp2(np.asarray(feats, float).reshape(np.size(flop), -1) @ np.asarray(theta[8:], float))
+        flop = flop.reshape(np.shape(nbytes)) if np.ndim(nbytes) == 0 else flop
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         tc = np.where(flop > 0, flop / (ef * peak) * (1.0 + (hf / np.maximum(flop, 1e-300)) ** af), 0.0)
         tm = np.where(nbytes > 0, nbytes / (eb * bw) * (1.0 + (hb / np.maximum(nbytes, 1e-300)) ** ab), 0.0)
@@ -148,24 +157,24 @@ def soft_l1(r: np.ndarray, c: float = ROBUST_SCALE) -> np.ndarray:
     return np.sign(r) * c * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
 
 
-def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None):
+def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None, feats=None):
     """Residual function of theta: log error, times per-point weights (1 / relative uncertainty,
     normalised), through soft-L1."""
     y = np.log(seconds)
     w = np.ones_like(y) if weights is None else np.asarray(weights, float)
 
     def res(th):
-        r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw)) - y)
+        r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw, feats)) - y)
         return soft_l1(r) if robust else r
 
     return res
 
 
 def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight: float = 1e-4,
-                 robust: bool = True, weights=None) -> RooflineFit:
+                 robust: bool = True, weights=None, feats=None, names: tuple[str, ...] = ()) -> RooflineFit:
     """Fit the compute-op model to measured seconds (several starts, the lowest loss wins)."""
     flop, nbytes, seconds = (np.asarray(a, float) for a in (flop, nbytes, seconds))
-    res = roofline_residual(flop, nbytes, seconds, peak, bw, robust, weights)
+    res = roofline_residual(flop, nbytes, seconds, peak, bw, robust, weights, feats)
 
     best = None
     fpos = flop[flop > 0]
@@ -173,11 +182,12 @@ def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight:
         for half_b in (1e6, 1e8):
             init = RooflineFit(launch_s=0.3 * float(seconds.min()), eff_flop=0.6, half_flop=half_f, exp_flop=0.5,
                                eff_bytes=0.7, half_bytes=half_b, exp_bytes=0.5, smooth_p=4.0,
-                               peak_flops_per_s=peak, bandwidth_bytes_per_s=bw)
+                               peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
+                               eff_exponents={n: 0.0 for n in names})
             th, cost = levenberg_marquardt(res, init.to_theta(), prior_weight=prior_weight)
             if best is None or cost < best[1]:
                 best = (th, cost)
-    return RooflineFit.from_theta(best[0], peak, bw)
+    return RooflineFit.from_theta(best[0], peak, bw, names)
 
 
 def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6, weights=None) -> AlphaBetaFit:

@@ -40,6 +40,14 @@ class OpSpec:
     dtype: str = "bf16"
     categorical: tuple[str, ...] = ()
     check: Callable[[Params], str | None] = field(default=lambda p: None)
+    eff_params: dict[str, float] = field(default_factory=dict)  # param -> reference value, see features()
+
+    def features(self, rows: list[Params]):
+        """n x k log2(param / reference) of `eff_params`: the fitted model's efficiency exponents act on these."""
+        import numpy as np
+
+        return np.array([[math.log2(r[k] / ref) for k, ref in self.eff_params.items()] for r in rows],
+                        float).reshape(len(rows), len(self.eff_params))
 
 
 # ---- formulas -------------------------------------------------------------------------------------
@@ -206,10 +214,10 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
            categorical=("gpus",), check=_cp_check),
     OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
-           sdpa_flop, sdpa_bytes),
+           sdpa_flop, sdpa_bytes, eff_params={"D": 128}),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
            {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
-           lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True)),
+           lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128}),
     *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
 ]}
 

@@ -77,6 +77,7 @@ class PointSet:
     flop: np.ndarray
     nbytes: np.ndarray
     sigma: np.ndarray  # relative uncertainty of each median (from its p20-p80 spread), for weighting
+    feats: np.ndarray  # n x k efficiency features (OpSpec.features)
 
     @classmethod
     def from_points(cls, spec: OpSpec, points) -> "PointSet":
@@ -89,13 +90,14 @@ class PointSet:
             sigma = np.where(points["warmup"].to_numpy(bool), np.maximum(sigma, WARMUP_SIGMA), sigma)
         return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
                    points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
-                   [str(r) for r in points["runs"]], flop, nbytes, sigma)
+                   [str(r) for r in points["runs"]], flop, nbytes, sigma,
+                   spec.features(points[list(spec.params)].to_dict("records")))
 
     def without(self, i: int) -> "PointSet":
         m = np.ones(len(self.seconds), bool)
         m[i] = False
         return PointSet(self.params[m], self.seconds[m], self.rows[m], [r for j, r in enumerate(self.runs) if j != i],
-                        self.flop[m], self.nbytes[m], self.sigma[m])
+                        self.flop[m], self.nbytes[m], self.sigma[m], self.feats[m])
 
 
 class OpPredictor:
@@ -118,7 +120,7 @@ class OpPredictor:
 
     def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:
         if self.spec.kind != "collective":
-            return self.fit.roofline.seconds(flop, nbytes)
+            return self.fit.roofline.seconds(flop, nbytes, points.feats)
         gpus = points.params[:, self.spec.params.index("gpus")]
         return np.array([self._alpha_beta(int(n))[0].seconds(w) for n, w in zip(gpus, nbytes)])
 
@@ -144,7 +146,9 @@ class OpPredictor:
         if self.spec.kind == "collective":
             ab, note = self._alpha_beta(p["gpus"])
             return float(ab.seconds(nbytes)), note
-        return float(self.fit.roofline.seconds(flop, nbytes)), f"roofline fit of {self.spec.name}"
+        feats = self.spec.features([p]) if self.spec.eff_params else None
+        t = self.fit.roofline.seconds(np.array([flop]), np.array([nbytes]), feats)
+        return float(t[0]), f"roofline fit of {self.spec.name}"
 
     def predict(self, p: Mapping[str, int], extrapolation: str = EXTRAPOLATION) -> KernelTime:
         key = tuple(p[k] for k in self.spec.params)

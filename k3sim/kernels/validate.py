@@ -41,9 +41,9 @@ def _refit(spec, pts, full_fit):
         return out
     rf = full_fit.roofline
     res = roofline_residual(pts.flop, pts.nbytes, pts.seconds, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s,
-                            weights=w)
+                            weights=w, feats=pts.feats)
     th, _ = levenberg_marquardt(res, rf.to_theta(), prior_weight=1e-4)
-    out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s)
+    out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s, tuple(rf.eff_exponents))
     return out
 
 
