@@ -112,14 +112,24 @@ def plot_kcp_validation(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     for key in sorted({(r["H"], r["docs"]) for r in rows}):
         sel = sorted((r for r in rows if (r["H"], r["docs"]) == key), key=lambda r: r["T"])
-        line, = ax.plot([r["T"] for r in sel], [r["measured_fwd_s"] for r in sel], "o-",
-                        label=f"measured H={key[0]} docs={key[1]}")
-        ax.plot([r["T"] for r in sel], [r["predicted_fwd_s"] for r in sel], "x--", color=line.get_color(),
-                label=f"predicted H={key[0]} docs={key[1]}")
+        T = [r["T"] for r in sel]
+        tag = f"H={key[0]} docs={key[1]}"
+        line, = ax.plot(T, [r["measured_fwd_s"] for r in sel], "o-", label=f"fwd measured {tag}")
+        ax.plot(T, [r["predicted_fwd_s"] for r in sel], "x--", color=line.get_color(), label=f"fwd predicted {tag}")
+        fb = [r for r in sel if "measured_fwd_bwd_s" in r]
+        if fb:
+            line, = ax.plot([r["T"] for r in fb], [r["measured_fwd_bwd_s"] for r in fb], "s-",
+                            label=f"fwd+bwd measured {tag}")
+            ax.plot([r["T"] for r in fb], [r["predicted_fwd_bwd_s"] for r in fb], "x--", color=line.get_color(),
+                    label=f"fwd+bwd predicted {tag}")
+        one = [r for r in sel if "measured_single_gpu_fwd_s" in r]
+        if one:
+            ax.plot([r["T"] for r in one], [r["measured_single_gpu_fwd_s"] for r in one], "^:", color="gray",
+                    label=f"fwd on one GPU, measured {tag}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("global tokens T")
-    ax.set_ylabel("KCP forward, one KDA layer (s)")
+    ax.set_ylabel("one KDA layer (s)")
     ax.set_title(f"fla KCP on {rows[0]['gpus']} GPUs: predicted vs measured")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
