@@ -205,8 +205,8 @@ def ring_layer(x: LayerInputs, strategy: str) -> LayerCost:
     fwd_tr, bwd_tr = layer_traffic(strategy, "mla", g, x.seq_len, P, mla_kv=x.mla_kv)
     pf, pb, src = _pair_seconds(x, L, g.mla_heads_per_rank)
     pairs = D.pair_matrix(x.bounds, x.seq_len, P, layout)
-    hop = _comm_rows(x, fwd_tr)[0][1] / max(P - 1, 1) if P > 1 else 0.0
-    hop_src = _comm_rows(x, fwd_tr)[0][2] if P > 1 else "none"
+    hop, hop_src = x.comm.time(fwd_tr.collectives[0]) if P > 1 else (0.0, "none")
+    hop /= max(P - 1, 1)
     xe, xsrc = _expand(x, L)
     tf = tb = cf = cb = 0.0
     for j in range(P):
@@ -218,7 +218,7 @@ def ring_layer(x: LayerInputs, strategy: str) -> LayerCost:
         tb += max(c_b, 2 * m)                             # K/V and dK/dV hops
         cf += c_f
         cb += c_b
-    tb += hop                                             # dK/dV's last hop home
+    tb += hop                                             # dK/dV's last hop home (P dK/dV sends in all)
     rows_f = [("attention blocks (slowest rank per step)", cf - (P - 1) * xe, src, "compute")]
     rows_b = [("attention blocks bwd (slowest rank per step)", cb - 3 * (P - 1) * xe, src, "compute")]
     if xe:
@@ -246,16 +246,16 @@ def allgather_kv_layer(x: LayerInputs) -> LayerCost:
     if xe:
         rows_f.append(("latent up-projection of gathered tokens", xe, xsrc, "compute"))
         rows_b.append(("re-expand + grads of up-projection", 3 * xe, xsrc, "compute"))
-    ag_again = [r for r in _comm_rows(x, fwd_tr)]
-    rows_f += _comm_rows(x, fwd_tr)
-    rows_b += [(f"re-{c} (K/V not kept across fwd/bwd)", s, sr, k) for c, s, sr, k in ag_again] + _comm_rows(x, bwd_tr)
-    fwd_tr_b = bwd_tr
-    fwd_tr_b.send_bytes += fwd_tr.send_bytes
-    fwd_tr_b.recv_bytes += fwd_tr.recv_bytes
-    fwd_tr_b.messages += fwd_tr.messages
+    gather = _comm_rows(x, fwd_tr)
+    rows_f += gather
+    # backward re-gathers K/V (keeping every rank's gathered K/V for all layers does not fit at long S)
+    rows_b += [(f"re-{c} (K/V not kept across fwd/bwd)", t, sr, k) for c, t, sr, k in gather] + _comm_rows(x, bwd_tr)
+    bwd_tr.send_bytes += fwd_tr.send_bytes
+    bwd_tr.recv_bytes += fwd_tr.recv_bytes
+    bwd_tr.messages += fwd_tr.messages
     notes = ["head-tail (zigzag) layout balances the causal work; gather is not overlapped (Megatron all_gather)"]
     return LayerCost("mla", "allgather-kv", "zigzag", x.comm.link, _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(fwd_tr_b, rows_b, sum(r[1] for r in rows_b)), notes)
+                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
 
 
 def ulysses_mla_layer(x: LayerInputs) -> LayerCost:

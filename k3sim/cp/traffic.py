@@ -130,7 +130,7 @@ def layer_traffic(strategy: str, layer_kind: str, g: CPGeometry, seq_len: int, P
         kv = L * g.mla_kv_elems_per_token(mla_kv) * e
         fwd.add(Collective("send_recv", kv, count=P - 1, what=f"K/V block ({mla_kv}) per hop"), P)
         bwd.add(Collective("send_recv", kv, count=P - 1, what=f"K/V block ({mla_kv}) per hop"), P)
-        bwd.add(Collective("send_recv", kv, count=P - 1, what="dK/dV accumulator per hop"), P)
+        bwd.add(Collective("send_recv", kv, count=P, what="dK/dV accumulator per hop, last one home"), P)
     elif strategy == "allgather-kv":
         kv = L * g.mla_kv_elems_per_token(mla_kv) * e
         fwd.add(Collective("all_gather", kv, what=f"K/V ({mla_kv}) of every rank"), P)

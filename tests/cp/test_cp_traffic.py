@@ -53,7 +53,7 @@ def test_mla_ring_latent_vs_expanded():
     exp, _ = layer_traffic("ring", "mla", k3(), 32768, 8, mla_kv="expanded")
     assert lat.recv_bytes == 33_030_144 and lat.messages == 7
     assert exp.recv_bytes == 1_761_607_680
-    assert lat_b.recv_bytes == 2 * lat.recv_bytes       # K/V again plus dK/dV
+    assert lat_b.recv_bytes == (7 + 8) * 4096 * 1152    # K/V again (7 hops) plus dK/dV (8: the last goes home)
 
 
 def test_ulysses_kda_moves_q_k_v_gate_beta_and_o():
