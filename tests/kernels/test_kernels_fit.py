@@ -8,7 +8,7 @@ from conftest import COLL_POINTS, GEMM_POINTS, HBM_POINTS, TRUE_AB, TRUE_GEMM, T
 
 from k3sim.errors import InputError
 from k3sim.kernels.fit import FITTED_NAME, fit_profile, load_or_fit, read_fitted, write_fitted
-from k3sim.kernels.model import fit_alpha_beta
+from k3sim.kernels.model import RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS
 from k3sim.kernels.predict import clear_cache, predict_kernel_time, profile_predictor
 from k3sim.kernels.store import load_store
@@ -76,3 +76,16 @@ def test_corrupt_fitted_yaml(tmp_path):
     (tmp_path / FITTED_NAME).write_text("format: something-else\nops: {}\n")
     with pytest.raises(InputError, match="not a k3sim kernel fit"):
         read_fitted(tmp_path / FITTED_NAME)
+
+
+def test_efficiency_exponent_on_head_dim_is_recovered():
+    """SDPA's compute efficiency falls with head dim as a fitted power (a different kernel tile)."""
+    spec = OPS["sdpa_causal_fwd_bwd"]
+    rows = [dict(T=t, H=h, D=d) for d in (64, 128, 192) for h in (8, 32) for t in (2048, 8192, 32768, 65536)]
+    flop = np.array([spec.flop(r) for r in rows])
+    nbytes = np.array([spec.bytes(r) for r in rows])
+    feats = spec.features(rows)
+    true = RooflineFit(5e-5, 0.55, 1e10, 0.6, 0.8, 1e7, 0.7, 5.0, 1e15, 4e12, eff_exponents={"D": 0.9})
+    got = fit_roofline(flop, nbytes, true.seconds(flop, nbytes, feats), 1e15, 4e12, feats=feats, names=("D",))
+    assert got.eff_exponents["D"] == pytest.approx(0.9, abs=0.05)
+    assert got.eff_flop == pytest.approx(0.55, rel=0.05)

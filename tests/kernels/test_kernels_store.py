@@ -88,3 +88,15 @@ def test_csvs_without_provenance(tmp_path):
         load_store(tmp_path)
     with pytest.raises(InputError, match="no such"):
         load_store(tmp_path / "missing")
+
+
+def test_spread_and_warmup_flags(tmp_path):
+    run = write_run(tmp_path, "a", {})
+    (run / "hbm_copy.csv").write_text(
+        "bytes,seconds,seconds_p20,seconds_p80,reps,status,error\n"
+        "1048576,1e-5,0.9e-5,1.3e-5,5,ok,\n"       # cut to 5 reps although short: slow warm-up before it
+        "2097152,2e-5,1.9e-5,2.1e-5,25,ok,\n"
+        "4194304,4e-5,,,25,ok,\n")
+    pts = load_store(tmp_path).points("hbm_copy")
+    assert list(pts["warmup"]) == [True, False, False]
+    assert list(pts["spread"]) == pytest.approx([0.4, 0.1, 0.0])
