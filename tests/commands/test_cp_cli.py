@@ -60,6 +60,8 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     (["--seq-len", "65536", "--mla-strategy", "kcp"], "does not apply to MLA"),
     (["--seq-len", "65536", "--state-dtype", "fp8"], "bf16 or fp32"),
     (["--seq-len", "lots"], "not a token count"),
+    (["--seq-len", "65536", "--docs", "4", "--doc-mean-tokens", "1000"], "not both"),
+    (["--seq-len", "65536", "--tp", "5"], "does not divide"),
 ])
 def test_cp_bad_input_exits_2(cli, args, needle):
     proc = cli(*BASE, *args)
