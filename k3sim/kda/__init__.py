@@ -6,6 +6,7 @@ per-dim decay alpha [T, H, K] in (0, 1], beta [T, H]; states [H, K, V].
 """
 
 from k3sim.kda.affine import Affine, compose, fold
+from k3sim.kda.backward import kcp_state_grads, loss_with_injection, segment_backward_pair
 from k3sim.kda.chunkwise import kda_chunkwise, segment_transition
 from k3sim.kda.conv import short_conv, short_conv_cp
 from k3sim.kda.kcp import KCPResult, kcp_forward, rank_contexts
@@ -14,4 +15,5 @@ from k3sim.kda.recurrence import kda_naive
 __all__ = [
     "Affine", "compose", "fold", "kda_naive", "kda_chunkwise", "segment_transition",
     "short_conv", "short_conv_cp", "KCPResult", "kcp_forward", "rank_contexts",
+    "kcp_state_grads", "loss_with_injection", "segment_backward_pair",
 ]
