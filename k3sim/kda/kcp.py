@@ -31,12 +31,14 @@ class RankContext:
     pre_num_conv_tokens: int           # tokens of the first local document before this rank
 
 
-def rank_contexts(cu_seqlens, total: int, P: int, conv_kernel: int = 4) -> list[RankContext]:
-    """Split T tokens into P contiguous parts and clip the document boundaries to each."""
+def rank_contexts(cu_seqlens, total: int, P: int, conv_kernel: int | None = None) -> list[RankContext]:
+    """Split T tokens into P contiguous parts and clip the document boundaries to each.
+
+    With a conv kernel W, every part must hold the W-1 halo rows its successor needs (fla's check)."""
     if P < 1 or total % P:
         raise ValueError(f"{P} ranks do not divide {total} tokens")
     part = total // P
-    if P > 1 and part < conv_kernel - 1:
+    if conv_kernel and P > 1 and part < conv_kernel - 1:
         raise ValueError(f"part length {part} is shorter than the conv halo {conv_kernel - 1}")
     cu = doc_bounds(cu_seqlens, total)
     out = []

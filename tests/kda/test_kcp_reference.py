@@ -135,3 +135,9 @@ def test_identity_pair_leaves_state():
 def test_rank_split_must_divide():
     with pytest.raises(ValueError):
         rank_contexts([0, 10], 10, 3)
+
+
+def test_conv_halo_needs_w_minus_1_rows_per_rank():
+    x = np.zeros((8, 2))
+    with pytest.raises(ValueError, match="halo"):
+        short_conv_cp(x, np.ones((2, 4)), [0, 8], 4)    # parts of 2 rows < W - 1 = 3
