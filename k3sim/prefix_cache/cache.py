@@ -108,8 +108,7 @@ class HybridPrefixCache:
         pages = self.pool.allocate_n(KDA, self.k)
         self.slot_pages[sid] = pages
         self.slot_ckpt[sid] = ckpt
-        for p in pages:
-            self.page_slot[p] = sid
+        self.page_slot[pages[0]] = sid  # only a unit's first page can be evicted
         if ckpt is not None:
             self.ckpt_pages += self.k
             if self.ckpt_pages > self.stats.checkpoint_pages_peak:
@@ -117,8 +116,7 @@ class HybridPrefixCache:
         return sid
 
     def _forget_slot(self, sid: int) -> None:
-        for p in self.slot_pages.pop(sid):
-            del self.page_slot[p]
+        del self.page_slot[self.slot_pages.pop(sid)[0]]
         if self.slot_ckpt.pop(sid) is not None:
             self.ckpt_pages -= self.k
 
@@ -157,8 +155,7 @@ class HybridPrefixCache:
             return
         sid = self.page_slot[page]
         ck = self.slot_ckpt[sid]
-        self.pool.uncache_n(self.slot_pages[sid])  # the evicted page itself already left the LRU
-        self._forget_slot(sid)
+        self._forget_slot(sid)  # the pool already moved the slot's other pages to the empty end
         if ck is None:  # private state is never in the LRU
             raise AssertionError("private KDA state evicted")
         self.stats.checkpoints_evicted += 1
@@ -459,3 +456,5 @@ class HybridPrefixCache:
         ), "checkpoint page count drifted"
         for p in pool.empty:
             assert p not in self.page_keys and p not in self.page_slot, f"empty page {p} still holds content"
+        for sid, pages in self.slot_pages.items():
+            assert self.page_slot[pages[0]] == sid and (len(pages) == 1 or pool.unit[pages[0]] is pages)

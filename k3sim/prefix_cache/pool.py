@@ -3,7 +3,10 @@
 The free list has two ends (as in vLLM's free block queue, docs/design/prefix_caching.md): pages holding nothing
 are handed out first; free pages that still hold cached content sit behind them in LRU order and are evicted
 (their index entries dropped through `on_evict`) only when no empty page is left. Unbounded pools grow instead.
-Plain lists and ints: this is the simulator's hot path.
+
+A KDA state slot of several pages is one *unit*: its pages are pinned, freed, cached and evicted together, so
+only its first page stands in the LRU (the others are "parked" behind it). Plain lists and ints: this is the
+simulator's hot path.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ class BlockPool:
         self.kind: list[int] = []
         self.generation: list[int] = []  # bumped on every allocation: detects a hit whose page was reused
         self.empty: list[int] = []
-        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.lru: OrderedDict[int, None] = OrderedDict()  # free cached pages (units: first page only), oldest first
+        self.unit: dict[int, list[int]] = {}  # first page -> all pages of a multi-page unit
+        self.parked = 0  # free cached pages standing behind their unit's first page
         self.reserved = 0  # pages promised to admitted requests, not yet allocated
         self.on_evict: Callable[[int], None] = lambda page: None
         self.evictions = 0
@@ -38,7 +43,7 @@ class BlockPool:
     def num_free(self) -> int:
         """Pages an allocation could obtain now (empty + evictable + never created)."""
         grow = (self.capacity - len(self.refcount)) if self.capacity is not None else 1 << 60
-        return len(self.empty) + len(self.lru) + grow
+        return len(self.empty) + len(self.lru) + self.parked + grow
 
     def available(self) -> int:
         return self.num_free() - self.reserved
@@ -53,8 +58,16 @@ class BlockPool:
             self.generation.append(0)
         elif self.lru:
             page, _ = self.lru.popitem(last=False)
-            self.evictions += 1
-            self.evictions_by_kind[self.kind[page]] += 1
+            k = self.kind[page]
+            members = self.unit.pop(page, None)
+            if members is not None:  # the rest of the unit becomes empty
+                rest = members[1:]
+                self.parked -= len(rest)
+                for p in rest:
+                    self.kind[p] = FREE
+                self.empty.extend(rest)
+            self.evictions += 1 if members is None else len(members)
+            self.evictions_by_kind[k] += 1 if members is None else len(members)
             self.on_evict(page)
         else:
             raise PoolExhausted("no free page")
@@ -64,8 +77,8 @@ class BlockPool:
         return page
 
     def allocate_n(self, kind: int, n: int) -> list[int]:
-        """n pages at once (a KDA state slot): empty pages in bulk, then one `allocate` (which may evict and so
-        refill the empty end) at a time."""
+        """A unit of n pages (a KDA state slot): empty pages in bulk, growth in bulk, then one `allocate` (which
+        may evict and so refill the empty end) at a time."""
         empty, rc, kd, gen = self.empty, self.refcount, self.kind, self.generation
         out: list[int] = []
         while len(out) < n:
@@ -88,37 +101,43 @@ class BlockPool:
                 out.extend(range(first, first + grow))
             else:
                 out.append(self.allocate(kind))
+        if n > 1:
+            self.unit[out[0]] = out
         return out
 
     def incref_n(self, pages: list[int]) -> None:
-        rc, lru = self.refcount, self.lru
+        rc = self.refcount
+        if rc[pages[0]] == 0:
+            del self.lru[pages[0]]  # the unit leaves the free list
+            self.parked -= len(pages) - 1
         for p in pages:
-            if rc[p] == 0:
-                del lru[p]
             rc[p] += 1
 
     def decref_n(self, pages: list[int], cached: bool) -> None:
         rc = self.refcount
         for p in pages:
             rc[p] -= 1
-        if rc[pages[0]] == 0:  # a slot's pages always share one refcount
+        if rc[pages[0]] == 0:  # a unit's pages always share one refcount
             if cached:
-                lru = self.lru
-                for p in pages:
-                    lru[p] = None
+                self.lru[pages[0]] = None
+                self.parked += len(pages) - 1
             else:
-                kd = self.kind
-                for p in pages:
-                    kd[p] = FREE
-                self.empty.extend(pages)
+                self._to_empty(pages)
 
     def uncache_n(self, pages: list[int]) -> None:
-        lru, kd, empty = self.lru, self.kind, self.empty
+        """A free cached unit lost its cache entry: all its pages go to the empty end."""
+        if pages[0] in self.lru:
+            del self.lru[pages[0]]
+            self.parked -= len(pages) - 1
+            self._to_empty(pages)
+
+    def _to_empty(self, pages: list[int]) -> None:
+        kd = self.kind
         for p in pages:
-            if p in lru:
-                del lru[p]
-                kd[p] = FREE
-                empty.append(p)
+            kd[p] = FREE
+        self.empty.extend(pages)
+        if len(pages) > 1:
+            del self.unit[pages[0]]
 
     def incref(self, page: int) -> None:
         if self.refcount[page] == 0:
@@ -144,16 +163,26 @@ class BlockPool:
             self.empty.append(page)
 
     def check(self) -> None:
-        """Invariants: refcounts >= 0; free <=> refcount 0; no page both free and referenced; conservation."""
+        """Invariants: refcounts >= 0; free <=> refcount 0; no page both free and referenced; conservation;
+        a unit's pages share one refcount and only its first page stands in the LRU."""
         n = len(self.refcount)
+        rcs = self.refcount
         free = set(self.empty)
         assert len(free) == len(self.empty), "page twice in the empty list"
         assert not (free & self.lru.keys()), "page both empty and in the LRU"
+        parked = 0
+        for head, pages in self.unit.items():
+            assert pages[0] == head and all(rcs[p] == rcs[head] for p in pages), f"unit {head} split"
+            if head in self.lru:
+                parked += len(pages) - 1
+                assert not (free & set(pages[1:])), "parked page also empty"
+                free |= set(pages[1:])
+        assert parked == self.parked, "parked count drifted"
         free |= self.lru.keys()
         for p in range(n):
-            rc = self.refcount[p]
+            rc = rcs[p]
             assert rc >= 0, f"negative refcount on page {p}"
             assert (rc == 0) == (p in free), f"page {p}: refcount {rc} but free={p in free}"
         assert self.capacity is None or n <= self.capacity, "pool grew past its capacity"
-        assert len(free) + sum(1 for rc in self.refcount if rc > 0) == n, "pages not conserved"
+        assert len(free) + sum(1 for rc in rcs if rc > 0) == n, "pages not conserved"
         assert self.reserved >= 0, "negative reservation"

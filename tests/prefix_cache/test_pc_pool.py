@@ -34,10 +34,26 @@ def test_bulk_allocation_matches_single_and_grows_unbounded():
     pages = pool.allocate_n(KDA, 5)
     assert pages == [0, 1, 2, 3, 4] and all(pool.refcount[p] == 1 for p in pages)
     pool.decref_n(pages, cached=True)
-    assert list(pool.lru) == pages
-    pool.uncache_n(pages)
-    assert sorted(pool.empty) == pages
+    assert list(pool.lru) == [0] and pool.parked == 4  # one LRU entry per unit
     pool.check()
+    pool.uncache_n(pages)
+    assert sorted(pool.empty) == pages and pool.parked == 0
+    pool.check()
+
+
+def test_evicting_a_unit_frees_all_its_pages():
+    pool = BlockPool(6)
+    evicted = []
+    pool.on_evict = evicted.append
+    unit = pool.allocate_n(KDA, 3)
+    pool.decref_n(unit, cached=True)
+    others = [pool.allocate(MLA) for _ in range(3)]  # grows to capacity
+    assert evicted == [] and pool.num_free() == 3
+    p = pool.allocate(MLA)  # nothing empty, nothing to grow: the unit is evicted as a whole
+    assert evicted == [unit[0]] and p == unit[0] and sorted(pool.empty) == sorted(unit[1:])
+    assert pool.evictions == 3 and pool.evictions_by_kind[KDA] == 3
+    pool.check()
+    assert others
 
 
 def test_check_catches_a_page_both_free_and_referenced():
