@@ -43,7 +43,9 @@ def facts(g: CPGeometry) -> dict:
     return out
 
 
-def plot_intra(rows: list[dict], path: Path, title: str) -> None:
+def plot_intra(rows: list[dict], path: Path, title: str, measured: dict | None = None) -> None:
+    """GPU fraction and ns/token per form and TP; `measured` {heads: seconds per token} marks fla's
+    measured chunk_kda (the naive form) at the same length."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,6 +60,11 @@ def plot_intra(rows: list[dict], path: Path, title: str) -> None:
         xs = [j + i * w for j in range(len(tps))]
         axes[0].bar(xs, [r["gpu_fraction"] for r in sel], w, label=f)
         axes[1].bar(xs, [r["seconds_per_token"] * 1e9 for r in sel], w, label=f)
+    if measured:
+        pts = [(j, measured[rows[0]["heads_per_rank"] * rows[0]["tp"] // tp]) for j, tp in enumerate(tps)
+               if rows[0]["heads_per_rank"] * rows[0]["tp"] // tp in measured]
+        axes[1].plot([j for j, _ in pts], [v * 1e9 for _, v in pts], "k_", ms=22, mew=3,
+                     label="measured fla chunk_kda (naive)")
     for ax in axes:
         ax.set_xticks([j + w for j in range(len(tps))])
         ax.set_xticklabels([f"TP={tp}\n{rows[0]['heads_per_rank'] * rows[0]['tp'] // tp} heads" for tp in tps])
@@ -174,8 +181,9 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
     params = fitted or ID.IntraParams.from_hardware(hw)
     intra = [r for T in (32768, 131072, 1048576) for r in ID.table(g.kda_heads, [1, 2, 4, 8], T, params)]
     _csv(out / "intra_device.csv", intra)
+    meas = None if not check else {r["H"]: r["measured_s"] / r["T"] for r in check["rows"] if r["T"] == 131072}
     plot_intra([r for r in intra if r["T"] == 131072], out / "intra_device.png",
-               f"{g.name}: one KDA layer, 128K-token prefill on one {hw.name} ({params.source})")
+               f"{g.name}: one KDA layer, 128K-token prefill on one {hw.name} ({params.source})", meas)
     files["intra_device"] = str(out / "intra_device.png")
     if check:
         _csv(out / "intra_device_validation.csv", check["rows"])
