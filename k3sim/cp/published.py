@@ -37,9 +37,21 @@ def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: fl
     x = layer_inputs(g, hardware, S, P, state_dtype=SETTING["state_dtype"], clock=clock, conv_halo=False,
                      bandwidth_override=bandwidth_override, intra=intra)
     kcp, a2a = kcp_layer(x), ulysses_kda_layer(x)
+    k0 = x.kcp_pre_factor
+    x.kcp_pre_factor = 0.0
+    bare = kcp_layer(x)                     # KCP time is linear in the pre-process factor
+    x.kcp_pre_factor = k0
     f1, src = clock("chunk_kda_fwd", T=S, H=H)
     fb1, _ = clock("chunk_kda_fwd_bwd", T=S, H=H)
     out = {"label": label or str(getattr(hardware, "name", hardware)), "kernel_source": src}
+    # the pre-process factor that would reproduce the seed's 76 % / 86 %, read as KCP rates or as
+    # speed-ups over all-to-all (1.76x / 1.86x); a negative value means no cost can reproduce it
+    for phase, single, t_k, t_0, t_a, pct in (
+            ("fwd", f1, kcp.fwd.time_s, bare.fwd.time_s, a2a.fwd.time_s, SEED_KDA["fwd_pct"]),
+            ("fwd_bwd", fb1, kcp.time_s, bare.time_s, a2a.time_s, SEED_KDA["fwd_bwd_pct"])):
+        slope = (t_k - t_0) / k0
+        out[f"pre_factor_for_seed_{phase}_rate"] = (single / P / (pct / 100) - t_0) / slope
+        out[f"pre_factor_for_seed_{phase}_speedup"] = (t_a / (1 + pct / 100) - t_0) / slope
     for phase, single, tk, ta in (("fwd", f1, kcp.fwd.time_s, a2a.fwd.time_s),
                                   ("fwd_bwd", fb1, kcp.time_s, a2a.time_s)):
         out[phase] = {"no_cp_s": single, "kcp_s": tk, "a2a_s": ta,

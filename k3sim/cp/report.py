@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from k3sim.cp import intra_device as ID
+from k3sim.cp.flops import kcp_preprocess_factor
 from k3sim.cp.geometry import CPGeometry
 from k3sim.cp.sweep import crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, sweep, winners
 from k3sim.cp.traffic import layer_traffic, ring_kv_recv_bytes_per_rank
@@ -254,6 +255,13 @@ def summary_md(g: CPGeometry, hw: Any, res: dict, intra: list[dict], kcp: dict |
         L.append(f"| model, KDA, {p['label']} ({p['kernel_source']}) | {f['kcp_rate_pct']:.1f}% | "
                  f"{f['a2a_rate_pct']:.1f}% | {f['a2a_over_kcp_time']:.2f}x | {fb['kcp_rate_pct']:.1f}% | "
                  f"{fb['a2a_rate_pct']:.1f}% | {fb['a2a_over_kcp_time']:.2f}x |")
+    L += ["", "KCP pre-process factor (x a local forward) that would reproduce the seed's 76 % / 86 % "
+          "(negative: no cost can):", "", "| prediction | as KCP rates | as speed-ups over all-to-all |", "|---|---|---|"]
+    L += [f"| {p['label']} | {p['pre_factor_for_seed_fwd_rate']:.2f} / {p['pre_factor_for_seed_fwd_bwd_rate']:.2f} | "
+          f"{p['pre_factor_for_seed_fwd_speedup']:.2f} / {p['pre_factor_for_seed_fwd_bwd_speedup']:.2f} |"
+          for p in pub["predicted_kda"]]
+    L += ["", f"Model default {kcp_preprocess_factor():.2f}; measured KCP implies "
+          + (f"{kcp['implied_pre_factor_median']:.2f}." if kcp and kcp["implied_pre_factor_median"] else "n/a.")]
     L += ["", f"## Intra-device forms, one KDA layer, {g.kda_heads} heads / TP ({res['intra_device_params']['source']})",
           "", "| T | TP | heads/rank | form | time | ns/token | GPU-ns/token (x TP) | GPU fraction | segments |",
           "|---|---|---|---|---|---|---|---|---|"]
