@@ -29,13 +29,13 @@ PUBLISHED_GDN = {  # PR #691, GDN block, milliseconds and rates as printed
 
 
 def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: float | None = None,
-                      label: str = "", intra: Any = None) -> dict:
+                      label: str = "", intra: Any = None, kcp_pre_factor: float | None = None) -> dict:
     """Model's no-CP, KCP and all-to-all times for PR #691's setting, as rates and ratios."""
     S, P, H = SETTING["seq_len"], SETTING["cp"], SETTING["heads"]
     g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name="pr691-kda-64h")
     clock = KernelClock(hardware, kernel_time or default_kernel_time())
     x = layer_inputs(g, hardware, S, P, state_dtype=SETTING["state_dtype"], clock=clock, conv_halo=False,
-                     bandwidth_override=bandwidth_override, intra=intra)
+                     bandwidth_override=bandwidth_override, intra=intra, kcp_pre_factor=kcp_pre_factor)
     kcp, a2a = kcp_layer(x), ulysses_kda_layer(x)
     k0 = x.kcp_pre_factor
     x.kcp_pre_factor = 0.0

@@ -116,3 +116,11 @@ def test_document_distribution_shrinks_fold_and_masked_work():
     assert rows(many.kda.fwd)["fold"] < rows(one.kda.fwd)["fold"]
     assert many.mla.fwd.compute_s < 0.1 * one.mla.fwd.compute_s
     assert many.kda_layer_recv_bytes_per_rank == one.kda_layer_recv_bytes_per_rank
+
+
+def test_seed_rate_solve_round_trips():
+    """Feeding back the solved pre-process factor reproduces the seed's 76 % forward rate."""
+    p = predict_published(hw(scaleup=2e11), kernel_time=fake_kernel_time)
+    k = p["pre_factor_for_seed_fwd_rate"]
+    again = predict_published(hw(scaleup=2e11), kernel_time=fake_kernel_time, kcp_pre_factor=k)
+    assert again["fwd"]["kcp_rate_pct"] == pytest.approx(76.0, rel=1e-9)
