@@ -20,6 +20,7 @@ from k3sim.errors import InputError
 from k3sim.kernels.hardware import peak_flops
 from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS, OpSpec
+from k3sim.kernels.points import SIGMA_FLOOR, point_sigma, work
 
 FITTED_NAME = "fitted.yaml"
 WEIGHTED_FIT = False
@@ -46,18 +47,8 @@ class FittedProfile:
     ops: dict[str, OpFit]
 
 
-def work(spec: OpSpec, points) -> tuple[np.ndarray, np.ndarray]:
-    """FLOP and minimal bytes (wire bytes for collectives) of every row of `points`."""
-    rows = points[list(spec.params)].to_dict("records")
-    flop = np.array([spec.flop(r) for r in rows], float)
-    nbytes = np.array([spec.bytes(r) for r in rows], float)
-    return flop, nbytes
-
-
 def fit_weights(points) -> np.ndarray:
-    """1 for a repeatable shape, less for one whose repetitions scatter (see predict.point_sigma)."""
-    from k3sim.kernels.predict import SIGMA_FLOOR, point_sigma
-
+    """1 for a repeatable shape, less for one whose repetitions scatter (see points.point_sigma)."""
     spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
     return SIGMA_FLOOR / point_sigma(spread) if WEIGHTED_FIT else np.ones(len(points))
 

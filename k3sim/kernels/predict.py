@@ -1,7 +1,7 @@
 """`predict_kernel_time`: how long kernel X with shape Y takes on hardware Z, and where that comes from.
 
 Sources, best first:
-- "measured": the shape was measured (median over runs);
+- "measured": the shape was measured (median of its repetitions, latest run that measured it);
 - "interpolated": inside the measured range; the fitted model times the interpolated residual
   (see `interp.py`);
 - "model": outside the measured range; the fitted model (roofline with fitted efficiency, latency and
@@ -23,6 +23,7 @@ import numpy as np
 from k3sim.kernels.hardware import link_bandwidth, load_profile, measured_dir, peak_flops
 from k3sim.kernels.interp import ResidualGrid
 from k3sim.kernels.ops import OpSpec, get_op, validate_params
+from k3sim.kernels.points import PointSet
 
 EXTRAPOLATION = "hold"  # "hold": boundary residual kept outside the range; "model": pure fitted model
 
@@ -52,52 +53,6 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
         how = f"max(FLOP / peak {spec.dtype}, bytes / HBM bandwidth) = {'compute' if tc >= tm else 'memory'} bound"
     return KernelTime(float(t), "datasheet-roofline",
                       f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
-
-
-WARMUP_SIGMA = 0.25  # relative uncertainty given to a row measured right after a compile (store.points)
-SIGMA_FLOOR = 0.02  # relative: run-to-run drift a tight p20-p80 spread does not show (clocks, another GPU)
-
-
-def point_sigma(spread: np.ndarray) -> np.ndarray:
-    """Relative uncertainty of a measured time from its repetitions' p20-p80 spread (p20-p80 of a normal
-    spans 1.68 sigma), with a floor. Launch-bound shapes (tens of microseconds, CPU jitter) come out
-    noisy and count less in fits and interpolation than repeatable ones."""
-    return np.sqrt((np.asarray(spread, float) / 1.68) ** 2 + SIGMA_FLOOR ** 2)
-
-
-@dataclass
-class PointSet:
-    """Measured shapes of one op as arrays: params (n x d ints, in OpSpec order), median seconds, row
-    counts, run ids, FLOP and bytes."""
-
-    params: np.ndarray
-    seconds: np.ndarray
-    rows: np.ndarray
-    runs: list[str]
-    flop: np.ndarray
-    nbytes: np.ndarray
-    sigma: np.ndarray  # relative uncertainty of each median (from its p20-p80 spread), for weighting
-    feats: np.ndarray  # n x k efficiency features (OpSpec.features)
-
-    @classmethod
-    def from_points(cls, spec: OpSpec, points) -> "PointSet":
-        from k3sim.kernels.fit import work
-
-        flop, nbytes = work(spec, points)
-        spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
-        sigma = point_sigma(spread)
-        if "warmup" in points:
-            sigma = np.where(points["warmup"].to_numpy(bool), np.maximum(sigma, WARMUP_SIGMA), sigma)
-        return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
-                   points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
-                   [str(r) for r in points["runs"]], flop, nbytes, sigma,
-                   spec.features(points[list(spec.params)].to_dict("records")))
-
-    def without(self, i: int) -> "PointSet":
-        m = np.ones(len(self.seconds), bool)
-        m[i] = False
-        return PointSet(self.params[m], self.seconds[m], self.rows[m], [r for j, r in enumerate(self.runs) if j != i],
-                        self.flop[m], self.nbytes[m], self.sigma[m], self.feats[m])
 
 
 class OpPredictor:

@@ -27,7 +27,7 @@ def _refit(spec, pts, full_fit):
     from k3sim.kernels.fit import OpFit
     from k3sim.kernels.model import RooflineFit, fit_alpha_beta, levenberg_marquardt, roofline_residual
     from k3sim.kernels.fit import WEIGHTED_FIT
-    from k3sim.kernels.predict import SIGMA_FLOOR
+    from k3sim.kernels.points import SIGMA_FLOOR
 
     out = OpFit(op=spec.name, points_used=len(pts.seconds))
     w = SIGMA_FLOOR / pts.sigma if WEIGHTED_FIT else np.ones(len(pts.sigma))
@@ -53,7 +53,8 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
     import pandas as pd
 
     from k3sim.kernels.fit import fit_profile
-    from k3sim.kernels.predict import EXTRAPOLATION, OpPredictor, PointSet
+    from k3sim.kernels.points import PointSet
+    from k3sim.kernels.predict import EXTRAPOLATION, OpPredictor
 
     extrapolation = extrapolation or EXTRAPOLATION
     fitted = fitted or fit_profile(store, hw)
