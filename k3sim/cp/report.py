@@ -10,7 +10,8 @@ from typing import Any
 from k3sim.cp import intra_device as ID
 from k3sim.cp.flops import kcp_preprocess_factor
 from k3sim.cp.geometry import CPGeometry
-from k3sim.cp.sweep import crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, sweep, winners
+from k3sim.cp.sweep import (crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, plot_step, step_times, sweep,
+                             winners)
 from k3sim.cp.traffic import layer_traffic, ring_kv_recv_bytes_per_rank
 
 MIB = 2 ** 20
@@ -178,6 +179,10 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
             cross += crossovers(rows, P, layer)
     _csv(out / "crossovers.csv", cross)
     files["crossovers"] = str(out / "crossovers.csv")
+    step_ps = [P for P in dict.fromkeys(focus) if P in cps]
+    plot_step(rows, g, step_ps, out / "step_time.png")
+    files["step_time"] = str(out / "step_time.png")
+    steps = {P: step_times(rows, g, P) for P in step_ps}
 
     params = fitted or ID.IntraParams.from_hardware(hw)
     intra = [r for T in (32768, 131072, 1048576) for r in ID.table(g.kda_heads, [1, 2, 4, 8], T, params)]
@@ -204,6 +209,7 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
 
     fx = facts(g)
     result = {"facts": fx, "winners": win, "crossovers": cross, "published": pub, "files": files,
+              "step_attention_time_s": {str(P): {k: dict(v) for k, v in st.items()} for P, st in steps.items()},
               "intra_device_params": vars(params),
               "intra_device_fit": None if not check else {k: check[k] for k in ("fit", "leave_head_out_mape",
                                                                                "leave_head_out_max")},
@@ -236,6 +242,12 @@ def summary_md(g: CPGeometry, hw: Any, res: dict, intra: list[dict], kcp: dict |
          f"## Fastest strategy per layer kind and where it changes (P = {P})", "",
          "| layer | fastest | from S |", "|---|---|---|"]
     L += [f"| {w['layer']} | {w['fastest']} | {w['from_seq_len']:,} |" for w in res["winners"] if w["cp"] == P]
+    for Pst, st in res["step_attention_time_s"].items():
+        names = list(st)
+        lens = sorted({s for v in st.values() for s in v})
+        L += ["", f"## Step attention time at P = {Pst} (all layers, fwd + bwd, one sequence, seconds)", "",
+              "| S | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        L += [f"| {S:,} | " + " | ".join(f"{st[n][S]:.3g}" if S in st[n] else "-" for n in names) + " |" for S in lens]
     L += ["", f"## Pairwise time crossovers at P = {P}", "", "| layer | a | b | S | faster above |",
           "|---|---|---|---|---|"]
     L += [f"| {c['layer']} | {c['a']} | {c['b']} | {c['seq_len']:,.0f} | {c['faster_above']} |"

@@ -140,3 +140,50 @@ def winners(rows: list[dict], P: int, layer: str, tie: float = 0.02) -> list[dic
             out.append({"layer": layer, "cp": P, "from_seq_len": S, "fastest": name, "time_s": best["time_s"]})
             prev = name
     return out
+
+
+STEP_COMBOS = [("kcp", "allgather-kv", "latent"), ("kcp", "zigzag-ring", "latent"), ("kcp", "zigzag-ring", "expanded"),
+               ("kcp", "ring", "latent"), ("ulysses", "ulysses", "expanded"), ("ulysses", "zigzag-ring", "latent")]
+
+
+def step_times(rows: list[dict], g: CPGeometry, P: int) -> dict[str, list[tuple[int, float]]]:
+    """Attention time of one step (all KDA + MLA layers, fwd + bwd, one sequence) per strategy combination."""
+    idx = {(r["seq_len"], r["layer"], r["strategy"], r["mla_kv"]): r["time_s"] for r in rows
+           if r["cp"] == P and not r["skipped"]}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for kda, mla, kv in STEP_COMBOS:
+        name = f"KDA {kda} + MLA {mla}" + (f" ({kv})" if mla != "ulysses" else "")
+        for S in sorted({r["seq_len"] for r in rows}):
+            a, b = idx.get((S, "kda", kda, "-")), idx.get((S, "mla", mla, kv))
+            if a is not None and b is not None:
+                out.setdefault(name, []).append((S, g.num_kda_layers * a + g.num_mla_layers * b))
+    return out
+
+
+def plot_step(rows: list[dict], g: CPGeometry, cps: list[int], path: Path) -> Path:
+    """Step attention time vs S per combination, one panel per P, relative to the default combination."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cps), figsize=(6 * len(cps), 4.5), squeeze=False)
+    for ax, P in zip(axes[0], cps):
+        series = step_times(rows, g, P)
+        ref = dict(series.get("KDA kcp + MLA allgather-kv (latent)", []))
+        for name, pts in series.items():
+            pts = [(s, t / ref[s]) for s, t in pts if s in ref]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"P = {P}: step attention time / default (kcp + allgather-kv latent)")
+        ax.set_xlabel("sequence length S (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("time relative to the default")
+    fig.suptitle(f"{g.name}: {g.num_kda_layers} KDA + {g.num_mla_layers} MLA layers, forward + backward, one sequence")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

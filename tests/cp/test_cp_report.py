@@ -25,7 +25,7 @@ def test_report_with_measured_data(tmp_path):
                          calibration_dir=str(tmp_path / "measured"))
     out = tmp_path / "rep"
     res = write_report(k3(), hw, [8192, 32768], [4, 8, 16], out, kernel_time=fake_kernel_time)
-    for f in ("crossover.png", "crossover_p16.png", "intra_device.png", "intra_device_fit.png", "kcp_validation.png",
+    for f in ("crossover.png", "crossover_p16.png", "step_time.png", "intra_device.png", "intra_device_fit.png", "kcp_validation.png",
               "summary.md", "sweep.csv"):
         assert (out / f).stat().st_size > 0, f
     assert res["intra_device_fit"]["fit"]["mape"] < 1e-6
