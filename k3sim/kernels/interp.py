@@ -107,9 +107,9 @@ class ResidualGrid:
         return total, "multilinear"
 
     def _lines(self, q):
-        """Every estimate the lines through q offer (bracketed interpolation; the nearest point held,
-        below and above), combined by inverse variance: noise of the points used plus drift allowed by
-        the residual's roughness along that axis."""
+        """Every estimate the lines through q offer (bracketed interpolation; each point of the line
+        held), combined by inverse variance: noise of the points used plus drift allowed by the
+        residual's roughness along that axis over the distance bridged."""
         same = np.abs(self.X - q) < _TOL
         vals, weights, bracketed = [], [], False
         for j in range(self.X.shape[1]):
@@ -127,8 +127,8 @@ class ResidualGrid:
                 weights.append(1.0 / (((1 - w) * ss[a]) ** 2 + (w * ss[b]) ** 2
                                       + (INTERP_DRIFT * (xs[b] - xs[a]) * rough) ** 2))
                 bracketed = True
-            for i in (a, b):
-                if i is not None:
+            for i in range(len(xs)):
+                if abs(xs[i] - q[j]) > _TOL:
                     vals.append(zs[i])
                     weights.append(1.0 / ((abs(xs[i] - q[j]) * rough) ** 2 + ss[i] ** 2))
         if not vals:
