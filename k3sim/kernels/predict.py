@@ -123,6 +123,14 @@ class OpPredictor:
                               f"{self.fit_note}")
         if grid is None:
             why = ", ".join(f"{c}={v}" for c, v in zip(self.spec.categorical, g)) + " not measured"
+            if extrapolation == "hold" and self.groups:
+                # the nearest measured GPU count's residual at this shape: the same kernels and protocol
+                near = min(self.groups, key=lambda h: (sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(h, g)), h))
+                ng = self.groups[near]
+                r, method = ng(ng.clip(q))
+                held = ", ".join(f"{c}={v}" for c, v in zip(self.spec.categorical, near))
+                return KernelTime(base * math.exp(r), "model",
+                                  f"{note} ({why}), residual of {held} held ({method}); {self.fit_note}")
             return KernelTime(base, "model", f"{note} ({why}); {self.fit_note}")
         outside = [f"{n}={p[n]}" for n, x, lo, hi in zip([n for n in self.spec.params if n not in self.spec.categorical],
                                                             q, grid.lo, grid.hi) if x < lo - 1e-9 or x > hi + 1e-9]
