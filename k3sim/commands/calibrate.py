@@ -93,15 +93,16 @@ def register(app: typer.Typer) -> None:
         refit: bool = typer.Option(True, "--refit/--no-refit", help="Refit the model without each left-out point."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Leave-one-out error per kernel family (MAPE, max, count); writes validation.md and CSVs."""
+        """Leave-one-out error per kernel family (MAPE, max, count), and leave-shape-out per op;
+        writes validation.md and CSVs."""
         from k3sim.kernels.validate import validate_profile, write_report
         from k3sim.output import print_json, print_table
 
         hw, _ = _measured_dir(hardware)
-        loo, summary, meta = validate_profile(hw, refit=refit)
-        paths = write_report(loo, summary, out, meta)
+        loo, summary, meta, shapes = validate_profile(hw, refit=refit)
+        paths = write_report(loo, summary, out, meta, shapes)
         if as_json:
-            print_json({**meta, "files": [str(p) for p in paths], "summary": summary})
+            print_json({**meta, "files": [str(p) for p in paths], "summary": summary, "leave_shape_out": shapes})
             return
         rows = [[r.family if r.level == "family" else "", r.op, r.count, f"{100 * r.mape:.2f} %",
                  f"{100 * r.max_abs_err:.1f} %", r.interpolated, f"{100 * r.goal_mape:.0f} %",

@@ -41,6 +41,7 @@ class OpSpec:
     categorical: tuple[str, ...] = ()
     check: Callable[[Params], str | None] = field(default=lambda p: None)
     eff_params: dict[str, float] = field(default_factory=dict)  # param -> reference value, see features()
+    shape_params: tuple[str, ...] = ()  # what names a layer shape (GEMM's N, K): leave-shape-out validation
 
     def features(self, rows: list[Params]):
         """n x k log2(param / reference) of `eff_params`: the fitted model's efficiency exponents act on these."""
@@ -192,20 +193,21 @@ def _collective(name: str) -> OpSpec:
 
 
 OPS: dict[str, OpSpec] = {s.name: s for s in [
-    OpSpec("gemm_bf16", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_bytes),
+    OpSpec("gemm_bf16", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_bytes, shape_params=("N", "K")),
     OpSpec("gemm_fp8", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop,
-           lambda p: gemm_bytes(p, in_bytes=1, out_bytes=BF16), dtype="fp8"),
+           lambda p: gemm_bytes(p, in_bytes=1, out_bytes=BF16), dtype="fp8", shape_params=("N", "K")),
     OpSpec("hbm_copy", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: 2.0 * p["bytes"]),
     OpSpec("hbm_read", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: float(p["bytes"])),
     OpSpec("moe_grouped_bf16", "moe", ("B", "E", "K", "N", "topk"),
            {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)},
-           moe_flop, moe_bytes, check=_topk_le_e),
+           moe_flop, moe_bytes, check=_topk_le_e, shape_params=("E", "K", "N", "topk")),
     OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
-           chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"])),
+           chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"]), shape_params=("H",)),
     OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
-           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p), lambda p: kda_fwd_bwd_bytes(p["T"], p["H"])),
+           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p), lambda p: kda_fwd_bwd_bytes(p["T"], p["H"]),
+           shape_params=("H",)),
     OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"), {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096)},
-           recurrent_flop, recurrent_bytes),
+           recurrent_flop, recurrent_bytes, shape_params=("H",)),
     OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
            {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
            kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check),
@@ -214,10 +216,11 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
            categorical=("gpus",), check=_cp_check),
     OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
-           sdpa_flop, sdpa_bytes, eff_params={"D": 128}),
+           sdpa_flop, sdpa_bytes, eff_params={"D": 128}, shape_params=("H", "D")),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
            {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
-           lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128}),
+           lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128},
+           shape_params=("H", "D")),
     *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
 ]}
 

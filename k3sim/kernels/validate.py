@@ -84,6 +84,44 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
                                        "rel_err", "model_s", "model_rel_err", "spread"])
 
 
+def leave_shape_out(store, hw: Any, *, ops: list[str] | None = None):
+    """Harder than leave-one-out: a whole layer shape (every M of one GEMM (N, K), every T of one head
+    count) is removed, the op refitted from scratch, and its points predicted: how the predictor does
+    on a layer nobody measured. Ops without `shape_params`, or with one shape only, are skipped."""
+    import pandas as pd
+
+    from k3sim.kernels.fit import fit_op
+    from k3sim.kernels.points import PointSet
+    from k3sim.kernels.predict import OpPredictor
+
+    rows = []
+    for op in ops or store.ops():
+        spec = OPS[op]
+        pts = store.points(op)
+        shape = list(spec.shape_params)
+        if not shape or pts.groupby(shape).ngroups < 2:
+            continue
+        keys = list(spec.params)
+        for _, sub in pts.groupby(shape):
+            rest = pts.drop(index=sub.index)
+            opp = OpPredictor(spec, PointSet.from_points(spec, rest), fit_op(spec, rest, hw), hw, "leave-shape-out")
+            for _, r in sub.iterrows():
+                p = {k: int(r[k]) for k in keys}
+                pred = opp.predict(p)
+                rows.append({"family": spec.family, "op": op, "shape": " ".join(f"{k}={v}" for k, v in p.items()),
+                             "measured_s": float(r["seconds"]), "predicted_s": pred.seconds, "source": pred.source,
+                             "rel_err": pred.seconds / float(r["seconds"]) - 1.0})
+    return pd.DataFrame(rows, columns=["family", "op", "shape", "measured_s", "predicted_s", "source", "rel_err"])
+
+
+def summarize_shapes(lso) -> "pd.DataFrame":
+    import pandas as pd
+
+    out = [{"op": op, "family": g["family"].iloc[0], "count": len(g), "mape": float(g["rel_err"].abs().mean()),
+            "max_abs_err": float(g["rel_err"].abs().max())} for op, g in lso.groupby("op", sort=False)]
+    return pd.DataFrame(out, columns=["family", "op", "count", "mape", "max_abs_err"])
+
+
 REPEATABLE_SPREAD = 0.10  # a shape whose repetitions' p20-p80 spread is within 10 % of its median
 
 
@@ -121,7 +159,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def markdown(summary, meta: dict, loo=None) -> str:
+def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
     lines = [f"# Kernel-time leave-one-out validation: {meta['profile']}", "",
              f"Generated {meta['date']} by `k3sim calibrate validate`; data fingerprint `{meta['fingerprint']}`; "
              f"runs: {', '.join(meta['runs'])}.", "",
@@ -141,6 +179,15 @@ def markdown(summary, meta: dict, loo=None) -> str:
                      f"| {100 * r['p90_abs_err']:.1f} % | {r['interpolated']} | {100 * r['model_only_mape']:.1f} % "
                      f"| {r['repeatable']} | {100 * r['mape_repeatable']:.2f} % | {100 * r['goal_mape']:.0f} % "
                      f"| {'yes' if r['meets_goal'] else 'no'} |")
+    if shapes is not None and len(shapes):
+        lines += ["", "## Leave-shape-out", "",
+                  "A whole layer shape left out at once (all M of one GEMM (N, K); all B of one MoE expert "
+                  "shape; all T of one KDA head count or one SDPA (H, D)), the op refitted without it: the "
+                  "error on a layer that was never measured.", "",
+                  "| family | op | count | MAPE | max abs err |", "|---|---|---:|---:|---:|"]
+        for _, r in shapes.iterrows():
+            lines.append(f"| {r['family']} | {r['op']} | {r['count']} | {100 * r['mape']:.2f} % "
+                         f"| {100 * r['max_abs_err']:.1f} % |")
     if loo is not None and len(loo):
         lines += ["", "## Largest errors per family", "",
                   "| family | op | shape | measured | predicted | error | spread p20-p80 | method |",
@@ -153,19 +200,24 @@ def markdown(summary, meta: dict, loo=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(loo, summary, out_dir: Path, meta: dict) -> list[Path]:
-    """`validation.md` (summary table), `validation.csv` (summary) and `validation_points.csv`."""
+def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[Path]:
+    """`validation.md` (tables), `validation.csv` (LOO summary), `validation_points.csv` (every LOO
+    point) and, when given, `validation_shapes.csv` (the leave-shape-out summary)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "validation.md", out_dir / "validation.csv", out_dir / "validation_points.csv"]
-    _atomic_write(paths[0], markdown(summary, meta, loo))
+    _atomic_write(paths[0], markdown(summary, meta, loo, shapes))
     _atomic_write(paths[1], summary.to_csv(index=False, float_format="%.6g"))
     _atomic_write(paths[2], loo.to_csv(index=False, float_format="%.6g"))
+    if shapes is not None:
+        paths.append(out_dir / "validation_shapes.csv")
+        _atomic_write(paths[3], shapes.to_csv(index=False, float_format="%.6g"))
     return paths
 
 
-def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict]:
-    """Load the profile's store, leave-one-out every op; returns (points table, summary, meta)."""
+def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, Any]:
+    """Load the profile's store, leave-one-out every op and leave-shape-out where an op has several
+    shapes; returns (LOO points table, LOO summary, meta, leave-shape-out summary)."""
     from k3sim.errors import InputError
     from k3sim.kernels.fit import fit_profile
     from k3sim.kernels.hardware import measured_dir
@@ -178,4 +230,4 @@ def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict]:
     loo = leave_one_out(store, hw, fit_profile(store, hw), refit=refit)
     meta = {"profile": str(hw.name), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "fingerprint": store.fingerprint, "runs": sorted(store.runs)}
-    return loo, summarize(loo), meta
+    return loo, summarize(loo), meta, summarize_shapes(leave_shape_out(store, hw))

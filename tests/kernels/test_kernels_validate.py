@@ -10,7 +10,7 @@ from conftest import COLL_POINTS, GEMM_POINTS, HBM_POINTS, hardware, true_second
 
 from k3sim.kernels.fit import fit_profile
 from k3sim.kernels.store import load_store
-from k3sim.kernels.validate import leave_one_out, summarize, write_report
+from k3sim.kernels.validate import leave_one_out, leave_shape_out, summarize, summarize_shapes, write_report
 
 REAL = Path(__file__).resolve().parents[2] / "hardware_profiles" / "measured" / "h200"
 
@@ -70,3 +70,13 @@ def test_committed_h200_data_loads_and_validates():
     op = "hbm_copy" if "hbm_copy" in store.ops() else store.ops()[0]
     loo = leave_one_out(store, hw, fp, ops=[op])
     assert len(loo) == len(store.points(op)) and np.isfinite(loo["rel_err"]).all()
+
+
+def test_leave_shape_out_hides_a_whole_shape(tmp_path):
+    write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS}, wiggle=0.03)
+    lso = leave_shape_out(load_store(tmp_path), hardware(tmp_path))
+    assert set(lso["op"]) == {"gemm_bf16"}  # hbm_copy has no layer shape to leave out
+    assert len(lso) == len(GEMM_POINTS)
+    assert (lso["source"] != "measured").all()
+    s = summarize_shapes(lso)
+    assert s.loc[0, "count"] == len(GEMM_POINTS) and s.loc[0, "mape"] < 0.05
