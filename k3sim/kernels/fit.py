@@ -1,7 +1,7 @@
 """Fit each op's model to a profile's measurements and keep the result in `fitted.yaml`.
 
 One roofline fit per compute op, one alpha-beta fit per collective and GPU count. `fitted.yaml`
-records the fit date, the data fingerprint (so a stale fit is detected and redone in memory), the
+records the fit date, a data fingerprint per op (a stale op is refitted in memory, and says so), the
 rows and runs each fit used, and the fit's own RMS log error.
 """
 
@@ -23,6 +23,9 @@ from k3sim.kernels.ops import OPS, OpSpec
 from k3sim.kernels.points import SIGMA_FLOOR, point_sigma, work
 
 FITTED_NAME = "fitted.yaml"
+# Weighting the fit by each shape's repeatability was tried on the H200 data: it helped attention and
+# hurt KDA decode (the model then ignores the launch-bound floor that half the decode shapes sit on).
+# Off: the soft-L1 loss already limits outliers; the interpolation does weigh by repeatability.
 WEIGHTED_FIT = False
 FORMAT = "k3sim-kernel-fit/1"
 
