@@ -83,7 +83,8 @@ def main() -> None:
     trace, model = Path(a.trace), load_model(a.model)
     out = {"trace": trace.name, "cpu_count": os.cpu_count(), "replay": [], "sweep": []}
     for policy, pb, cap in [("decoupled", 6144, None), ("decoupled", 6144, 64e9), ("coarse", 6144, 64e9),
-                            ("full-attention", 6144, 64e9), ("decoupled", 512, 64e9)]:
+                            ("full-attention", 6144, 64e9), ("decoupled", 512, 64e9),
+                            ("coarse", 512, 64e9), ("coarse", 512, None)]:
         r = bench_replay(trace, model, policy, pb, cap, a.runs)
         out["replay"].append(r)
         print(f"replay {policy:15s} block {pb:5d} cap {cap!s:8s}: {r['replay_s_median']:.2f} s, "
