@@ -301,7 +301,7 @@ def summary_md(g: CPGeometry, hw: Any, res: dict, intra: list[dict], kcp: dict |
         fbm = "-" if kcp["fwd_bwd_mape"] is None else f"{kcp['fwd_bwd_mape'] * 100:.1f}%"
         L += ["", f"Forward MAPE {kcp['fwd_mape'] * 100:.1f}% (max {kcp['fwd_max_err'] * 100:.1f}%); "
                   f"fwd+bwd MAPE {fbm}; pre-process factor implied by the measurements (median): "
-                  f"{kcp['implied_pre_factor_median']}."]
+                  + (f"{kcp['implied_pre_factor_median']:.2f}." if kcp["implied_pre_factor_median"] else "n/a.")]
     else:
         L += ["", "No measured KCP data yet (`chunk_kda_cp_fwd.csv`)."]
     return "\n".join(L) + "\n"
