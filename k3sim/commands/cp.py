@@ -91,6 +91,7 @@ def register(app: typer.Typer) -> None:
         print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", [
             ("KDA strategy / MLA strategy", f"{r.kda_strategy} / {r.mla_strategy} ({r.mla_kv})"),
             ("KDA layer: fwd bytes received per rank", human_bytes(r.kda_layer_recv_bytes_per_rank)),
+            ("  of which state fragments", human_bytes(r.kda_layer_state_recv_bytes_per_rank)),
             ("MLA layer: fwd bytes received per rank", human_bytes(r.mla_layer_recv_bytes_per_rank)),
             ("KDA layer fwd+bwd", human_seconds(r.kda_layer_time_s)),
             ("MLA layer fwd+bwd", human_seconds(r.mla_layer_time_s)),
