@@ -42,6 +42,7 @@ class RooflineFit:
     smooth_p: float
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    floor_s: float = 1e-12  # host-side floor: an eager call cannot finish before its launches are issued
     # compute efficiency x (param / reference)^(-exponent) for the op's `eff_params` (e.g. SDPA head dim)
     eff_exponents: dict[str, float] = field(default_factory=dict)
 
@@ -53,13 +54,14 @@ class RooflineFit:
     def to_theta(self) -> np.ndarray:
         return np.array([np.log(self.launch_s), np.log(self.eff_flop), np.log(self.half_flop), _logit(self.exp_flop),
                          np.log(self.eff_bytes), np.log(self.half_bytes), _logit(self.exp_bytes),
-                         np.log(self.smooth_p - 1.0), *self.eff_exponents.values()])
+                         np.log(self.smooth_p - 1.0), np.log(self.floor_s), *self.eff_exponents.values()])
 
     @classmethod
     def from_theta(cls, theta, peak: float, bw: float, names: tuple[str, ...] = ()) -> "RooflineFit":
         v = _decode(theta)
-        return cls(*[float(x) for x in v], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw),
-                   eff_exponents={n: float(g) for n, g in zip(names, theta[8:])})
+        return cls(*[float(x) for x in v[:8]], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw),
+                   floor_s=float(v[8]),
+                   eff_exponents={n: float(g) for n, g in zip(names, theta[NBASE:])})
 
     def as_dict(self) -> dict:
         d = {k: float(v) for k, v in asdict(self).items() if k != "eff_exponents"}
@@ -89,20 +91,23 @@ def _decode(theta):
     t = np.asarray(theta, float)
     sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
     return (np.exp(t[0]), np.exp(t[1]), np.exp(t[2]), sig(t[3]), np.exp(t[4]), np.exp(t[5]), sig(t[6]),
-            1.0 + np.exp(t[7]))
+            1.0 + np.exp(t[7]), np.exp(t[8]))
+
+
+NBASE = 9  # theta entries before the efficiency exponents
 
 
 def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float, feats=None) -> np.ndarray:
-    launch, ef, hf, af, eb, hb, ab, p = _decode(theta)
-    if len(theta) > 8 and feats is not None:
-        flop = flop * np.exp2(np.asarray(feats, float).reshape(np.size(flop), -1) @ np.asarray(theta[8:], float))
+    launch, ef, hf, af, eb, hb, ab, p, floor = _decode(theta)
+    if len(theta) > NBASE and feats is not None:
+        flop = flop * np.exp2(np.asarray(feats, float).reshape(np.size(flop), -1) @ np.asarray(theta[NBASE:], float))
         flop = flop.reshape(np.shape(nbytes)) if np.ndim(nbytes) == 0 else flop
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         tc = np.where(flop > 0, flop / (ef * peak) * (1.0 + (hf / np.maximum(flop, 1e-300)) ** af), 0.0)
         tm = np.where(nbytes > 0, nbytes / (eb * bw) * (1.0 + (hb / np.maximum(nbytes, 1e-300)) ** ab), 0.0)
         scale = np.maximum(np.maximum(tc, tm), 1e-300)
-        body = scale * ((tc / scale) ** p + (tm / scale) ** p) ** (1.0 / p)
-    return launch + body
+        body = launch + scale * ((tc / scale) ** p + (tm / scale) ** p) ** (1.0 / p)
+        return body * (1.0 + (floor / body) ** p) ** (1.0 / p)  # smooth max with the host floor
 
 
 def levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], theta0: np.ndarray, *,
@@ -191,6 +196,7 @@ def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight:
         for half_b in (1e6, 1e8):
             init = RooflineFit(launch_s=0.3 * float(seconds.min()), eff_flop=0.6, half_flop=half_f, exp_flop=0.5,
                                eff_bytes=0.7, half_bytes=half_b, exp_bytes=0.5, smooth_p=4.0,
+                               floor_s=0.5 * float(seconds.min()),
                                peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
                                eff_exponents={n: 0.0 for n in names})
             th, cost = levenberg_marquardt(res, init.to_theta(), prior_weight=prior_weight)
