@@ -80,6 +80,15 @@ class BlockPool:
         """A unit of n pages (a KDA state slot): empty pages in bulk, growth in bulk, then one `allocate` (which
         may evict and so refill the empty end) at a time."""
         empty, rc, kd, gen = self.empty, self.refcount, self.kind, self.generation
+        if not empty and self.capacity is None:  # fast path: an unbounded pool grows by the whole unit
+            first = len(rc)
+            rc.extend([1] * n)
+            kd.extend([kind] * n)
+            gen.extend([1] * n)
+            out = list(range(first, first + n))
+            if n > 1:
+                self.unit[first] = out
+            return out
         out: list[int] = []
         while len(out) < n:
             take = min(n - len(out), len(empty))
