@@ -1,21 +1,25 @@
 """Analytical kernel-time models with free parameters, and their least-squares fit in log space.
 
-Compute ops: a roofline with fitted efficiency, saturating in size, plus a launch term,
+Compute ops: a roofline with fitted efficiency, saturating in size, a launch term and a host floor,
 
-    t = launch + (t_c^p + t_m^p)^(1/p)
+    t   = smoothmax_p(floor, launch + (t_c^p + t_m^p)^(1/p))
     t_c = flop  / (eff_flop  * peak) * (1 + (half_flop  / flop )^exp_flop)
     t_m = bytes / (eff_bytes * bw  ) * (1 + (half_bytes / bytes)^exp_bytes)
 
-`eff_*` is the large-size fraction of the datasheet peak (for an op with `eff_params`, the compute
-efficiency also scales as a fitted power of those: SDPA's head dim picks a different kernel tile); the `(1 + (half/s)^a)` factor is the
+`eff_*` is the large-size fraction of the datasheet peak. The `(1 + (half/s)^a)` factor is the
 efficiency loss of a GPU that is not filled (a = 1 would be a constant latency, a < 1 lets time grow
-sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max between the two
-roofs. Collectives: the alpha-beta model t = alpha + wire_bytes / bus_bandwidth (nccl-tests' bus
-bandwidth, so one fit holds across GPU counts of the same link).
+sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max between the roofs.
+`floor` is the host-side time of an eager call (Python and launches): a small kernel cannot finish
+before it has been issued. For an op with `eff_params` the compute efficiency also scales as a
+fitted power of those: SDPA's head dim picks a different kernel tile; chunk KDA's inter-chunk
+recurrence is parallel over heads only, so few heads leave SMs idle.
 
-Fits minimise a robust (soft-L1) loss of the log-error (relative error, all sizes count equally)
-with Levenberg-Marquardt and a weak prior toward the initial guess, so parameters the data cannot see (a compute roof for a
-pure copy) stay at sensible values instead of wandering.
+Collectives: the alpha-beta model t = alpha + wire_bytes / bus_bandwidth (nccl-tests' bus bandwidth,
+so one fit holds across GPU counts of the same link).
+
+Fits minimise a robust (soft-L1) loss of the log error (relative error, all sizes count equally)
+with Levenberg-Marquardt and a weak prior toward the initial guess, so parameters the data cannot
+see (a compute roof for a pure copy) stay at sensible values instead of wandering.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from typing import Callable
 
 import numpy as np
 
-ROOFLINE_PARAMS = ("launch_s", "eff_flop", "half_flop", "exp_flop", "eff_bytes", "half_bytes", "exp_bytes", "smooth_p")
 
 
 @dataclass
