@@ -110,7 +110,7 @@ class OpPredictor:
         if key in self.exact:
             s, rows, runs = self.exact[key]
             return KernelTime(s, "measured", f"median of the repetitions in run {runs}"
-                              + (f" (latest of {rows} runs that measured it)" if rows > 1 else ""))
+                              + (f" (the latest of {rows} measurements of this shape)" if rows > 1 else ""))
         base, note = self.model_seconds(p)
         g = tuple(p[c] for c in self.spec.categorical)
         grid = self.groups.get(g)
