@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import COLL_POINTS, GEMM_POINTS, HBM_POINTS, hardware, true_seconds, write_run
 
-from k3sim.kernels.fit import fit_profile
+from k3sim.kernels.fit import FittedProfile, fit_store_op
 from k3sim.kernels.store import load_store
 from k3sim.kernels.validate import leave_one_out, leave_shape_out, summarize, summarize_shapes, write_report
 
@@ -66,8 +66,8 @@ def test_committed_h200_data_loads_and_validates():
     hw = load_hardware("h200")
     store = load_store(REAL)
     assert store.ops(), "no successful measurement in the committed H200 data"
-    fp = fit_profile(store, hw)
     op = "hbm_copy" if "hbm_copy" in store.ops() else store.ops()[0]
+    fp = FittedProfile("h200", "now", store.fingerprint, {op: fit_store_op(store, op, hw)})
     loo = leave_one_out(store, hw, fp, ops=[op])
     assert len(loo) == len(store.points(op)) and np.isfinite(loo["rel_err"]).all()
 
