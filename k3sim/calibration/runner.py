@@ -69,11 +69,17 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
     unknown = [p for p in parts if p not in ALL_PARTS]
     if unknown:
         raise InputError(f"unknown part(s) {unknown}; choose from {ALL_PARTS}", source="calibrate run", field="parts")
+    unknown_budgets = sorted(set(part_budgets_s or {}) - set(parts))
+    if unknown_budgets:
+        raise InputError(f"budgets given for parts not run: {unknown_budgets}", source="calibrate run",
+                         field="part_budgets")
+    multi = [p for p in parts if p in MULTI_GPU_PARTS]
     gpus = _check_gpu()
+    if multi and gpus < 2:  # checked before anything is measured or written
+        raise InputError(f"parts {multi} need at least 2 GPUs, found {gpus}", source="calibrate run", field="parts")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = " ".join(shlex.quote(a) for a in sys.argv)
-    multi = [p for p in parts if p in MULTI_GPU_PARTS]
     info = provenance(command, gpus if multi else 1, parts)
     info["profile"] = profile
     info["kda_options"] = "use_qk_l2norm_in_kernel, use_gate_in_kernel, safe_gate, lower_bound=-5, K=V=128"
@@ -93,8 +99,6 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
 
         info["bf16_8192_cubed_tflops"] = round(flop_rate_check(), 1)
     if multi:
-        if gpus < 2:
-            raise InputError(f"parts {multi} need at least 2 GPUs, found {gpus}", source="calibrate run", field="parts")
         left = max(30.0, time_budget_s - (time.monotonic() - start))
         env = dict(os.environ, **SAFE_NCCL_ENV)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
@@ -110,6 +114,35 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
     return out_dir
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    """'96,12' -> [96, 12]; anything else is one line of bad input."""
+    from k3sim.errors import InputError
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated positive integers, got {text!r}", source=option) from None
+    if any(v <= 0 for v in values):
+        raise InputError(f"values must be positive, got {text!r}", source=option)
+    return values
+
+
+def _budgets(text: str) -> dict[str, float]:
+    """'kda_fwd=200,moe=60' -> {part: seconds}."""
+    from k3sim.errors import InputError
+
+    out: dict[str, float] = {}
+    for item in (x for x in text.split(",") if x.strip()):
+        name, _, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"expected PART=SECONDS, got {item!r}", source="--part-budgets") from None
+        if out[name.strip()] <= 0:
+            raise InputError(f"budget must be positive, got {item!r}", source="--part-budgets")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
@@ -121,14 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kcp-docs", default="", help="packed documents per sequence for the KCP part, e.g. 1,4")
     ap.add_argument("--part-budgets", default="", help="e.g. kda_fwd=200,kda_fwd_bwd=150")
     a = ap.parse_args(argv)
-    heads = [int(h) for h in a.heads.split(",") if h] or None
-    budgets = {k: float(v) for k, v in (kv.split("=") for kv in a.part_budgets.split(",") if kv)}
     from k3sim.errors import InputError
 
     try:
-        ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-        run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, heads, budgets,
-                        ints(a.kcp_lengths) or None, ints(a.kcp_docs) or None)
+        run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, _int_list(a.heads, "--heads") or None,
+                        _budgets(a.part_budgets), _int_list(a.kcp_lengths, "--kcp-lengths") or None,
+                        _int_list(a.kcp_docs, "--kcp-docs") or None)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -82,3 +82,36 @@ def test_gemm_grid_holds_the_k3_layer_shapes_from_the_config():
     for shape in (kda_qkv, latent_down, expert_gate_up, expert_down):
         assert shape in grids.GEMM_NK, shape
     assert m.kda.num_heads // tp in grids.KDA_HEADS and m.kda.num_heads in grids.KDA_HEADS
+
+
+def test_multi_gpu_parts_on_one_gpu_fail_before_anything_is_written(tmp_path, monkeypatch):
+    from k3sim.calibration import runner
+
+    monkeypatch.setattr(runner, "_check_gpu", lambda: 1)
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match="need at least 2 GPUs, found 1"):
+        runner.run_calibration(out, ["gemm_bf16", "collectives"], "h200", 10)
+    assert not out.exists()
+
+
+def test_budget_for_a_part_not_run_is_bad_input(tmp_path):
+    from k3sim.calibration.runner import run_calibration
+
+    with pytest.raises(InputError, match=r"budgets given for parts not run: \['moe'\]"):
+        run_calibration(tmp_path / "run", ["gemm_bf16"], "h200", 10, part_budgets_s={"moe": 5.0})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--heads", "96,x"], "--heads: expected comma-separated positive integers"),
+    (["--kcp-lengths", "0"], "--kcp-lengths: values must be positive"),
+    (["--part-budgets", "kda_fwd"], "--part-budgets: expected PART=SECONDS"),
+])
+def test_harness_command_line_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
+    from k3sim.calibration.runner import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["--out", str(tmp_path / "run"), *argv])
+    assert ex.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "run").exists()
