@@ -47,7 +47,7 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
     """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit."""
     from k3sim.configs import Parallelism, load_hardware, load_model
     from k3sim.configs.loaders import validate
-    from k3sim.errors import InputError
+    from k3sim.errors import DoesNotFit, InputError
     from k3sim.memory.plan import serve_plan, train_plan
 
     if mode not in ("serve", "train"):
@@ -58,14 +58,21 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
         raise InputError(f"must be in [0, 1) (got {workspace_fraction})", source="--workspace-fraction")
     if prefill_chunk <= 0:
         raise InputError(f"must be positive (got {prefill_chunk})", source="--prefill-chunk")
+    if mode == "train" and micro_batch <= 0:
+        raise InputError(f"must be positive (got {micro_batch})", source="--micro-batch")
     model = load_model(model_path)
     hw = load_hardware(hardware)
-    par = validate(Parallelism, layout, source)
+    try:
+        par = validate(Parallelism, layout, source)
+        par.check_against(model)
+    except InputError as err:
+        # A layout field came from an option: name the option (--tp, --virtual-stages), not the field.
+        if err.field in layout and not isinstance(err, DoesNotFit):
+            raise InputError(err.reason, source="--" + err.field.replace("_", "-")) from None
+        raise
     if mode == "serve":
         return serve_plan(model, hw, par, context, prefill_chunk_tokens=prefill_chunk,
                           workspace_fraction=workspace_fraction, source=None)
-    if micro_batch <= 0:
-        raise InputError(f"must be positive (got {micro_batch})", source="--micro-batch")
     return train_plan(model, hw, par, context, micro_batch_size=micro_batch,
                       activation_checkpointing=recompute, num_micro_batches=num_micro_batches,
                       workspace_fraction=workspace_fraction, source=None)

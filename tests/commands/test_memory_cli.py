@@ -46,6 +46,12 @@ def test_train_mode_table(cli):
     (["--tp", "0"], ["tp", "greater than 0"]),
     (["--mode", "fly"], ["--mode", "serve or train"]),
     (["--hardware", "h300"], ["h300", "unknown hardware"]),
+    # A layout error names the option it came from.
+    (["--tp", "7", "--pp", "2", "--ep", "8"], ["--tp: tp=7", "96 KDA heads"]),
+    (["--tp", "1", "--dp", "3", "--ep", "3", "--pp", "2"], ["--ep: ep=3", "896 routed experts"]),
+    (["--tp", "8", "--ep", "8", "--pp", "4", "--virtual-stages", "30"], ["--pp:", "120", "93 layers"]),
+    (["--zero-stage", "5"], ["--zero-stage:", "0, 1, 2 or 3"]),
+    (["--dp", "0"], ["--dp:", "greater than 0"]),
 ])
 def test_bad_input_one_line_exit_2(cli, args, words):
     proc = cli("memory", "--model", "models/kimi-k3.yaml", *args)
