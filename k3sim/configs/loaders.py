@@ -138,9 +138,19 @@ def resolve_scenario(path: str | Path):
     """(scenario, model, hardware) with the layout checked against the model."""
     scenario = load_scenario(path)
     base = Path(path).resolve().parent
-    model = load_model(resolve_relative(scenario.model, base))
+    model_path = resolve_relative(scenario.model, base)
+    if not model_path.exists():
+        raise InputError(f"file not found: {scenario.model} (looked in {base}, the working directory "
+                         "and the repository root)", source=str(path), field="model")
+    model = load_model(model_path)
     hw_ref = scenario.hardware
     hw_path = resolve_relative(hw_ref, base) if Path(hw_ref).suffix else hw_ref
-    hardware = load_hardware(hw_path)
+    try:
+        hw_file = hardware_path(hw_path)
+    except InputError as err:  # an unknown profile name: say which scenario field named it
+        raise InputError(f"'{hw_ref}': {err.reason}", source=str(path), field="hardware") from None
+    if not hw_file.exists():
+        raise InputError(f"file not found: {hw_ref}", source=str(path), field="hardware")
+    hardware = load_hardware(hw_file)
     scenario.parallelism.check_against(model, source=str(path))
     return scenario, model, hardware

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_plan_default_scenario(cli):
     out = run_cli_json(cli, "plan")
@@ -31,6 +33,28 @@ def test_plan_bad_scenario(cli, root, tmp_path):
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert "\n" not in err and str(bad) in err and "parallelism.ez" in err and "unknown field" in err
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("model: ../models/kimi-k3.yaml", "model: no-such-model.yaml",
+     ["field 'model'", "file not found", "no-such-model.yaml"]),
+    ("hardware: h200", "hardware: h999", ["field 'hardware'", "'h999'", "unknown hardware profile"]),
+    ("hardware: h200", "hardware: no-such-gpu.yaml", ["field 'hardware'", "file not found"]),
+    ("  pp: 2", "  pp: 1\n  dp: 2", ["does not fit", "180.8 GB"]),
+    ("  tp: 8\n  pp: 2\n  ep: 8", "  tp: 8\n  pp: 2\n  ep: 7", ["field 'ep'", "ep=7 does not divide"]),
+])
+def test_plan_scenario_bad_reference_names_scenario_field(cli, root, tmp_path, old, new, words):
+    """A scenario naming a missing model file or an unknown GPU is blamed on the scenario's field."""
+    text = (root / "scenarios/default.yaml").read_text()
+    assert old in text
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace("../models/kimi-k3.yaml", str(root / "models/kimi-k3.yaml"))
+                   .replace(old.replace("../models/kimi-k3.yaml", str(root / "models/kimi-k3.yaml")), new))
+    proc = cli("plan", "--scenario", str(bad))
+    assert proc.returncode == 2 and proc.stdout == ""
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err and str(bad) in err
+    assert all(w in err for w in words), err
 
 
 def run_cli_json(cli, *args: str) -> dict:
