@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from k3sim.errors import InputError
+from k3sim.errors import DoesNotFit, InputError
 from k3sim.prefix_cache.config import CacheConfig, config_from_model
 from k3sim.prefix_cache.serving import ReplayResult, SchedulerConfig, StepCost, replay
 from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake
@@ -50,9 +50,14 @@ def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False
         return res
     if trace is None:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
-    _check_trace_granularity(cfg.effective_hash_block_tokens)
+    _check_trace_granularity(cfg.effective_hash_block_tokens,
+                             "--physical-block" if cfg.policy == "coarse" else "--hash-block")
     stats = TraceStats()
     res = replay(read_mooncake(trace, strict=strict, stats=stats, limit=limit), cfg, sched, cost)
+    if res.requests == 0 and res.requests_rejected:
+        raise DoesNotFit(
+            f"capacity {cfg.capacity_bytes:.4g} B ({cfg.num_pages} pages of {cfg.page_bytes} B) is too small for "
+            f"any of the trace's {res.requests_rejected} requests", source="--capacity-bytes", field="capacity_bytes")
     res.trace_lines_skipped = stats.skipped
     res.extra["trace"] = str(trace)
     res.extra["trace_problems"] = [{"line": ln, "reason": why} for ln, why in stats.problems]
@@ -93,9 +98,10 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
     from k3sim.prefix_cache.sweep import grid, run_sweep
 
-    for pb in physical_blocks:
-        if pb <= 0:
-            raise InputError(f"must be positive (got {pb})", source="--physical-blocks")
+    for opt, values in (("--physical-blocks", physical_blocks), ("--hash-blocks", hash_blocks)):
+        for v in values:
+            if v <= 0:
+                raise InputError(f"must be positive (got {v})", source=opt)
     t0 = time.perf_counter()
     stats = TraceStats()
     if workload is not None:
@@ -107,6 +113,9 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     elif trace is not None:
         for hb in hash_blocks:
             _check_trace_granularity(hb, "--hash-blocks")
+        if "coarse" in policies:  # coarse hashes whole physical blocks
+            for pb in physical_blocks:
+                _check_trace_granularity(pb, "--physical-blocks")
         requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
         label = Path(trace).name
         name = name or Path(trace).stem

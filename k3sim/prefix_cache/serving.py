@@ -159,6 +159,8 @@ def replay(
                 pf += n
             dec = len(decoders)
             if pf == 0 and dec == 0:
+                if not waiting:
+                    continue  # every waiting request was rejected (larger than the pool): wait for the next arrival
                 # nothing runs, so nothing holds pages: admission refusing now would refuse forever
                 raise RuntimeError("scheduler stalled: the head request cannot be admitted into an idle pool")
             n_steps = 1

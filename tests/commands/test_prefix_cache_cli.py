@@ -23,6 +23,14 @@ def test_json_keys_and_values():
     for key in ("token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions"):
         assert key in out
     assert 0 < out["token_hit_rate"] < 1 and out["requests"] == 300 and out["capacity_bytes"] == 64e9
+    # the CLI is glue: its numbers are exactly the package's replay of the same configuration
+    from k3sim.prefix_cache.run import make_config, simulate
+
+    ref = simulate(CONV, make_config(ROOT / "models/kimi-k3.yaml", "decoupled", 512, 6144, 64e9))
+    for key in ("token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions",
+                "page_bytes", "requests_rejected"):
+        assert out[key] == getattr(ref, key), key
+    assert out["page_bytes"] == 6144 * 27648  # one physical block of K3 MLA KV (27 KiB/token, all MLA layers)
 
 
 def test_table_output_unbounded_coarse():
@@ -70,3 +78,44 @@ def test_synthetic_workload_allows_fine_hash_blocks():
     assert proc.returncode == 2 and "multiple" in proc.stderr  # Mooncake ids are 512-token blocks
     proc = run_cli("prefix-cache", "--workload", "chat", "--trace", CONV)
     assert proc.returncode == 2
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_missing_trace_one_line_and_sweep_leaves_nothing(tmp_path):
+    out_dir = tmp_path / "sweep"
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", tmp_path / "missing.jsonl"), "cannot read trace")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", tmp_path / "missing.jsonl", "--sweep", "--out", out_dir),
+                     "cannot read trace")
+    assert not out_dir.exists()
+
+
+def test_sweep_bad_blocks_exit_2_before_writing(tmp_path):
+    out_dir = tmp_path / "sweep"
+    # a zero hash block used to end in ZeroDivisionError inside the grid
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--sweep", "--hash-blocks", "0", "--out", out_dir),
+                     "--hash-blocks")
+    # coarse hashes whole physical blocks: 1000 is not a multiple of the trace's 512-token ids
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--sweep", "--physical-blocks", "1000",
+                             "--capacities", "none", "--out", out_dir), "--physical-blocks", "512")
+    assert not out_dir.exists()
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--policy", "coarse", "--physical-block", "1000",
+                             "--hash-block", "1000"), "--physical-block")
+
+
+def test_capacity_too_small_for_every_request_exit_2(tmp_path):
+    """4 pages hold the smallest request (1 KV page + 3 KDA state slots) but none of these 20,000-token ones."""
+    t = tmp_path / "long.jsonl"
+    t.write_text("".join(json.dumps({"timestamp": i, "input_length": 20000, "output_length": 10,
+                                     "hash_ids": list(range(40))}) + "\n" for i in range(2)))
+    page = 6144 * 27648
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", t, "--capacity-bytes", str(4 * page)), "too small", "2 requests")
+    proc = run_cli("prefix-cache", "--trace", t, "--capacity-bytes", str(7 * page), "--json")  # 4 KV + 3 KDA pages
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["requests"] == 2

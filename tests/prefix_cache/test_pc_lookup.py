@@ -36,8 +36,11 @@ def test_mission_example_2800_shared_tokens(policy, expected):
 def test_half_full_page_endpoints_and_checkpoint_in_every_group():
     cfg = tiny_config(groups=3)
     cache = HybridPrefixCache(cfg)
-    serve(cache, [1, 2, 3], 6)  # pages [4 tokens][2 tokens]; endpoints 1,2 then 3 in the half-full page
-    assert cache.mla_index[3] == cache.mla_index[3] and 3 in cache.ckpt_index
+    rs = serve(cache, [1, 2, 3], 6)  # pages [4 tokens][2 tokens]; endpoints 1,2 then 3 in the half-full page
+    assert len(rs.blocks) == 0 and cache.pool.num_pages >= 2
+    first, second = cache.mla_index[1], cache.mla_index[3]
+    assert cache.mla_index[2] == first != second  # endpoint 3 registered on the half-full second page
+    assert cache.page_keys[first] == [1, 2] and cache.page_keys[second] == [3] and 3 in cache.ckpt_index
     assert all(s >= 0 for s in cache.ckpt_index[3].slots) and len(cache.ckpt_index[3].slots) == 3
     hit, mla_end, pages, src, ck, stale = cache.lookup([1, 2, 3, 4, 5], 10)
     assert (hit, mla_end) == (3, 3) and len(pages) == 1 and src >= 0 and ck is cache.ckpt_index[3]

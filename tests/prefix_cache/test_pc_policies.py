@@ -85,3 +85,15 @@ def test_requests_larger_than_the_pool_are_rejected_and_counted():
     res = replay(read_mooncake(TRACES / "conversation_head300.jsonl"), cfg("decoupled", cap=pages * 6144 * MLA_B))
     assert res.requests_rejected > 0 and res.requests + res.requests_rejected == 300
     assert res.pool_bytes_peak <= pages * 6144 * MLA_B
+
+
+def test_a_queue_drained_by_rejections_waits_for_the_next_arrival():
+    """Both requests need 4 KV pages + 3 KDA slots > 6 pages: each is rejected when it arrives, alone in an idle
+    pool (this used to stop the replay with 'scheduler stalled'); a later small request is still served."""
+    from k3sim.workloads import TraceRequest
+
+    page = 6144 * MLA_B
+    big = [TraceRequest(float(i), 20000, 10, block_ids=list(range(40))) for i in range(2)]
+    small = TraceRequest(5.0, 1000, 10, block_ids=[7, 8])
+    res = replay(big + [small], cfg("decoupled", cap=6 * page))
+    assert (res.requests, res.requests_rejected, res.input_tokens) == (1, 2, 1000)
