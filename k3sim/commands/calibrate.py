@@ -95,10 +95,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Leave-one-out error per kernel family (MAPE, max, count), and leave-shape-out per op;
         writes validation.md and CSVs."""
-        from k3sim.kernels.validate import validate_profile, write_report
+        from k3sim.kernels.validate import ensure_out_dir, validate_profile, write_report
         from k3sim.output import print_json, print_table
 
         hw, _ = _measured_dir(hardware)
+        ensure_out_dir(out)
         loo, summary, meta, shapes = validate_profile(hw, refit=refit)
         paths = write_report(loo, summary, out, meta, shapes)
         if as_json:

@@ -138,11 +138,25 @@ def write_fitted(path: Path, fp: FittedProfile) -> Path:
     path = Path(path)
     text = "# Written by `k3sim calibrate fit`; do not edit (refit instead).\n"
     text += yaml.safe_dump(to_dict(fp), sort_keys=False, default_flow_style=None, width=110)
-    fd, tmp = tempfile.mkstemp(prefix=".fitted.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
     return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, then rename it over `path`: a reader never sees a
+    half-written file, and a failed write (unwritable directory, disk full) leaves neither a partial
+    file nor a temp file, and is an InputError naming the path."""
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InputError(f"cannot write ({err.strerror or err.__class__.__name__})", source=str(path)) from None
 
 
 def read_fitted(path: Path) -> FittedProfile | None:

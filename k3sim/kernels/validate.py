@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +156,25 @@ def summarize(loo) -> "pd.DataFrame":
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """Temp file in the same directory, then rename; on failure no temp file is left behind."""
+    from k3sim.kernels.fit import atomic_write_text
+
+    atomic_write_text(Path(path), text)
+
+
+def ensure_out_dir(out_dir: Path) -> Path:
+    """Create the report directory (before the slow leave-one-out, so a bad --out fails at once)."""
+    from k3sim.errors import InputError
+
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"cannot create the report directory ({err.strerror or err.__class__.__name__})",
+                         source=str(out_dir)) from None
+    if not os.access(out_dir, os.W_OK):
+        raise InputError("report directory is not writable", source=str(out_dir))
+    return out_dir
 
 
 def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
@@ -210,8 +224,7 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
 def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[Path]:
     """`validation.md` (tables), `validation.csv` (LOO summary), `validation_points.csv` (every LOO
     point) and, when given, `validation_shapes.csv` (the leave-shape-out summary)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = ensure_out_dir(out_dir)
     paths = [out_dir / "validation.md", out_dir / "validation.csv", out_dir / "validation_points.csv"]
     _atomic_write(paths[0], markdown(summary, meta, loo, shapes))
     _atomic_write(paths[1], summary.to_csv(index=False, float_format="%.6g"))

@@ -33,10 +33,29 @@ def test_validate_writes_report(cli, tmp_path):
 
 def test_errors_exit_2(cli, tmp_path):
     bare, _ = make_profile(tmp_path / "b", calibrated=False)
-    cases = [["calibrate", "fit", "--hardware", bare], ["calibrate", "validate", "--hardware", bare]]
+    cases = [(["calibrate", "fit", "--hardware", bare], "has no measured data"),
+             (["calibrate", "validate", "--hardware", bare, "--out", tmp_path / "rep"], "has no measured data")]
     if importlib.util.find_spec("torch") is None:  # a machine without a GPU stack: `run` must refuse
-        cases.append(["calibrate", "run", "--out", tmp_path / "run", "--parts", "hbm"])
-    for args in cases:
+        cases.append((["calibrate", "run", "--out", tmp_path / "run", "--parts", "hbm"], "PyTorch"))
+    for args, match in cases:
         proc = cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and match in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "rep").exists()  # nothing half-written
+
+
+def test_unwritable_outputs_are_one_line_exit_2_and_leave_nothing(cli, tmp_path):
+    hw, run = make_profile(tmp_path)
+    (run.parent / "fitted.yaml").mkdir()  # a directory where the fit must go: the rename fails
+    proc = cli("calibrate", "fit", "--hardware", hw)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fitted.yaml" in lines[0] and "cannot write" in lines[0]
+    assert [p.name for p in run.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = cli("calibrate", "validate", "--hardware", hw, "--out", blocker / "report")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot create the report directory" in lines[0] and "Traceback" not in proc.stderr
