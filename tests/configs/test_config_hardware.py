@@ -25,6 +25,15 @@ def test_profile_has_sources(name):
     assert hw.peak_flops_per_s["fp8"] == pytest.approx(2 * hw.peak_flops_per_s["bf16"], rel=0.01)
 
 
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_peak_flops_dtype_is_named_in_its_source(name):
+    """Each dtype's peak figure is traceable: its source line names that dtype."""
+    hw = load_hardware(name)
+    source = hw.sources["peak_flops_per_s"].lower()
+    missing = [dtype for dtype in hw.peak_flops_per_s if dtype.lower() not in source]
+    assert not missing, f"{name}: peak_flops_per_s source does not cover {missing}"
+
+
 def test_h200_numbers():
     hw = load_hardware("h200")
     assert hw.hbm_bytes == 141e9 and hw.hbm_bandwidth_bytes_per_s == 4.8e12
