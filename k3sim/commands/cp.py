@@ -3,6 +3,7 @@ or (`--sweep`) a table over S and P with the crossover plot and the report figur
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +20,8 @@ def parse_tokens(text: str, option: str) -> int:
         v = float(t[:-1] if mult > 1 else t) * mult
     except ValueError:
         raise InputError(f"not a token count: {text!r}", source=option) from None
+    if not math.isfinite(v):
+        raise InputError(f"not a token count: {text!r}", source=option)
     if v != int(v):
         raise InputError(f"not a whole number of tokens: {text!r}", source=option)
     return int(v)
@@ -80,8 +83,6 @@ def register(app: typer.Typer) -> None:
         if doc_mean is not None:
             from k3sim.cp.docs import sample_doc_lengths
 
-            if S <= 0:
-                raise InputError(f"sequence length must be positive, got {S}", source="--seq-len")
             lengths = sample_doc_lengths(S, doc_mean, seed)
         r = cp_step(g, hw, S, cp_degree, strategy, mla_strategy, state_dtype=sdt, mla_kv=mla_kv, docs=docs,
                     doc_lengths=lengths)

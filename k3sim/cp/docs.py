@@ -28,7 +28,9 @@ def doc_bounds(seq_len: int, docs: int | None = None, doc_lengths: list[int] | N
 
 def sample_doc_lengths(seq_len: int, mean_tokens: float, seed: int = 0) -> list[int]:
     """Exponential document lengths (mean `mean_tokens`) packed into S tokens, last one truncated."""
-    if mean_tokens <= 0:
+    if seq_len <= 0:
+        raise InputError(f"sequence length must be positive, got {seq_len}", source="--seq-len")
+    if not mean_tokens > 0 or not np.isfinite(mean_tokens):
         raise InputError("mean document length must be positive", field="--doc-mean-tokens")
     rng = np.random.default_rng(seed)
     out, left = [], seq_len

@@ -29,6 +29,8 @@ class CPGeometry:
     name: str = "custom"
 
     def __post_init__(self):
+        if self.tp < 1:
+            raise InputError(f"TP degree must be at least 1, got {self.tp}", source="--tp")
         for heads, kind in ((self.kda_heads, "KDA"), (self.mla_heads, "MLA")):
             if heads and heads % self.tp:
                 raise InputError(f"TP={self.tp} does not divide the {heads} {kind} heads", field="tp")

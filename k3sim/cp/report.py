@@ -13,6 +13,7 @@ from k3sim.cp.geometry import CPGeometry
 from k3sim.cp.sweep import (crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, plot_step, step_times, sweep,
                              winners)
 from k3sim.cp.traffic import layer_traffic, ring_kv_recv_bytes_per_rank
+from k3sim.errors import InputError
 
 MIB = 2 ** 20
 
@@ -149,14 +150,59 @@ def plot_kcp_validation(rows: list[dict], path: Path) -> None:
     tmp.replace(path)
 
 
+def check_sweep_inputs(g: CPGeometry, seq_lens: list[int], cps: list[int], focus_cp: int) -> None:
+    """Refuse a sweep that cannot produce its outputs, before anything is computed or written."""
+    if not seq_lens:
+        raise InputError("no sequence lengths to sweep", source="--seq-lens")
+    if not cps:
+        raise InputError("no CP degrees to sweep", source="--cps")
+    bad = [S for S in seq_lens if S <= 0]
+    if bad:
+        raise InputError(f"sequence lengths must be positive, got {bad[0]}", source="--seq-lens")
+    bad = [P for P in cps if P < 1]
+    if bad:
+        raise InputError(f"CP degrees must be at least 1, got {bad[0]}", source="--cps")
+    if focus_cp not in cps:
+        raise InputError(f"the plotted CP degree --cp {focus_cp} is not among --cps {','.join(map(str, cps))}",
+                         source="--cp")
+    for kind, n in (("kda", g.num_kda_layers), ("mla", g.num_mla_layers)):
+        # every sweep strategy splits S into P (contiguous) or 2P (zigzag) parts; need one usable S per kind
+        if n and not any(S % focus_cp == 0 for S in seq_lens):
+            raise InputError(f"P = {focus_cp} divides none of the sweep lengths, nothing to plot for "
+                             f"{kind.upper()} layers", source="--seq-lens")
+
+
 def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,
                  state_dtype: str = "fp32", focus_cp: int = 8, kernel_time=None) -> dict:
+    """Write every sweep output into `out`, all or nothing: the files are produced in a staging directory
+    next to `out` and moved in only when all of them exist (a failure leaves `out` as it was)."""
+    import shutil
+    import tempfile
+
+    check_sweep_inputs(g, seq_lens, cps, focus_cp)
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as err:
+        raise InputError(f"cannot write to {out}: {err.strerror}", source="--out") from None
+    try:
+        res = _write_report(g, hw, seq_lens, cps, stage, state_dtype=state_dtype, focus_cp=focus_cp,
+                            kernel_time=kernel_time)
+        for f in sorted(stage.iterdir()):
+            f.replace(out / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    res["files"] = {k: str(out / Path(v).name) for k, v in res["files"].items()}
+    return res
+
+
+def _write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,
+                  state_dtype: str = "fp32", focus_cp: int = 8, kernel_time=None) -> dict:
     from k3sim.configs import load_hardware
     from k3sim.cp import validate as V
     from k3sim.cp.published import published_table
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
     root = V.measured_root(hw)
     check = V.intra_device_check(hw, root)          # fitted to measured chunk_kda_fwd when it exists

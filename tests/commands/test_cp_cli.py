@@ -62,8 +62,24 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     (["--seq-len", "lots"], "not a token count"),
     (["--seq-len", "65536", "--docs", "4", "--doc-mean-tokens", "1000"], "not both"),
     (["--seq-len", "65536", "--tp", "5"], "does not divide"),
+    (["--seq-len", "65536", "--tp", "0"], "at least 1"),
+    (["--seq-len", "-5"], "positive"),
+    (["--seq-len", "abc"], "not a token count"),
+    (["--seq-len", "inf"], "not a token count"),
+    (["--seq-len", "nan"], "not a token count"),
+    (["--seq-len", "0", "--doc-mean-tokens", "100"], "positive"),
+    (["--sweep", "--seq-lens", "4K", "--cps", "2", "--cp", "4", "--out", "/tmp/k3sim-never"], "not among"),
+    (["--sweep", "--seq-lens", "-4K", "--cps", "2", "--cp", "2", "--out", "/tmp/k3sim-never"], "positive"),
 ])
 def test_cp_bad_input_exits_2(cli, args, needle):
     proc = cli(*BASE, *args)
     assert proc.returncode == 2
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cp_sweep_bad_out_exits_2_and_writes_nothing(cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = cli(*BASE, "--sweep", "--seq-lens", "8K", "--cps", "8", "--out", str(blocker / "sub"))
+    assert proc.returncode == 2 and "--out" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 from cp_fakes import fake_kernel_time, k3
 from k3sim.cp import intra_device as ID
 from k3sim.cp.report import write_report
+from k3sim.errors import InputError
 
 
 def test_report_with_measured_data(tmp_path):
@@ -30,3 +32,44 @@ def test_report_with_measured_data(tmp_path):
         assert (out / f).stat().st_size > 0, f
     assert res["intra_device_fit"]["fit"]["mape"] < 1e-6
     assert len(res["kcp_validation"]) and "KCP predicted vs measured" in (out / "summary.md").read_text()
+
+
+def _hw(tmp_path):
+    return SimpleNamespace(name="fakegpu", scaleup_domain_gpus=8, scaleup_bandwidth_bytes_per_s=4.5e11,
+                           scaleout_bandwidth_bytes_per_s=5e10, num_sms=132, peak_flops_per_s={"bf16": 1e15},
+                           calibration_dir=str(tmp_path / "none"))
+
+
+def test_report_failure_leaves_out_as_it_was(tmp_path):
+    """A failure half-way (the kernel clock dies at the published point's 64-head setting, after the sweep
+    table and plots exist) writes nothing into `out`, leaves an existing file untouched and no staging
+    directory behind."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "sweep.csv").write_text("old\n")
+
+    def dying(op, p, hw):
+        if op == "chunk_kda_fwd" and p["H"] == 64:
+            raise RuntimeError("boom")
+        return fake_kernel_time(op, p, hw)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=dying)
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
+    assert (out / "sweep.csv").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+@pytest.mark.parametrize("lens,cps,focus,needle", [
+    ([], [8], 8, "no sequence lengths"),
+    ([8192], [], 8, "no CP degrees"),
+    ([0, 8192], [8], 8, "must be positive"),
+    ([8192], [0, 8], 8, "at least 1"),
+    ([8192], [2, 4], 8, "not among"),
+    ([1000], [3], 3, "divides none"),
+])
+def test_report_refuses_unplottable_sweeps_before_writing(tmp_path, lens, cps, focus, needle):
+    out = tmp_path / "rep"
+    with pytest.raises(InputError, match=needle):
+        write_report(k3(), _hw(tmp_path), lens, cps, out, focus_cp=focus, kernel_time=fake_kernel_time)
+    assert not out.exists()
