@@ -127,7 +127,8 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
     - MLA's latent KV is shared by all heads, so every TP rank caches all of it (vLLM/SGLang MLA under
       TP); CP splits it by tokens. KDA and conv state are per head, so they divide by TP.
     - AttnRes block representatives exist for tokens in flight: one prefill chunk, split over TP by
-      sequence parallelism (MISSION sec. 3).
+      sequence parallelism (MISSION sec. 3). The default chunk of 8192 tokens is vLLM V1's default
+      `max_num_batched_tokens` for the OpenAI server on large-memory GPUs (vllm/engine/arg_utils.py).
     - `workspace_fraction` of HBM is held back for CUDA context, NCCL buffers and temporaries (vLLM's
       default gpu_memory_utilization = 0.9 leaves 10 %).
     """
