@@ -76,7 +76,8 @@ def plot_capacity(df, path: Path, title: str, physical_block_tokens: int, hash_b
         unb = g[g["capacity_bytes"].isna()]
         if len(unb):
             ax.axhline(100 * float(unb["token_hit_rate"].iloc[0]), color=color, ls="--", lw=0.8)
-    ax.set_xscale("log")
+    if d["capacity_bytes"].notna().any():  # an unbounded-only sweep has no capacity axis, only the dashed lines
+        ax.set_xscale("log")
     ax.set_xlabel("cache capacity (bytes)")
     ax.set_ylabel("token hit rate (%)")
     ax.set_title(f"{title}\nphysical block {physical_block_tokens}, hash block {hash_block_tokens}; dashed: unbounded")

@@ -72,14 +72,6 @@ class SweepReport:
     wall_s: float = 0.0
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capacity_bytes", "token_hit_rate",
                  "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions",
                  "requests_rejected", "wall_s"]
@@ -130,7 +122,6 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
              "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
              "capacity_plot": str(out / f"{name}_hit_vs_capacity.png")}
-    _atomic_write_text(Path(files["csv"]), df.to_csv(index=False))
     cols = [c for c in TABLE_COLUMNS if c in df]
     md = df[cols].copy()
     for c in ("token_hit_rate", "request_hit_rate"):
@@ -139,10 +130,28 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     md["capacity_bytes"] = md["capacity_bytes"].map(lambda v: "unbounded" if v != v or v is None else f"{v:.3g}")
     header = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
-    _atomic_write_text(Path(files["table"]), f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
-    title = label
-    plot_granularity(df, Path(files["granularity_plot"]), f"{title}: token hit rate vs granularity")
     pb = base.physical_block_tokens if base.physical_block_tokens in physical_blocks else max(physical_blocks)
     hb = base.hash_block_tokens if base.hash_block_tokens in hash_blocks else min(hash_blocks)
-    plot_capacity(df, Path(files["capacity_plot"]), title, pb, hb)
+    # every file is rendered to a temp name first and renamed only once all four exist: a failure leaves nothing
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staged: dict[str, Path] = {}
+    try:
+        for key in files:
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{Path(files[key]).name}.", suffix=Path(files[key]).suffix)
+            os.close(fd)
+            staged[key] = Path(tmp)
+        staged["csv"].write_text(df.to_csv(index=False))
+        staged["table"].write_text(f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
+        plot_granularity(df, staged["granularity_plot"], f"{label}: token hit rate vs granularity")
+        plot_capacity(df, staged["capacity_plot"], label, pb, hb)
+        for key, tmp in staged.items():
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, files[key])
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)

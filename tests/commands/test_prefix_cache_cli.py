@@ -119,3 +119,14 @@ def test_capacity_too_small_for_every_request_exit_2(tmp_path):
     proc = run_cli("prefix-cache", "--trace", t, "--capacity-bytes", str(7 * page), "--json")  # 4 KV + 3 KDA pages
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["requests"] == 2
+
+
+def test_sweep_unbounded_only_writes_all_files(tmp_path):
+    """A sweep with no finite capacity used to crash in the capacity plot (log axis with no data) after writing
+    the table: now the capacity plot shows the unbounded lines only."""
+    proc = run_cli("prefix-cache", "--trace", CONV, "--sweep", "--physical-blocks", "6144", "--capacities", "none",
+                   "--policies", "decoupled", "--out", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["rows"]) == 1 and out["rows"][0]["requests"] == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in out["files"].values())
