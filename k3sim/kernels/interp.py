@@ -24,7 +24,9 @@ import itertools
 
 import numpy as np
 
-_TOL = 1e-9
+from k3sim.kernels.points import SIGMA_FLOOR
+
+_TOL = 1e-9  # octaves: coordinates are log2 of integers, so equal ones agree to rounding only
 MULTILINEAR_MAX_SIGMA = 0.05  # relative; noisier corners go to the noise-weighted lines
 INTERP_DRIFT = 0.25  # drift allowed across a bracket, per octave of width x roughness (LOO-insensitive 0.1-0.5)
 
@@ -32,10 +34,12 @@ INTERP_DRIFT = 0.25  # drift allowed across a bracket, per octave of width x rou
 class ResidualGrid:
     """Points `X` (n x d, log2 of the parameters) with values `z`."""
 
+    # idw_neighbours: the nearest points averaged for a shape off every line; 6 surrounds a query on the
+    # 1-3 free axes the ops have (2 per axis) while staying local.
     def __init__(self, X: np.ndarray, z: np.ndarray, sigma: np.ndarray | None = None, idw_neighbours: int = 6):
         self.X = np.asarray(X, float).reshape(len(z), -1)
         self.z = np.asarray(z, float)
-        self.sigma = np.full(len(self.z), 0.02) if sigma is None else np.asarray(sigma, float)
+        self.sigma = np.full(len(self.z), SIGMA_FLOOR) if sigma is None else np.asarray(sigma, float)
         self.lo = self.X.min(axis=0)
         self.hi = self.X.max(axis=0)
         self.uniq = [np.unique(self.X[:, j]) for j in range(self.X.shape[1])]
@@ -61,6 +65,9 @@ class ResidualGrid:
                     slopes += [abs(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(pts, pts[1:]) if b[0] > a[0]]
                 if slopes:
                     out[j] = float(np.median(slopes))
+            # an axis with no neighbours to compare takes the roughest measured axis (or 1, a residual that
+            # may change by e per octave: distrust it); + 1e-3 per octave so even a perfectly flat axis
+            # lets distance count in the weights.
             fill = np.nanmax(out) if np.isfinite(out).any() else 1.0
             self._rough = np.where(np.isfinite(out), out, fill) + 1e-3
         return self._rough

@@ -46,6 +46,7 @@ class RooflineFit:
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
     floor_s: float = 1e-12  # host-side floor: an eager call cannot finish before its launches are issued
+    # (the default, 1 ps, is no floor at all: for hand-built fits; every fitted one sets its own)
     # compute efficiency x (param / reference)^(-exponent) for the op's `eff_params` (e.g. SDPA head dim)
     eff_exponents: dict[str, float] = field(default_factory=dict)
 
@@ -195,6 +196,9 @@ def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight:
 
     best = None
     fpos = flop[flop > 0]
+    # Starting points only (the fit moves every one of them; the lowest final loss wins): half sizes a
+    # decade or two apart around where an H100/H200-class GPU fills (1e11 FLOP, 1e7-1e8 bytes), mid-range
+    # efficiencies and exponents, launch and floor as fractions of the fastest measured time.
     for half_f in ([1e9, 1e11, 1e13] if fpos.size else [1e9]):
         for half_b in (1e6, 1e8):
             init = RooflineFit(launch_s=0.3 * float(seconds.min()), eff_flop=0.6, half_flop=half_f, exp_flop=0.5,
@@ -217,8 +221,9 @@ def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6, weights=None) -
     def res(th):
         return soft_l1(w * (np.log(np.exp(th[0]) + wire / np.exp(th[1])) - y))
 
-    big = wire >= np.quantile(wire, 0.75)
-    beta0 = float(np.median(wire[big] / seconds[big])) if big.any() else 1e11
+    big = wire >= np.quantile(wire, 0.75)  # never empty: holds the largest message
+    beta0 = float(np.median(wire[big] / seconds[big]))  # start: achieved bandwidth of the largest quarter
+    # alpha starts under the fastest call
     th, _ = levenberg_marquardt(res, np.array([np.log(seconds.min() * 0.8), np.log(max(beta0, 1.0))]),
                                 prior_weight=prior_weight)
     return AlphaBetaFit(alpha_s=float(np.exp(th[0])), bus_bandwidth_bytes_per_s=float(np.exp(th[1])))

@@ -170,6 +170,9 @@ def wire_bytes(op: str, nbytes: float, n: int) -> float:
 
 # ---- registry -------------------------------------------------------------------------------------
 
+# Allowed ranges are sanity bounds on input (a typo, a unit slip), not claims about accuracy: past the
+# measured range the answer is the fitted model and says so. 2^24 per GEMM dimension is 16 M, beyond any
+# layer or token batch of the shipped models.
 _BIG = 2 ** 24
 _GEMM_RANGES = {"M": (1, _BIG), "N": (1, _BIG), "K": (1, _BIG)}
 

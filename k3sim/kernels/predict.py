@@ -177,7 +177,7 @@ class ProfilePredictor:
         key = (op, *p.values())
         hit = self._answers.get(key)
         if hit is None:
-            if len(self._answers) > 200_000:
+            if len(self._answers) > 200_000:  # memory bound only (~100 MB); answers do not depend on it
                 self._answers.clear()
             hit = self._answers[key] = self._predict(spec, p)
         return hit

@@ -85,6 +85,8 @@ def test_bad_input(synth):
 
 
 def test_named_profile_through_configs():
+    """The shipped h200 profile is calibrated: a 1 GiB read rests on the committed measurements, takes at
+    least the datasheet time (4.8 TB/s) and no more than twice it (a streaming read reaches > 50 %)."""
     kt = predict_kernel_time("hbm_read", {"bytes": 2 ** 30}, "h200")
-    assert kt.seconds > 2 ** 30 / 4.8e12 * 0.99 and kt.source in ("measured", "interpolated", "model",
-                                                                  "datasheet-roofline")
+    assert kt.source in ("measured", "interpolated")
+    assert 2 ** 30 / 4.8e12 < kt.seconds < 2 * 2 ** 30 / 4.8e12
