@@ -124,3 +124,36 @@ def test_seed_rate_solve_round_trips():
     k = p["pre_factor_for_seed_fwd_rate"]
     again = predict_published(hw(scaleup=2e11), kernel_time=fake_kernel_time, kcp_pre_factor=k)
     assert again["fwd"]["kcp_rate_pct"] == pytest.approx(76.0, rel=1e-9)
+
+
+def test_flop_ratios_by_hand():
+    """C = 64, K = V = 128. chunk fwd: parallel 5 x 2C^2K + C^3/3, serial 3 x 2CKV;
+    KCP pre-process 2 x 2CKV + 2CK^2 + 2K^3 -> 10 485 760 / 11 621 717.3 = 0.902; LASP-2 local state 2CKV."""
+    from k3sim.cp.flops import chunk_fwd_flops, kcp_preprocess_factor, lasp2_local_state_factor
+    from k3sim.cp.intra_device import MU_M_CHAIN
+
+    total = 5 * 2 * 64 * 64 * 128 + 64 ** 3 / 3 + 3 * 2 * 64 * 128 * 128
+    assert chunk_fwd_flops()["total"] == pytest.approx(total, rel=1e-12)
+    assert kcp_preprocess_factor() == pytest.approx(10_485_760 / total, rel=1e-12)
+    assert round(kcp_preprocess_factor(), 2) == 0.90
+    assert lasp2_local_state_factor() == pytest.approx(2 * 64 * 128 * 128 / total, rel=1e-12)
+    assert MU_M_CHAIN == 1.5                             # (2CK^2 + 2K^3) / (2 x 2CK^2) at C = 64, K = 128
+
+
+def test_published_setting_values_from_fake_kernels():
+    """PR #691 setting on the fake clock: no-CP time, the all-to-all time written out by hand, rates."""
+    p = predict_published(hw(scaleup=2e11), kernel_time=fake_kernel_time)
+    single = 2e-5 + 32768 * 64 * 1e-10
+    L, e = 8192, 2
+    a2a = (2e-5 + 32768 * 16 * 1e-10
+           + 2 * ALPHA + 3 / 4 * L * 64 * (3 * 128 + 128 + 1 + 128) * e / LINK)   # in + out all-to-all, P = 4
+    f = p["fwd"]
+    assert f["no_cp_s"] == pytest.approx(single, rel=1e-12)
+    assert f["a2a_s"] == pytest.approx(a2a, rel=1e-12)
+    assert f["kcp_rate_pct"] == pytest.approx(100 * single / 4 / f["kcp_s"], rel=1e-12)
+    assert f["kcp_time_saved_vs_a2a_pct"] == pytest.approx(100 * (1 - f["kcp_s"] / a2a), rel=1e-12)
+    main = 2e-5 + 8192 * 64 * 1e-10
+    fold = 3 * 3 * 2 * (64 * 128) * 128 * 128 / 6e14        # 3 fold steps, fp32 state = 3 TF32 passes
+    ag = ALPHA + 3 * 64 * 128 * 256 * 4 / LINK               # no conv halo: the op alone, as PR #691 times it
+    assert f["kcp_s"] == pytest.approx(main * (1 + 10_485_760 / (5 * 2 * 64 * 64 * 128 + 64 ** 3 / 3
+                                                                  + 3 * 2 * 64 * 128 * 128)) + fold + ag, rel=1e-12)
