@@ -21,6 +21,13 @@ def _check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block
             "(a Mooncake id does not say where inside its block two prompts diverge)", source=source)
 
 
+def _check_some_requests(trace: str | Path, stats: TraceStats) -> None:
+    if stats.requests == 0:
+        first = f"; first: line {stats.problems[0][0]}: {stats.problems[0][1]}" if stats.problems else ""
+        raise InputError(f"no valid request in the trace ({stats.skipped} malformed lines skipped{first})",
+                         source=str(trace))
+
+
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
                 capacity_bytes: float | None, num_kda_groups: int | None = None,
                 retention_interval_tokens: int = 0, tp: int = 1) -> CacheConfig:
@@ -54,6 +61,7 @@ def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False
                              "--physical-block" if cfg.policy == "coarse" else "--hash-block")
     stats = TraceStats()
     res = replay(read_mooncake(trace, strict=strict, stats=stats, limit=limit), cfg, sched, cost)
+    _check_some_requests(trace, stats)
     if res.requests == 0 and res.requests_rejected:
         raise DoesNotFit(
             f"capacity {cfg.capacity_bytes:.4g} B ({cfg.num_pages} pages of {cfg.page_bytes} B) is too small for "
@@ -109,6 +117,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
             for pb in physical_blocks:
                 _check_trace_granularity(pb, "--physical-blocks")
         requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
+        _check_some_requests(trace, stats)
         label = Path(trace).name
         name = name or Path(trace).stem
     else:

@@ -130,3 +130,16 @@ def test_sweep_unbounded_only_writes_all_files(tmp_path):
     out = json.loads(proc.stdout)
     assert len(out["rows"]) == 1 and out["rows"][0]["requests"] == 300
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in out["files"].values())
+
+
+def test_trace_without_valid_request_and_bad_limit_exit_2(tmp_path):
+    """All lines malformed (or an empty file) used to print a table of zeros with exit 0."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{not json\n{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1]}\n')
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", bad), "no valid request", "2 malformed", "line 1")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", bad, "--sweep", "--out", tmp_path / "s"), "no valid request")
+    assert not (tmp_path / "s").exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", empty), "no valid request")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--limit", "-1"), "--limit")
