@@ -1,7 +1,10 @@
-"""A toy hybrid model small enough to count by hand, and a toy GPU (plain functions, not fixtures:
-a second conftest.py would shadow tests/conftest.py for `from conftest import ...`)."""
+"""A toy hybrid model small enough to count by hand, and a toy GPU: plain functions, and the `toy` /
+`toy_gpu` fixtures the memory tests import from here (not from a tests/memory/conftest.py: a second
+conftest.py would shadow tests/conftest.py for `from conftest import ...`)."""
 
 from __future__ import annotations
+
+import pytest
 
 from k3sim.configs import HardwareProfile, ModelConfig
 from k3sim.configs.hardware import DATASHEET_FIELDS
@@ -25,3 +28,13 @@ def toy_gpu() -> HardwareProfile:
         name="toy-gpu", hbm_bytes=1e6, hbm_bandwidth_bytes_per_s=1e9, peak_flops_per_s={"bf16": 1e12},
         scaleup_bandwidth_bytes_per_s=1e9, scaleup_domain_gpus=8, scaleout_bandwidth_bytes_per_s=1e8,
         num_sms=1, sources={f: "test" for f in DATASHEET_FIELDS})
+
+
+@pytest.fixture(name="toy")
+def toy_fixture() -> ModelConfig:
+    return toy_model()
+
+
+@pytest.fixture(name="toy_gpu")
+def toy_gpu_fixture() -> HardwareProfile:
+    return toy_gpu()

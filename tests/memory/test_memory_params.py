@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_toys import toy_gpu as _toy_gpu, toy_model
+from memory_toys import toy_fixture  # noqa: F401 (the `toy` fixture)
 
 from k3sim.configs import load_model
 from k3sim.memory.params import count_params, kda_layer_params, mla_layer_params
@@ -67,8 +67,3 @@ def test_k3_checkpoint_bytes(root):
 
     info = model_info_result(str(root / "models/kimi-k3.yaml"))
     assert info["weight_bytes"] == pytest.approx(1.56e12, rel=0.03)
-
-
-@pytest.fixture
-def toy():
-    return toy_model()

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from memory_toys import toy_gpu as _toy_gpu, toy_model
+from memory_toys import toy_fixture, toy_gpu_fixture  # noqa: F401 (the `toy`, `toy_gpu` fixtures)
 
 from k3sim.configs import Parallelism, load_hardware, load_model
 from k3sim.errors import DoesNotFit
@@ -76,14 +76,6 @@ def test_interleaved_placement(toy):
     assert rank_layers(toy, Parallelism(pp=2, virtual_stages=2)) == [[0, 2], [1, 3]]
 
 
-@pytest.fixture
-def toy():
-    return toy_model()
-
-
-@pytest.fixture(name="toy_gpu")
-def _gpu():
-    return _toy_gpu()
 
 
 def test_tied_embeddings_copy_on_last_stage(toy):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_toys import toy_gpu as _toy_gpu, toy_model
+from memory_toys import toy_fixture, toy_gpu_fixture  # noqa: F401 (the `toy`, `toy_gpu` fixtures)
 
 from k3sim.configs import Parallelism, load_hardware, load_model
 from k3sim.errors import DoesNotFit
@@ -70,13 +70,3 @@ def test_cp_splits_activations(root):
     one = train_plan(m, hw, Parallelism(ep=8, dp=8), 65536, allow_overflow=True).per_gpu_bytes
     four = train_plan(m, hw, Parallelism(ep=8, dp=2, cp=4), 65536, allow_overflow=True).per_gpu_bytes
     assert four["activations"] == pytest.approx(one["activations"] / 4, rel=1e-6)
-
-
-@pytest.fixture
-def toy():
-    return toy_model()
-
-
-@pytest.fixture(name="toy_gpu")
-def _gpu():
-    return _toy_gpu()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_toys import toy_gpu as _toy_gpu, toy_model
+from memory_toys import toy_fixture  # noqa: F401 (the `toy` fixture)
 
 from k3sim.configs import load_model
 from k3sim.memory import sizes
@@ -43,8 +43,3 @@ def test_toy_sizes(toy):
 def test_fp8_kv_cache_halves(toy):
     fp8 = toy.model_copy(update={"mla": toy.mla.model_copy(update={"kv_cache_dtype": "fp8"})})
     assert sizes.mla_kv_bytes_per_token(fp8) * 2 == sizes.mla_kv_bytes_per_token(toy)
-
-
-@pytest.fixture
-def toy():
-    return toy_model()
