@@ -37,6 +37,12 @@ def test_table_output_unbounded_coarse():
     proc = run_cli("prefix-cache", "--trace", CONV, "--policy", "coarse")
     assert proc.returncode == 0, proc.stderr
     assert "token hit rate" in proc.stdout and "unbounded" in proc.stdout
+    from k3sim.prefix_cache.run import make_config, simulate
+
+    ref = simulate(CONV, make_config(ROOT / "models/kimi-k3.yaml", "coarse", 512, 6144, None))
+    assert 0 < ref.token_hit_rate < 0.1  # 6144-token blocks: only the few long shared prefixes hit
+    assert f"{100 * ref.token_hit_rate:.2f} %" in proc.stdout
+    assert f"{100 * ref.request_hit_rate:.2f} %" in proc.stdout
 
 
 def test_bad_inputs_one_line_exit_2(tmp_path):
@@ -66,6 +72,13 @@ def test_sweep_writes_table_and_plots(tmp_path):
     for f in out["files"].values():
         assert Path(f).exists() and Path(f).stat().st_size > 0
     assert not list(tmp_path.glob(".*"))  # no temp files left behind
+    # a sweep row is the same replay as a single run of that configuration
+    one = json.loads(run_cli("prefix-cache", "--trace", CONV, "--policy", "decoupled", "--physical-block", "2048",
+                             "--capacity-bytes", "64e9", "--json").stdout)
+    row = next(r for r in out["rows"] if (r["policy"], r["physical_block_tokens"], r["capacity_bytes"])
+               == ("decoupled", 2048, 64e9))
+    for key in ("token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions"):
+        assert row[key] == one[key], key
 
 
 def test_synthetic_workload_allows_fine_hash_blocks():

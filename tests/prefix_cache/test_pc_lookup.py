@@ -78,3 +78,13 @@ def test_bad_granularity_and_groups():
     assert k3("coarse", 512, 6144).effective_hash_block_tokens == 6144
     assert k3("decoupled").pages_per_group_state == 1  # 150 MB group state in one 170 MB page
     assert k3("decoupled", 512, 512).pages_per_group_state == 11
+
+
+def test_k3_sizes_used_in_these_tests_come_from_the_model_config():
+    """MLA_B / KDA_B above are not typed in to match: they are what the K3 config gives (27 KiB/token of MLA
+    latent KV over all MLA layers; KDA recurrent state + short-conv window over all KDA layers)."""
+    from k3sim.configs import load_model
+    from k3sim.prefix_cache.config import config_from_model
+
+    c = config_from_model(load_model("models/kimi-k3.yaml"), "decoupled", 512, 6144)
+    assert (c.mla_kv_bytes_per_token, c.kda_state_bytes_per_request, c.num_kda_groups) == (MLA_B, KDA_B, 3)
