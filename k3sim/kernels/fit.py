@@ -86,6 +86,11 @@ def fit_store_op(store, op: str, hw: Any) -> OpFit:
 
 
 def fit_profile(store, hw: Any) -> FittedProfile:
+    """Fit every op with at least one successful measurement; a store with none is bad input (an empty
+    fit or an empty validation table would look like a result)."""
+    if not store.ops():
+        raise InputError("no successful measurement of any known op (a run directory needs provenance.yaml "
+                         "and <op>.csv files with status ok)", source=str(store.root))
     ops = {op: fit_store_op(store, op, hw) for op in store.ops()}
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return FittedProfile(profile=str(hw.name), fit_date=date, data_fingerprint=store.fingerprint, ops=ops)

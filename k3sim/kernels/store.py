@@ -139,6 +139,13 @@ def _read_csv(path: Path, op: str, run_id: str) -> "pd.DataFrame":
             line = int(bad_rows.idxmax()) + 2  # header is line 1
             raise InputError(f"line {line}: {col}={df.loc[bad_rows.idxmax(), col]!r} is not a positive "
                              f"{'integer' if col in spec.params else 'number'}", source=str(path), field=col)
+        if col in spec.params:  # the op's own bounds (ops.py), as for a query: gpus=1 is no collective
+            lo, hi = spec.ranges[col]
+            out = ok & ((num < lo) | (num > hi))
+            if out.any():
+                line = int(out.idxmax()) + 2
+                raise InputError(f"line {line}: {col}={int(num[out.idxmax()])} outside the op's allowed range "
+                                 f"[{lo}, {hi}]", source=str(path), field=col)
         df[col] = num
     df["run_id"] = run_id
     return df

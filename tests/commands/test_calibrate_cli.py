@@ -59,3 +59,14 @@ def test_unwritable_outputs_are_one_line_exit_2_and_leave_nothing(cli, tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot create the report directory" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):
+    hw, run = make_profile(tmp_path)
+    (run / "hbm_copy.csv").write_text("bytes,seconds,status,error\n1024,,failed,OOM\n")
+    for args in (["calibrate", "fit", "--hardware", hw], ["calibrate", "validate", "--hardware", hw, "--out", tmp_path / "rep"]):
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "no successful measurement" in lines[0]
+    assert not (run.parent / "fitted.yaml").exists()  # no empty fit written

@@ -52,6 +52,7 @@ def test_fingerprint_follows_content(tmp_path):
     ("M,N,K,seconds,status\n1,2,3,fast,ok\n", "seconds='fast' is not a positive number"),
     ("M,N,K,seconds,status\n1,2,3,-1,ok\n", "is not a positive"),
     ("M,N,K,seconds,status\n1.5,2,3,1e-5,ok\n", "M=.* is not a positive integer"),
+    ("M,N,K,seconds,status\n1,2,3,1e-5,ok\n1,33554432,3,1e-5,ok\n", "line 3: N=33554432 outside the op's allowed range"),
 ])
 def test_corrupt_or_foreign_csv(tmp_path, content, match):
     run = write_run(tmp_path, "a", {})
@@ -100,3 +101,12 @@ def test_spread_and_warmup_flags(tmp_path):
     pts = load_store(tmp_path).points("hbm_copy")
     assert list(pts["warmup"]) == [True, False, False]
     assert list(pts["spread"]) == pytest.approx([0.4, 0.1, 0.0])
+
+
+def test_collective_row_on_one_gpu_is_foreign(tmp_path):
+    """A 1-GPU all_gather has no wire bytes: fitted, it would turn into nonsense times, so it is refused."""
+    run = write_run(tmp_path, "a", {})
+    (run / "all_gather.csv").write_text("bytes,gpus,seconds,status\n1024,2,1e-5,ok\n1024,1,1e-5,ok\n")
+    with pytest.raises(InputError, match="line 3: gpus=1 outside") as err:
+        load_store(tmp_path)
+    assert "all_gather.csv" in str(err.value)
