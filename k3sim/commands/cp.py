@@ -78,8 +78,6 @@ def register(app: typer.Typer) -> None:
             return
         S = parse_tokens(seq_len, "--seq-len")
         lengths = None
-        if doc_mean is not None and docs is not None:
-            raise InputError("give --docs or --doc-mean-tokens, not both", source="--docs")
         if doc_mean is not None:
             from k3sim.cp.docs import sample_doc_lengths
 

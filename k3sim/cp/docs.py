@@ -15,6 +15,8 @@ from k3sim.errors import InputError
 
 def doc_bounds(seq_len: int, docs: int | None = None, doc_lengths: list[int] | None = None) -> np.ndarray:
     """Boundaries [0, ..., S]: one document, `docs` equal documents, or explicit lengths."""
+    if doc_lengths is not None and docs is not None:
+        raise InputError("give --docs or --doc-mean-tokens, not both", source="--docs")
     if doc_lengths is not None:
         lens = np.asarray(doc_lengths, dtype=np.int64)
         if lens.size == 0 or np.any(lens <= 0) or lens.sum() != seq_len:

@@ -78,3 +78,10 @@ def test_sampled_doc_lengths_pack_exactly():
     lens = D.sample_doc_lengths(100_000, 3000, seed=1)
     assert sum(lens) == 100_000 and min(lens) >= 1
     assert lens == D.sample_doc_lengths(100_000, 3000, seed=1)
+
+
+def test_docs_and_explicit_lengths_are_exclusive():
+    from k3sim.errors import InputError
+
+    with pytest.raises(InputError, match="not both"):
+        D.doc_bounds(64, docs=4, doc_lengths=[32, 32])
