@@ -9,30 +9,19 @@ import typer
 
 def model_info_result(model_path: str) -> dict:
     """Everything model-info reports, as a JSON-ready dict (SI units: bytes, parameter counts)."""
-    from k3sim.configs import bytes_per_element, load_model
+    from k3sim.configs import load_model
     from k3sim.memory import sizes
-    from k3sim.memory.params import ROUTED, count_params
+    from k3sim.memory.params import count_params, stored_weight_bytes
 
     model = load_model(model_path)
     report = count_params(model)
-    weight_bytes = 0
-    for row in report.rows:
-        if row.component == ROUTED:
-            fmt = model.moe.routed_weight_format
-        elif row.component in ("embeddings", "lm_head"):
-            fmt = model.embedding_format
-        elif row.component in ("norms", "attn_res", "vision"):
-            fmt = "bf16"
-        else:
-            fmt = model.weight_format
-        weight_bytes += row.total_params * bytes_per_element(fmt)
     return {
         "model": model.name,
         "source": model.source,
         "total_params": int(report.total_params),
         "active_params": int(report.active_params),
         "params_by_component": report.by_component(),
-        "weight_bytes": int(weight_bytes),
+        "weight_bytes": stored_weight_bytes(model, report),
         "layers": {
             "num_layers": model.num_layers,
             "num_kda_layers": model.num_kda_layers,

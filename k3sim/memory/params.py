@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.model import ModelConfig
 
 ROUTED = "routed_experts"
@@ -165,3 +166,23 @@ def count_params(model: ModelConfig) -> ParamReport:
         active_params=sum(r.active_params for r in rows),
         rows=rows,
     )
+
+
+def stored_format(model: ModelConfig, component: str) -> str:
+    """Weight format a component is stored in: routed experts in their format, embeddings/lm_head in
+    `embedding_format`, the small rest (norms, AttnRes queries, vision) in bf16, other linears in
+    `weight_format`."""
+    if component == ROUTED:
+        return model.moe.routed_weight_format
+    if component in ("embeddings", "lm_head"):
+        return model.embedding_format
+    if component in ("norms", "attn_res", "vision"):
+        return "bf16"
+    return model.weight_format
+
+
+def stored_weight_bytes(model: ModelConfig, report: ParamReport | None = None) -> int:
+    """Bytes of all weights in their stored formats (sum over components of params x bytes/element)."""
+    report = report or count_params(model)
+    return int(sum(r.total_params * bytes_per_element(stored_format(model, r.component))
+                   for r in report.rows))

@@ -17,7 +17,7 @@ from k3sim.errors import DoesNotFit
 from k3sim.memory import activations as act
 from k3sim.memory import sizes
 from k3sim.memory.layout import expert_tp, rank_layers
-from k3sim.memory.params import ROUTED, layer_params, non_layer_params
+from k3sim.memory.params import ROUTED, layer_params, non_layer_params, stored_format
 
 GB = 1e9
 # The router is fused with the latent down-projection and sharded with it (MISSION sec. 4).
@@ -77,15 +77,15 @@ def _serve_weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, i
         n = params.get(comp, 0)
         if not n:
             continue
+        fmt = stored_format(model, comp)
         if comp == ROUTED:
-            fmt = model.moe.routed_weight_format
             div, how = par.ep * etp, f"/ (ep={par.ep} x expert_tp={etp})"
         elif comp in TP_SHARDED:
-            fmt, div, how = model.weight_format, par.tp, f"/ tp={par.tp}"
+            div, how = par.tp, f"/ tp={par.tp}"
         elif comp in ("embeddings", "lm_head"):
-            fmt, div, how = model.embedding_format, par.tp, f"/ tp={par.tp} (vocab-parallel)"
+            div, how = par.tp, f"/ tp={par.tp} (vocab-parallel)"
         else:  # norms, attn_res, vision: replicated
-            fmt, div, how = "bf16", 1, "replicated"
+            div, how = 1, "replicated"
         rows.append(Row(f"weights_{comp}", math.ceil(n * bytes_per_element(fmt) / div),
                         f"{n:,} params x {fmt} {how}"))
     return rows

@@ -67,3 +67,12 @@ def test_k3_checkpoint_bytes(root):
 
     info = model_info_result(str(root / "models/kimi-k3.yaml"))
     assert info["weight_bytes"] == pytest.approx(1.56e12, rel=0.03)
+
+
+def test_stored_weight_bytes_by_format(toy):
+    from k3sim.memory.params import stored_format, stored_weight_bytes
+
+    assert stored_weight_bytes(toy) == 2 * 12822  # everything bf16
+    fp8_experts = toy.model_copy(update={"moe": toy.moe.model_copy(update={"routed_weight_format": "fp8"})})
+    assert stored_format(fp8_experts, "routed_experts") == "fp8" and stored_format(fp8_experts, "norms") == "bf16"
+    assert stored_weight_bytes(fp8_experts) == 2 * 12822 - 3 * 4 * (3 * 8 * 8)  # 2304 routed params at 1 B
