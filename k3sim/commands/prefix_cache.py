@@ -81,6 +81,8 @@ def register(app: typer.Typer) -> None:
             raise InputError("must be positive", source="--token-budget/--max-running")
         if tokens_per_s <= 0 or step_overhead_s < 0:
             raise InputError("throughput must be positive and overhead non-negative", source="--tokens-per-s")
+        if processes is not None and processes <= 0:
+            raise InputError(f"must be positive (got {processes})", source="--processes")
         if limit is not None and limit <= 0:
             raise InputError(f"must be positive (got {limit})", source="--limit")
         sched = SchedulerConfig(token_budget, max_running)

@@ -55,8 +55,9 @@ class CacheConfig:
             self.policy == "decoupled" and self.retention_interval_tokens % self.hash_block_tokens
         ):
             raise InputError("must be a non-negative multiple of the hash block", field="retention_interval_tokens")
-        if self.capacity_bytes is not None and self.capacity_bytes <= 0:
-            raise InputError(f"must be positive, got {self.capacity_bytes}", field="capacity_bytes")
+        if self.capacity_bytes is not None and not (math.isfinite(self.capacity_bytes) and self.capacity_bytes > 0):
+            raise InputError(f"must be a finite positive number of bytes (omit for unbounded), got "
+                             f"{self.capacity_bytes}", field="capacity_bytes")
 
     @property
     def has_kda(self) -> bool:

@@ -156,3 +156,12 @@ def test_trace_without_valid_request_and_bad_limit_exit_2(tmp_path):
     empty.write_text("")
     _one_line_exit_2(run_cli("prefix-cache", "--trace", empty), "no valid request")
     _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--limit", "-1"), "--limit")
+
+
+def test_non_finite_capacity_and_bad_processes_exit_2(tmp_path):
+    """These ended in tracebacks (NaN page count; a negative worker pool)."""
+    for cap in ("nan", "inf"):
+        _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--capacity-bytes", cap), "finite positive")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--sweep", "--processes", "-1", "--out",
+                             tmp_path / "s"), "--processes")
+    assert not (tmp_path / "s").exists()
