@@ -114,6 +114,22 @@ def to_dict(fp: FittedProfile) -> dict:
             "data_fingerprint": fp.data_fingerprint, "ops": ops}
 
 
+def _check_values(f: OpFit) -> None:
+    """Every fitted time, size, efficiency and bandwidth is finite and positive (exponents: finite), so
+    a hand-edited or damaged fit cannot turn into NaN or negative kernel times."""
+    vals = {}
+    if f.roofline is not None:
+        vals = {k: v for k, v in f.roofline.as_dict().items() if k != "eff_exponents"}
+        for k, v in f.roofline.eff_exponents.items():
+            if not np.isfinite(v):
+                raise ValueError(f"{f.op}: eff_exponents.{k}={v} is not finite")
+    for n, ab in f.alpha_beta.items():
+        vals.update({f"{n} GPUs {k}": v for k, v in ab.as_dict().items()})
+    for k, v in vals.items():
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{f.op}: {k}={v} is not a positive finite number")
+
+
 def from_dict(d: dict, source: str) -> FittedProfile:
     try:
         if d.get("format") != FORMAT:
@@ -129,6 +145,7 @@ def from_dict(d: dict, source: str) -> FittedProfile:
             else:
                 f.alpha_beta = {int(n): AlphaBetaFit(**{k: float(v) for k, v in ab.items()})
                                 for n, ab in o["by_gpus"].items()}
+            _check_values(f)
             ops[name] = f
         return FittedProfile(profile=str(d["profile"]), fit_date=str(d["fit_date"]),
                              data_fingerprint=str(d["data_fingerprint"]), ops=ops)

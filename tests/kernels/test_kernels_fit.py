@@ -89,3 +89,22 @@ def test_efficiency_exponent_on_head_dim_is_recovered():
     got = fit_roofline(flop, nbytes, true.seconds(flop, nbytes, feats), 1e15, 4e12, feats=feats, names=("D",))
     assert got.eff_exponents["D"] == pytest.approx(0.9, abs=0.05)
     assert got.eff_flop == pytest.approx(0.55, rel=0.05)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("launch_s", float("nan")), "launch_s=nan"),
+    (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("eff_bytes", -0.5), "eff_bytes=-0.5"),
+    (lambda d: d["ops"]["all_gather"]["by_gpus"][2].__setitem__("bus_bandwidth_bytes_per_s", 0.0), "bus_bandwidth"),
+])
+def test_fitted_yaml_with_impossible_values_is_refused(tmp_path, edit, match):
+    """A damaged or hand-edited fit must not turn into NaN or negative kernel times."""
+    import yaml
+
+    from k3sim.kernels.fit import to_dict
+
+    write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS, "all_gather": COLL_POINTS})
+    d = to_dict(fit_profile(load_store(tmp_path), hardware(tmp_path)))
+    edit(d)
+    (tmp_path / FITTED_NAME).write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match=f"not a k3sim kernel fit.*{match}"):
+        read_fitted(tmp_path / FITTED_NAME)
