@@ -67,6 +67,10 @@ def register(app: typer.Typer) -> None:
         if do_sweep:
             from k3sim.cp.report import write_report
 
+            if docs is not None or doc_mean is not None:
+                raise InputError("--sweep models one document per sequence; drop --docs / --doc-mean-tokens",
+                                 source="--sweep")
+
             res = write_report(g, hw, parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps"), out,
                                state_dtype=sdt, focus_cp=cp_degree)
             if as_json:

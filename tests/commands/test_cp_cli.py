@@ -69,6 +69,7 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     (["--seq-len", "nan"], "not a token count"),
     (["--seq-len", "0", "--doc-mean-tokens", "100"], "positive"),
     (["--sweep", "--seq-lens", "4K", "--cps", "2", "--cp", "4", "--out", "/tmp/k3sim-never"], "not among"),
+    (["--sweep", "--docs", "4", "--out", "/tmp/k3sim-never"], "one document"),
     (["--sweep", "--seq-lens", "-4K", "--cps", "2", "--cp", "2", "--out", "/tmp/k3sim-never"], "positive"),
 ])
 def test_cp_bad_input_exits_2(cli, args, needle):
