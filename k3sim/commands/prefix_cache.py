@@ -91,9 +91,11 @@ def register(app: typer.Typer) -> None:
                           retention_interval, tp)
         if sweep:
             pols = [p.strip() for p in policies.split(",") if p.strip()]
+            from k3sim.prefix_cache.config import POLICIES
+
             for p in pols:
-                if p not in ("coarse", "decoupled", "full-attention"):
-                    raise InputError(f"unknown policy '{p}'", source="--policies")
+                if p not in POLICIES:
+                    raise InputError(f"unknown policy '{p}' (choose {', '.join(POLICIES)})", source="--policies")
             rep = sweep_report(trace, cfg, policies=pols, hash_blocks=_ints(hash_blocks, "--hash-blocks"),
                                physical_blocks=_ints(physical_blocks, "--physical-blocks"),
                                capacities=_capacities(capacities), out_dir=out, name=name, strict=strict,
