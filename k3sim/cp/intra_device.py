@@ -47,7 +47,11 @@ class IntraParams:
     @classmethod
     def from_hardware(cls, hw: Any) -> "IntraParams":
         """Roofline guess: parallel phases at 50 % of dense bf16 peak; a state step's 2 x 2CKV/V_TILES FLOP
-        on one SM at 30 % of its share of the peak (small, dependent matmuls); 6 launches of 5 us."""
+        on one SM at 30 % of its share of the peak (small, dependent matmuls); 6 launches of 5 us.
+
+        The 50 %, 30 % and 5 us are unsourced placeholders, not measurements: they are used only for a
+        profile with no measured chunk_kda_fwd (results then carry source "roofline-guess"); `fit_naive`
+        replaces R, tau and t0 wherever measurements exist."""
         peak = float(hw.peak_flops_per_s["bf16"])
         step_flop = 2 * 2.0 * FLA_CHUNK * 128 * 128 / V_TILES
         return cls(0.5 * peak, step_flop / (0.3 * peak / hw.num_sms), 30e-6, 1, int(hw.num_sms))
