@@ -64,18 +64,17 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
     hw = load_hardware(hardware)
     try:
         par = validate(Parallelism, layout, source)
-        par.check_against(model)
+        if mode == "serve":
+            return serve_plan(model, hw, par, context, prefill_chunk_tokens=prefill_chunk,
+                              workspace_fraction=workspace_fraction, source=None)
+        return train_plan(model, hw, par, context, micro_batch_size=micro_batch,
+                          activation_checkpointing=recompute, num_micro_batches=num_micro_batches,
+                          workspace_fraction=workspace_fraction, source=None)
     except InputError as err:
         # A layout field came from an option: name the option (--tp, --virtual-stages), not the field.
         if err.field in layout and not isinstance(err, DoesNotFit):
             raise InputError(err.reason, source="--" + err.field.replace("_", "-")) from None
         raise
-    if mode == "serve":
-        return serve_plan(model, hw, par, context, prefill_chunk_tokens=prefill_chunk,
-                          workspace_fraction=workspace_fraction, source=None)
-    return train_plan(model, hw, par, context, micro_batch_size=micro_batch,
-                      activation_checkpointing=recompute, num_micro_batches=num_micro_batches,
-                      workspace_fraction=workspace_fraction, source=None)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Parallelism
-from k3sim.errors import DoesNotFit
+from k3sim.errors import DoesNotFit, InputError
 from k3sim.memory import activations as act
 from k3sim.memory import sizes
 from k3sim.memory.layout import expert_tp, rank_layers
@@ -248,6 +248,9 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     micro-batch. Vision tower activations are not modelled.
     """
     _check_layout(model, par, source)
+    if seq_len_tokens % par.cp:
+        raise InputError(f"cp={par.cp} does not divide the {seq_len_tokens}-token training sequence",
+                         source=source, field="cp")
     hbm = int(hw.hbm_bytes)
     reserve = math.ceil(workspace_fraction * hbm)
     dense_dp = par.dp * par.cp

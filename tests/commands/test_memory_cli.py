@@ -61,6 +61,8 @@ def test_train_mode_table(cli):
     (["--tp", "8", "--ep", "8", "--pp", "4", "--virtual-stages", "30"], ["--pp:", "120", "93 layers"]),
     (["--zero-stage", "5"], ["--zero-stage:", "0, 1, 2 or 3"]),
     (["--dp", "0"], ["--dp:", "greater than 0"]),
+    (["--mode", "train", "--tp", "8", "--pp", "2", "--ep", "8", "--cp", "3", "--context", "131072"],
+     ["--cp: cp=3 does not divide the 131072-token training sequence"]),
 ])
 def test_bad_input_one_line_exit_2(cli, args, words):
     proc = cli("memory", "--model", "models/kimi-k3.yaml", *args)
