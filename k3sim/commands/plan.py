@@ -51,9 +51,9 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json({"scenario": sc.name, "scenario_file": str(path),
                         "cluster_gpus": sc.cluster.num_gpus,
-                        "replicas": sc.cluster.num_gpus // sc.parallelism.gpus, "memory": result})
+                        "replicas": sc.replicas, "memory": result})
             return
         print(f"scenario {sc.name}: {sc.description or ''}".rstrip(": "))
         print(f"cluster: {sc.cluster.num_gpus} x {sc.hardware}, "
-              f"{sc.cluster.num_gpus // sc.parallelism.gpus} replica(s) of {sc.parallelism.gpus} GPUs")
+              f"{sc.replicas} replica(s) of {sc.parallelism.gpus} GPUs")
         print_plan(result, json_out=False)

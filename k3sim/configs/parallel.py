@@ -93,6 +93,11 @@ class Scenario(BaseModel):
     parallelism: Parallelism
     workload: Workload
 
+    @property
+    def replicas(self) -> int:
+        """Model replicas the cluster holds: num_gpus / (tp * pp * cp * dp), exact by validation."""
+        return self.cluster.num_gpus // self.parallelism.gpus
+
     @model_validator(mode="after")
     def _fits_cluster(self) -> "Scenario":
         if self.cluster.num_gpus % self.parallelism.gpus:

@@ -11,6 +11,11 @@ def test_plan_default_scenario(cli):
     out = run_cli_json(cli, "plan")
     assert out["scenario"] == "k3-h200-serve-128k"
     assert out["memory"]["max_concurrent_requests"] >= 1
+    assert out["cluster_gpus"] == 16 and out["replicas"] == 1  # 16 GPUs / (tp 8 x pp 2)
+    # The scenario plan is the memory plan of the same layout, not a separate computation.
+    direct = run_cli_json(cli, "memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200",
+                          "--mode", "serve", "--tp", "8", "--pp", "2", "--ep", "8", "--context", "131072")
+    assert out["memory"] == direct
 
 
 def test_plan_from_elsewhere_uses_repo_default(cli, tmp_path):

@@ -12,6 +12,7 @@ def test_shipped_scenarios_resolve(root, name):
     scenario, model, hw = resolve_scenario(root / f"scenarios/{name}.yaml")
     assert model.name == "kimi-k3" and hw.name == "h200"
     assert scenario.cluster.num_gpus % scenario.parallelism.gpus == 0
+    assert scenario.replicas * scenario.parallelism.gpus == scenario.cluster.num_gpus
 
 
 def test_default_is_k3_serve_tp8_pp2_ep8_128k(root):
