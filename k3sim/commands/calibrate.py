@@ -42,6 +42,11 @@ def register(app: typer.Typer) -> None:
         """Run the measurement harness (needs PyTorch and an NVIDIA GPU)."""
         from k3sim.output import print_json, print_kv
 
+        # option checks come first: on a machine without a GPU they still answer, and nothing is written
+        if not time_budget_s > 0:
+            raise InputError(f"must be a positive number of seconds, got {time_budget_s}", source="--time-budget")
+        if not [p for p in parts.split(",") if p.strip()]:
+            raise InputError("no part given (comma-separated harness parts, or 'all')", source="--parts")
         try:
             from k3sim.calibration.runner import ALL_PARTS, run_calibration
         except ModuleNotFoundError as err:

@@ -70,3 +70,14 @@ def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "no successful measurement" in lines[0]
     assert not (run.parent / "fitted.yaml").exists()  # no empty fit written
+
+
+def test_run_option_errors_come_before_the_gpu_check(cli, tmp_path):
+    for args, match in [(["--time-budget", "0"], "--time-budget: must be a positive"),
+                        (["--time-budget", "-5"], "--time-budget: must be a positive"),
+                        (["--parts", " , "], "--parts: no part given")]:
+        proc = cli("calibrate", "run", "--out", tmp_path / "run", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and match in lines[0], lines
+    assert not (tmp_path / "run").exists()
