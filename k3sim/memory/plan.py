@@ -245,7 +245,9 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     micro-batch per GPU = micro_batch_size x seq_len / cp. With checkpointing each layer keeps its
     input, plus one layer's full activations during recompute. AttnRes block representatives stay on
     the GPU per micro-batch in flight (MISSION sec. 3). The last rank also holds fp32 logits of one
-    micro-batch. Vision tower activations are not modelled.
+    micro-batch. Vision tower activations are not modelled. `workspace_fraction` of HBM is held back
+    as in `serve_plan`; for training that 10 % default is a modelling choice (CUDA context, NCCL
+    buffers, allocator fragmentation), not a measured figure.
     """
     _check_layout(model, par, source)
     if seq_len_tokens % par.cp:
