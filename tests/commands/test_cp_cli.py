@@ -36,9 +36,13 @@ def test_cp_default_state_is_fla_fp32_and_mla_expanded(cli):
 
 
 def test_cp_table_output(cli):
-    proc = cli(*BASE, "--seq-len", "65536", "--cp", "4", "--docs", "16")
+    proc = cli(*BASE, "--seq-len", "65536", "--cp", "4", "--docs", "16", "--state-dtype", "bf16")
     assert proc.returncode == 0, proc.stderr
     assert "breakdown" in proc.stdout
+    assert "18.00 MiB" in proc.stdout                    # 3 x 96 x 128 x 256 x 2 B of [S~|M] fragments
+    assert "18.21 MiB" in proc.stdout                    # + 3 x 96 x 384 x 2 B conv halo
+    assert "fold: 0 steps" in proc.stdout                # 16 docs of 4K: every rank edge is a doc edge
+    assert "(69 KDA + 24 MLA)" in proc.stdout
 
 
 def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
