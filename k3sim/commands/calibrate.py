@@ -47,6 +47,10 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"must be a positive number of seconds, got {time_budget_s}", source="--time-budget")
         if not [p for p in parts.split(",") if p.strip()]:
             raise InputError("no part given (comma-separated harness parts, or 'all')", source="--parts")
+        if out is not None and (Path(out) / "provenance.yaml").exists():
+            # the harness appends rows and rewrites provenance: old rows would carry the new run's provenance
+            raise InputError("already holds a measurement run; give a new directory (runs are never mixed)",
+                             source=str(out))
         try:
             from k3sim.calibration.runner import ALL_PARTS, run_calibration
         except ModuleNotFoundError as err:

@@ -81,3 +81,13 @@ def test_run_option_errors_come_before_the_gpu_check(cli, tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and match in lines[0], lines
     assert not (tmp_path / "run").exists()
+
+
+def test_run_refuses_an_existing_run_directory(cli, tmp_path):
+    _, run = make_profile(tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    proc = cli("calibrate", "run", "--out", run, "--parts", "hbm")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already holds a measurement run" in lines[0]
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # the earlier run is untouched
