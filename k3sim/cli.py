@@ -46,16 +46,23 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ex.exit_code)
     except SystemExit:
         raise
-    except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
+    except Exception as err:
+        # Usage errors from click, or from the copy of click that typer vendors: duck-typed, since
+        # the two class hierarchies differ between typer releases.
+        if callable(getattr(err, "format_message", None)) and hasattr(err, "exit_code"):
+            print(f"error: {_usage_error_line(err)}", file=sys.stderr)
             sys.exit(2)
-        if isinstance(err, click.exceptions.Abort):
+        if type(err).__name__ == "Abort":
             sys.exit(1)
         raise
 
+
+def _usage_error_line(err: Exception) -> str:
+    """One line: the option (when known) and the reason."""
+    message = " ".join(str(err.format_message()).split())  # type: ignore[attr-defined]
+    param = getattr(err, "param", None)
+    opts = getattr(param, "opts", None) or []
+    return f"{opts[0]}: {message}" if opts and opts[0] not in message else message
 
 if __name__ == "__main__":  # pragma: no cover
     main()
