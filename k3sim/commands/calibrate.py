@@ -15,12 +15,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _measured_dir(hardware: str):
     from k3sim.configs import load_hardware
-    from k3sim.kernels.hardware import measured_dir
+    from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
 
     hw = load_hardware(hardware)
     d = measured_dir(hw)
     if d is None:
-        raise InputError(f"profile '{hw.name}' has no measured data (run `k3sim calibrate run` on a GPU first)",
+        raise InputError(f"{uncalibrated_reason(hw)}; run `k3sim calibrate run` on a GPU first",
                          source="--hardware")
     return hw, d
 

@@ -47,6 +47,15 @@ def measured_dir(hw: Any) -> Path | None:
     return conv if conv.is_dir() else None
 
 
+def uncalibrated_reason(hw: Any) -> str:
+    """Why `measured_dir(hw)` is None, in words: a named calibration_dir that is missing (a typo, data
+    not installed) is said so, not passed off as a profile nobody calibrated."""
+    rel = getattr(hw, "calibration_dir", None)
+    if rel:
+        return f"profile '{hw.name}' names calibration_dir '{rel}', which is not a directory"
+    return f"profile '{hw.name}' is uncalibrated (no measured data directory)"
+
+
 def peak_flops(hw: Any, dtype: str) -> float:
     peaks = dict(hw.peak_flops_per_s or {})
     if dtype not in peaks or not peaks[dtype]:

@@ -188,7 +188,9 @@ class ProfilePredictor:
         if opp is not None:
             return opp.predict(p)
         if self.dir is None:
-            why = f"profile '{self.hw.name}' is uncalibrated (no measured data directory)"
+            from k3sim.kernels.hardware import uncalibrated_reason
+
+            why = uncalibrated_reason(self.hw)
         else:
             why = f"no successful measurement of {op} in {self.dir.name}"
         return datasheet_time(spec, p, self.hw, why)

@@ -33,8 +33,8 @@ def test_validate_writes_report(cli, tmp_path):
 
 def test_errors_exit_2(cli, tmp_path):
     bare, _ = make_profile(tmp_path / "b", calibrated=False)
-    cases = [(["calibrate", "fit", "--hardware", bare], "has no measured data"),
-             (["calibrate", "validate", "--hardware", bare, "--out", tmp_path / "rep"], "has no measured data")]
+    cases = [(["calibrate", "fit", "--hardware", bare], "is uncalibrated (no measured data directory)"),
+             (["calibrate", "validate", "--hardware", bare, "--out", tmp_path / "rep"], "is uncalibrated (no measured data directory)")]
     if importlib.util.find_spec("torch") is None:  # a machine without a GPU stack: `run` must refuse
         cases.append((["calibrate", "run", "--out", tmp_path / "run", "--parts", "hbm"], "PyTorch"))
     for args, match in cases:

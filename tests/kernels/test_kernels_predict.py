@@ -90,3 +90,11 @@ def test_named_profile_through_configs():
     kt = predict_kernel_time("hbm_read", {"bytes": 2 ** 30}, "h200")
     assert kt.source in ("measured", "interpolated")
     assert 2 ** 30 / 4.8e12 < kt.seconds < 2 * 2 ** 30 / 4.8e12
+
+
+def test_missing_calibration_dir_is_named_in_the_detail(tmp_path):
+    hw = hardware(tmp_path / "typo", name="bare")
+    kt = predict_kernel_time("hbm_copy", dict(bytes=2 ** 20), hw)
+    assert kt.source == "datasheet-roofline"
+    assert "names calibration_dir" in kt.detail and "typo" in kt.detail and "not a directory" in kt.detail
+    assert kt.seconds == pytest.approx(2 * 2 ** 20 / HBM_BW)
