@@ -75,7 +75,8 @@ def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):
 def test_run_option_errors_come_before_the_gpu_check(cli, tmp_path):
     for args, match in [(["--time-budget", "0"], "--time-budget: must be a positive"),
                         (["--time-budget", "-5"], "--time-budget: must be a positive"),
-                        (["--parts", " , "], "--parts: no part given")]:
+                        (["--parts", " , "], "--parts: no part given"),
+                        (["--profile", "../h200"], "--profile: expected a profile name")]:
         proc = cli("calibrate", "run", "--out", tmp_path / "run", *args)
         assert proc.returncode == 2, (args, proc.stderr)
         lines = proc.stderr.strip().splitlines()
