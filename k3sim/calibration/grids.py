@@ -47,7 +47,7 @@ KDA_DECODE_T = [1, 2, 4, 8]
 # Causal attention: heads per rank and head dims (128: K2/K3 v; 192: MLA q/k nope+rope).
 SDPA_H = [8, 32]
 SDPA_D = [128, 192]
-SDPA_T = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+SDPA_T = [1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]  # half-octaves
 
 # Collectives: per-rank shard bytes as nccl-tests counts them.
 COLLECTIVE_BYTES = [2 ** e for e in range(10, 31, 1)]

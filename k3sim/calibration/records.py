@@ -1,6 +1,6 @@
 """Result files: one CSV per op, appended row by row so an interrupted run keeps what it measured.
 
-Columns: the op's parameters, then seconds (median), seconds_p20, seconds_p80, reps, status, error,
+Columns: the op's parameters, then seconds (median), seconds_p20, seconds_p80, reps, status, error, host_s,
 then op-specific extras. Layout documented in DEVELOPING.md ("Measured data").
 """
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TIMING_COLUMNS = ["seconds", "seconds_p20", "seconds_p80", "reps", "status", "error"]
+TIMING_COLUMNS = ["seconds", "seconds_p20", "seconds_p80", "reps", "status", "error", "host_s"]
 
 
 class OpWriter:
@@ -33,7 +33,8 @@ class OpWriter:
 
     def ok(self, params: dict, timing, **extras) -> None:
         row = dict(params, seconds=f"{timing.seconds:.9g}", seconds_p20=f"{timing.seconds_p20:.9g}",
-                   seconds_p80=f"{timing.seconds_p80:.9g}", reps=timing.reps, status="ok", error="")
+                   seconds_p80=f"{timing.seconds_p80:.9g}", reps=timing.reps, status="ok", error="",
+                   host_s=f"{getattr(timing, 'host_s', float('nan')):.6g}")
         row.update({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in extras.items()})
         self._write(row)
 
@@ -94,7 +95,10 @@ def provenance(command: str, gpus_used: int, parts: list[str]) -> dict:
         "platform": platform.platform(),
         "command": command,
         "parts": ",".join(parts),
-        "timing": "median of CUDA-event timings, L2 flushed (256 MiB write) before each repetition",
+        "timing": ("median of CUDA-event timings, L2 flushed (256 MiB write) before each repetition; "
+                   "single-GPU ops: a GPU sleep before the start event covers the host's enqueue time, "
+                   "so the events bracket GPU execution alone (as a CUDA-graph replay); host_s = host "
+                   "enqueue time of one call"),
     }
 
 

@@ -3,6 +3,12 @@
 The H200's L2 is 60 MB (METHOD.md of the device tool: "data several times the L2"); writing a 256 MiB
 buffer between repetitions evicts it, so each repetition reads its operands from HBM as a real
 layer would.
+
+Launch-bound kernels (a decode step is tens of microseconds of GPU work behind a Python call that
+enqueues several kernels) would otherwise be timed with the host's enqueue time inside the events:
+the GPU idles between the start event and the first kernel. A GPU sleep queued before the start
+event gives the host that time, so the events bracket GPU execution alone, as a CUDA-graph replay
+in a serving engine sees it. The host time of one call is recorded beside it (`host_s`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,11 @@ from typing import Callable
 FLUSH_BYTES = 256 * 1024 * 1024
 SHORT_KERNEL_S = 200e-6
 SHORT_KERNEL_REPS = 200
+# torch.cuda._sleep counts SM clock cycles; 2 GHz is above the H100/H200 boost clock (1.98 GHz), so
+# a requested headroom is never shorter on the GPU than asked.
+SLEEP_CYCLES_PER_S = 2.0e9
+HEADROOM_MIN_S = 20e-6
+HEADROOM_MAX_S = 5e-3
 
 
 @dataclass
@@ -23,6 +34,18 @@ class Timing:
     seconds_p20: float
     seconds_p80: float
     reps: int
+    host_s: float = float("nan")  # host time to enqueue one call (no synchronisation)
+
+
+def launch_headroom_s(host_s: float) -> float:
+    """GPU sleep queued before each timed call: twice the host's enqueue time, clamped.
+
+    Twice, because host time jitters; at most 5 ms, because a call whose host side takes longer is
+    not launch-bound in any shape worth timing this way (and its GPU work dwarfs the gap anyway).
+    """
+    if not host_s == host_s or host_s <= 0:  # NaN or unknown
+        return HEADROOM_MIN_S
+    return min(HEADROOM_MAX_S, max(HEADROOM_MIN_S, 2.0 * host_s))
 
 
 _flush_buf = None
@@ -66,10 +89,13 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 25, warmup: int = 3, budg
     import torch
 
     t0 = time.perf_counter()
+    host_s = float("nan")
     for _ in range(warmup):
         if before_each:
             before_each()
+        h0 = time.perf_counter()
         fn()
+        host_s = time.perf_counter() - h0  # the last warm-up's: compiles and autotuning are over
     torch.cuda.synchronize()
     per_call = (time.perf_counter() - t0) / max(warmup, 1)
     if per_call > 0.5:
@@ -84,6 +110,8 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 25, warmup: int = 3, budg
         # spread 10-100 %); many more repetitions keep their median stable at little cost.
         reps = max(reps, SHORT_KERNEL_REPS)
     n = max(5, min(reps, int(budget_s / max(per_call, 1e-6))))
+    # Collectives keep their barrier-aligned start: a sleep there would skew the ranks instead.
+    sleep_cycles = 0 if barrier else int(launch_headroom_s(host_s) * SLEEP_CYCLES_PER_S)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
@@ -93,9 +121,11 @@ def time_cuda(fn: Callable[[], object], *, reps: int = 25, warmup: int = 3, budg
             flush_l2()
         if barrier:
             barrier()
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
         starts[i].record()
         fn()
         ends[i].record()
     torch.cuda.synchronize()
     xs = [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)]
-    return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), n)
+    return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), n, host_s)

@@ -10,22 +10,32 @@ import yaml
 
 from k3sim.calibration import grids
 from k3sim.calibration.records import OpWriter, write_provenance
-from k3sim.calibration.timing import Timing
+from k3sim.calibration.timing import HEADROOM_MAX_S, HEADROOM_MIN_S, Timing, launch_headroom_s
 from k3sim.errors import InputError
 
 
 def test_rows_are_on_disk_before_the_writer_closes(tmp_path):
     w = OpWriter(tmp_path, "gemm_bf16", ["M", "N", "K"])
-    w.ok({"M": 1, "N": 2, "K": 3}, Timing(1.5e-5, 1.4e-5, 1.6e-5, 25))
+    w.ok({"M": 1, "N": 2, "K": 3}, Timing(1.5e-5, 1.4e-5, 1.6e-5, 25, 3.25e-5))
     # A run killed here must keep the row: read the file while the writer is still open.
     rows = list(csv.DictReader(open(tmp_path / "gemm_bf16.csv")))
     assert rows == [{"M": "1", "N": "2", "K": "3", "seconds": "1.5e-05", "seconds_p20": "1.4e-05",
-                     "seconds_p80": "1.6e-05", "reps": "25", "status": "ok", "error": ""}]
+                     "seconds_p80": "1.6e-05", "reps": "25", "status": "ok", "error": "", "host_s": "3.25e-05"}]
     w.failed({"M": 4, "N": 2, "K": 3}, RuntimeError("CUDA out of memory\nmore"))
     w.close()
     rows = list(csv.DictReader(open(tmp_path / "gemm_bf16.csv")))
     assert rows[1]["status"] == "failed" and rows[1]["seconds"] == ""
     assert rows[1]["error"] == "RuntimeError: CUDA out of memory more"
+
+
+@pytest.mark.parametrize("host_s, expected", [
+    (50e-6, 100e-6),             # twice the host's enqueue time
+    (1e-6, HEADROOM_MIN_S),      # a cheap launch still gets the floor
+    (0.1, HEADROOM_MAX_S),       # a slow host side is capped: its GPU work dwarfs the gap
+    (float("nan"), HEADROOM_MIN_S),  # unknown (no warm-up call timed)
+])
+def test_launch_headroom_covers_the_host_enqueue_time(host_s, expected):
+    assert launch_headroom_s(host_s) == pytest.approx(expected)
 
 
 def test_a_second_writer_appends_without_a_second_header(tmp_path):
