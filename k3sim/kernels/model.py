@@ -10,7 +10,10 @@ Compute ops: a roofline with fitted efficiency, saturating in size, a launch ter
 efficiency loss of a GPU that is not filled (a = 1 would be a constant latency, a < 1 lets time grow
 sublinearly with size, as under-occupied kernels do); the p-norm is a smooth max between the roofs.
 `floor` is the host-side time of an eager call (Python and launches): a small kernel cannot finish
-before it has been issued. For an op with `eff_params` the compute efficiency also scales as a
+before it has been issued. An op whose kernel walks dependent steps one after another (fla's fused
+recurrent KDA loops over a request's tokens inside one program: each token's state update needs the
+last) adds `step_s` per step to the launch term: at small batch that latency chain, not FLOP or bytes,
+sets the time. For an op with `eff_params` the compute efficiency also scales as a
 fitted power of those: SDPA's head dim picks a different kernel tile; chunk KDA's inter-chunk
 recurrence is parallel over heads only, so few heads leave SMs idle.
 
@@ -49,26 +52,35 @@ class RooflineFit:
     # (the default, 1 ps, is no floor at all: for hand-built fits; every fitted one sets its own)
     # compute efficiency x (param / reference)^(-exponent) for the op's `eff_params` (e.g. SDPA head dim)
     eff_exponents: dict[str, float] = field(default_factory=dict)
+    step_s: float = 0.0  # latency per dependent step (OpSpec.serial_steps); 0: the op has none
 
-    def seconds(self, flop, nbytes, feats=None):
-        """feats: n x k log2(param / reference) of the op's eff_params (None when it has none)."""
+    def seconds(self, flop, nbytes, feats=None, steps=None):
+        """feats: n x k log2(param / reference) of the op's eff_params (None when it has none);
+        steps: dependent steps per call (OpSpec.serial_steps), required when the fit has step_s."""
+        if self.step_s > 0 and steps is None:
+            raise ValueError("this fit has a per-step latency: pass the op's serial steps")
         return roofline_seconds(self.to_theta(), np.asarray(flop, float), np.asarray(nbytes, float),
-                                self.peak_flops_per_s, self.bandwidth_bytes_per_s, feats)
+                                self.peak_flops_per_s, self.bandwidth_bytes_per_s, feats,
+                                steps if self.step_s > 0 else None)
 
     def to_theta(self) -> np.ndarray:
         return np.array([np.log(self.launch_s), np.log(self.eff_flop), np.log(self.half_flop), _logit(self.exp_flop),
                          np.log(self.eff_bytes), np.log(self.half_bytes), _logit(self.exp_bytes),
-                         np.log(self.smooth_p - 1.0), np.log(self.floor_s), *self.eff_exponents.values()])
+                         np.log(self.smooth_p - 1.0), np.log(self.floor_s), *self.eff_exponents.values(),
+                         *([np.log(self.step_s)] if self.step_s > 0 else [])])
 
     @classmethod
-    def from_theta(cls, theta, peak: float, bw: float, names: tuple[str, ...] = ()) -> "RooflineFit":
+    def from_theta(cls, theta, peak: float, bw: float, names: tuple[str, ...] = (),
+                   serial: bool = False) -> "RooflineFit":
         v = _decode(theta)
+        k = NBASE + len(names)
         return cls(*[float(x) for x in v[:8]], peak_flops_per_s=float(peak), bandwidth_bytes_per_s=float(bw),
                    floor_s=float(v[8]),
-                   eff_exponents={n: float(g) for n, g in zip(names, theta[NBASE:])})
+                   eff_exponents={n: float(g) for n, g in zip(names, theta[NBASE:k])},
+                   step_s=float(np.exp(theta[k])) if serial else 0.0)
 
     def as_dict(self) -> dict:
-        d = {k: float(v) for k, v in asdict(self).items() if k != "eff_exponents"}
+        d = {k: float(v) for k, v in asdict(self).items() if k != "eff_exponents" and not (k == "step_s" and v == 0)}
         return {**d, "eff_exponents": dict(self.eff_exponents)} if self.eff_exponents else d
 
 
@@ -101,11 +113,20 @@ def _decode(theta):
 NBASE = 9  # theta entries before the efficiency exponents
 
 
-def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float, feats=None) -> np.ndarray:
+def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, bw: float, feats=None,
+                     steps=None) -> np.ndarray:
+    """theta: the 9 base parameters, then one efficiency exponent per column of `feats`, then (with
+    `steps`) log step_s."""
     launch, ef, hf, af, eb, hb, ab, p, floor = _decode(theta)
-    if len(theta) > NBASE and feats is not None:
-        flop = flop * np.exp2(np.asarray(feats, float).reshape(np.size(flop), -1) @ np.asarray(theta[NBASE:], float))
-        flop = flop.reshape(np.shape(nbytes)) if np.ndim(nbytes) == 0 else flop
+    k = NBASE
+    if feats is not None:
+        feats = np.asarray(feats, float).reshape(np.size(flop), -1)
+        k += feats.shape[1]
+        if feats.shape[1]:
+            flop = flop * np.exp2(feats @ np.asarray(theta[NBASE:k], float))
+            flop = flop.reshape(np.shape(nbytes)) if np.ndim(nbytes) == 0 else flop
+    if steps is not None:
+        launch = launch + np.exp(theta[k]) * np.asarray(steps, float).reshape(np.shape(flop))
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         tc = np.where(flop > 0, flop / (ef * peak) * (1.0 + (hf / np.maximum(flop, 1e-300)) ** af), 0.0)
         tm = np.where(nbytes > 0, nbytes / (eb * bw) * (1.0 + (hb / np.maximum(nbytes, 1e-300)) ** ab), 0.0)
@@ -167,7 +188,8 @@ def soft_l1(r: np.ndarray, c: float = ROBUST_SCALE) -> np.ndarray:
     return np.sign(r) * c * np.sqrt(2.0 * (np.sqrt(1.0 + (r / c) ** 2) - 1.0))
 
 
-def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None, feats=None):
+def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: bool = True, weights=None, feats=None,
+                      steps=None):
     """Residual function of theta: log error, times per-point weights (1 / relative uncertainty,
     normalised), through soft-L1; plus one-sided barriers that keep the fit physical where the data
     cannot: efficiencies at most 1 (no kernel beats the datasheet peak or HBM bandwidth), and the
@@ -180,7 +202,7 @@ def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: boo
     log_bmax = np.log(nbytes.max()) if (nbytes > 0).any() else np.inf
 
     def res(th):
-        r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw, feats)) - y)
+        r = w * (np.log(roofline_seconds(th, flop, nbytes, peak, bw, feats, steps)) - y)
         r = soft_l1(r) if robust else r
         over = [th[1], th[4], th[2] - log_fmax if (flop > 0).any() else 0.0, th[5] - log_bmax]
         return np.concatenate([r, BARRIER * np.maximum(np.array(over, float), 0.0)])
@@ -189,10 +211,12 @@ def roofline_residual(flop, nbytes, seconds, peak: float, bw: float, robust: boo
 
 
 def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight: float = 1e-4,
-                 robust: bool = True, weights=None, feats=None, names: tuple[str, ...] = ()) -> RooflineFit:
-    """Fit the compute-op model to measured seconds (several starts, the lowest loss wins)."""
+                 robust: bool = True, weights=None, feats=None, names: tuple[str, ...] = (),
+                 steps=None) -> RooflineFit:
+    """Fit the compute-op model to measured seconds (several starts, the lowest loss wins). `steps`:
+    dependent steps per shape (OpSpec.serial_steps), which adds the per-step latency to the fit."""
     flop, nbytes, seconds = (np.asarray(a, float) for a in (flop, nbytes, seconds))
-    res = roofline_residual(flop, nbytes, seconds, peak, bw, robust, weights, feats)
+    res = roofline_residual(flop, nbytes, seconds, peak, bw, robust, weights, feats, steps)
 
     best = None
     fpos = flop[flop > 0]
@@ -205,11 +229,13 @@ def fit_roofline(flop, nbytes, seconds, peak: float, bw: float, *, prior_weight:
                                eff_bytes=0.7, half_bytes=half_b, exp_bytes=0.5, smooth_p=4.0,
                                floor_s=0.5 * float(seconds.min()),
                                peak_flops_per_s=peak, bandwidth_bytes_per_s=bw,
-                               eff_exponents={n: 0.0 for n in names})
+                               eff_exponents={n: 0.0 for n in names},
+                               # a tenth of the fastest call per step: a start, not a guess the fit keeps
+                               step_s=0.1 * float(seconds.min()) if steps is not None else 0.0)
             th, cost = levenberg_marquardt(res, init.to_theta(), prior_weight=prior_weight)
             if best is None or cost < best[1]:
                 best = (th, cost)
-    return RooflineFit.from_theta(best[0], peak, bw, names)
+    return RooflineFit.from_theta(best[0], peak, bw, names, serial=steps is not None)
 
 
 def fit_alpha_beta(wire, seconds, *, prior_weight: float = 1e-6, weights=None) -> AlphaBetaFit:

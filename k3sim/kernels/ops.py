@@ -42,6 +42,8 @@ class OpSpec:
     check: Callable[[Params], str | None] = field(default=lambda p: None)
     eff_params: dict[str, float] = field(default_factory=dict)  # param -> reference value, see features()
     shape_params: tuple[str, ...] = ()  # what names a layer shape (GEMM's N, K): leave-shape-out validation
+    # dependent steps one kernel program walks in sequence (see model.py's step_s); None: none modelled
+    serial_steps: Callable[[Params], float] | None = None
 
     def features(self, rows: list[Params]):
         """n x k log2(param / reference) of `eff_params`: the fitted model's efficiency exponents act on these."""
@@ -49,6 +51,12 @@ class OpSpec:
 
         return np.array([[math.log2(r[k] / ref) for k, ref in self.eff_params.items()] for r in rows],
                         float).reshape(len(rows), len(self.eff_params))
+
+    def steps(self, rows: list[Params]):
+        """Dependent steps of each row (`serial_steps`), or None for an op without them."""
+        import numpy as np
+
+        return None if self.serial_steps is None else np.array([self.serial_steps(r) for r in rows], float)
 
 
 # ---- formulas -------------------------------------------------------------------------------------
@@ -210,7 +218,8 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p), lambda p: kda_fwd_bwd_bytes(p["T"], p["H"]),
            shape_params=("H",), eff_params={"H": 96}),
     OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"), {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096)},
-           recurrent_flop, recurrent_bytes, shape_params=("H",)),
+           recurrent_flop, recurrent_bytes, shape_params=("H",),
+           serial_steps=lambda p: float(p["T"])),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
     OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
            {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
            kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check),

@@ -45,6 +45,7 @@ class PointSet:
     nbytes: np.ndarray
     sigma: np.ndarray  # relative uncertainty of each median (from its p20-p80 spread), for weighting
     feats: np.ndarray  # n x k efficiency features (OpSpec.features)
+    steps: np.ndarray | None = None  # dependent steps per shape (OpSpec.steps), None if the op has none
 
     @classmethod
     def from_points(cls, spec: OpSpec, points) -> "PointSet":
@@ -56,10 +57,12 @@ class PointSet:
         return cls(points[list(spec.params)].to_numpy("int64").reshape(len(points), -1),
                    points["seconds"].to_numpy(float), points["rows"].to_numpy(int),
                    [str(r) for r in points["runs"]], flop, nbytes, sigma,
-                   spec.features(points[list(spec.params)].to_dict("records")))
+                   spec.features(points[list(spec.params)].to_dict("records")),
+                   spec.steps(points[list(spec.params)].to_dict("records")))
 
     def without(self, i: int) -> "PointSet":
         m = np.ones(len(self.seconds), bool)
         m[i] = False
         return PointSet(self.params[m], self.seconds[m], self.rows[m], [r for j, r in enumerate(self.runs) if j != i],
-                        self.flop[m], self.nbytes[m], self.sigma[m], self.feats[m])
+                        self.flop[m], self.nbytes[m], self.sigma[m], self.feats[m],
+                        None if self.steps is None else self.steps[m])

@@ -75,7 +75,7 @@ class OpPredictor:
 
     def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:
         if self.spec.kind != "collective":
-            return self.fit.roofline.seconds(flop, nbytes, points.feats)
+            return self.fit.roofline.seconds(flop, nbytes, points.feats, points.steps)
         gpus = points.params[:, self.spec.params.index("gpus")]
         return np.array([self._alpha_beta(int(n))[0].seconds(w) for n, w in zip(gpus, nbytes)])
 
@@ -102,7 +102,7 @@ class OpPredictor:
             ab, note = self._alpha_beta(p["gpus"])
             return float(ab.seconds(nbytes)), note
         feats = self.spec.features([p]) if self.spec.eff_params else None
-        t = self.fit.roofline.seconds(np.array([flop]), np.array([nbytes]), feats)
+        t = self.fit.roofline.seconds(np.array([flop]), np.array([nbytes]), feats, self.spec.steps([p]))
         return float(t[0]), f"roofline fit of {self.spec.name}"
 
     def predict(self, p: Mapping[str, int], extrapolation: str = EXTRAPOLATION) -> KernelTime:

@@ -23,8 +23,10 @@ TIMING_COLUMNS = ("seconds", "status")
 PROVENANCE_KEYS = ("gpu_name", "command")
 STATUSES = ("ok", "failed")
 # The harness (calibration/timing.time_cuda) cuts repetitions only when per-call time x reps would pass the
-# shape's budget_s, which is at least 1.5 s (the collectives'). A row whose median x its run's usual reps
-# is under 0.25 s (6x inside that) cannot have been cut for being slow: its warm-up was slow instead.
+# shape's budget_s, which is at least 1.5 s (the collectives'). A row under its base count of repetitions
+# (25; short kernels get 200 since 2026-11-30's later runs) whose median x 25 is under 0.25 s (6x inside
+# that) cannot have been cut for being slow: its warm-up was slow instead.
+BASE_REPS = 25
 WARMUP_CUT_S = 0.25
 
 
@@ -80,8 +82,7 @@ class MeasurementStore:
         warm = np.zeros(len(df), bool)
         if "reps" in df.columns:
             reps = pd.to_numeric(df["reps"], errors="coerce")
-            most = reps.groupby(df["run_id"]).transform("max")
-            warm = ((reps < most) & (df["seconds"] * most < WARMUP_CUT_S)).fillna(False).to_numpy()
+            warm = ((reps < BASE_REPS) & (df["seconds"] * BASE_REPS < WARMUP_CUT_S)).fillna(False).to_numpy()
         df = df.assign(spread=spread, warmup=warm)
         g = df.groupby(keys, sort=True)
         out = g[["seconds", "spread", "warmup", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them

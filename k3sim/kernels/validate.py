@@ -40,9 +40,10 @@ def _refit(spec, pts, full_fit):
         return out
     rf = full_fit.roofline
     res = roofline_residual(pts.flop, pts.nbytes, pts.seconds, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s,
-                            weights=w, feats=pts.feats)
+                            weights=w, feats=pts.feats, steps=pts.steps if rf.step_s > 0 else None)
     th, _ = levenberg_marquardt(res, rf.to_theta(), prior_weight=1e-4)
-    out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s, tuple(rf.eff_exponents))
+    out.roofline = RooflineFit.from_theta(th, rf.peak_flops_per_s, rf.bandwidth_bytes_per_s, tuple(rf.eff_exponents),
+                                          serial=rf.step_s > 0)
     return out
 
 

@@ -97,10 +97,12 @@ def test_spread_and_warmup_flags(tmp_path):
         "bytes,seconds,seconds_p20,seconds_p80,reps,status,error\n"
         "1048576,1e-5,0.9e-5,1.3e-5,5,ok,\n"       # cut to 5 reps although short: slow warm-up before it
         "2097152,2e-5,1.9e-5,2.1e-5,25,ok,\n"
-        "4194304,4e-5,,,25,ok,\n")
+        "4194304,4e-5,,,25,ok,\n"
+        "8388608,8e-5,,,200,ok,\n"                # a short kernel's extra repetitions do not make the
+        "16777216,1.6e-4,,,25,ok,\n")             # base count look like a cut
     pts = load_store(tmp_path).points("hbm_copy")
-    assert list(pts["warmup"]) == [True, False, False]
-    assert list(pts["spread"]) == pytest.approx([0.4, 0.1, 0.0])
+    assert list(pts["warmup"]) == [True, False, False, False, False]
+    assert list(pts["spread"]) == pytest.approx([0.4, 0.1, 0.0, 0.0, 0.0])
 
 
 def test_collective_row_on_one_gpu_is_foreign(tmp_path):
