@@ -108,3 +108,52 @@ def test_fitted_yaml_with_impossible_values_is_refused(tmp_path, edit, match):
     (tmp_path / FITTED_NAME).write_text(yaml.safe_dump(d))
     with pytest.raises(InputError, match=f"not a k3sim kernel fit.*{match}"):
         read_fitted(tmp_path / FITTED_NAME)
+
+
+DECODE_ROWS = [dict(B=b, T=t, H=h) for h in (12, 96) for t in (1, 2, 4, 8) for b in (1, 2, 4, 8, 16, 64, 256)]
+TRUE_DECODE = RooflineFit(4e-6, 0.05, 1e9, 0.5, 0.85, 2e7, 0.9, 3.0, 1e15, 4.8e12, floor_s=2e-6, step_s=1.5e-6)
+
+
+def _decode_work(rows):
+    spec = OPS["recurrent_kda_decode"]
+    return (np.array([spec.flop(r) for r in rows]), np.array([spec.bytes(r) for r in rows]), spec.steps(rows))
+
+
+def test_serial_step_latency_is_recovered_and_sets_small_batch_decode():
+    """fla's fused recurrent kernel walks a request's T tokens in sequence: at B = 1 the time grows with
+    T by the per-step latency although FLOP and bytes barely change; the fit finds that latency."""
+    flop, nbytes, steps = _decode_work(DECODE_ROWS)
+    t = TRUE_DECODE.seconds(flop, nbytes, steps=steps)
+    got = fit_roofline(flop, nbytes, t, 1e15, 4.8e12, steps=steps)
+    assert got.step_s == pytest.approx(1.5e-6, rel=0.1)
+    assert np.abs(got.seconds(flop, nbytes, steps=steps) / t - 1).max() < 0.03
+    one, eight = _decode_work([dict(B=1, T=1, H=96), dict(B=1, T=8, H=96)])[2]
+    assert (one, eight) == (1.0, 8.0)
+
+
+def test_a_fit_with_step_latency_refuses_a_call_without_steps():
+    flop, nbytes, _ = _decode_work(DECODE_ROWS[:3])
+    with pytest.raises(ValueError, match="serial steps"):
+        TRUE_DECODE.seconds(flop, nbytes)
+
+
+def test_step_latency_round_trips_through_theta_and_fitted_yaml(tmp_path):
+    """theta keeps the efficiency exponents before the step latency; fitted.yaml stores step_s only for
+    ops that have one."""
+    fit = RooflineFit(4e-6, 0.5, 1e10, 0.5, 0.8, 1e7, 0.7, 4.0, 1e15, 4e12, floor_s=1e-6,
+                      eff_exponents={"H": 0.3}, step_s=2e-6)
+    back = RooflineFit.from_theta(fit.to_theta(), 1e15, 4e12, ("H",), serial=True)
+    assert back.step_s == pytest.approx(2e-6) and back.eff_exponents["H"] == pytest.approx(0.3)
+    assert "step_s" not in RooflineFit(4e-6, 0.5, 1e10, 0.5, 0.8, 1e7, 0.7, 4.0, 1e15, 4e12).as_dict()
+    root = tmp_path / "m"
+    run = write_run(root, "a", {"hbm_copy": HBM_POINTS})
+    flop, nbytes, steps = _decode_work(DECODE_ROWS)
+    lines = ["B,T,H,seconds,status"] + [f"{r['B']},{r['T']},{r['H']},{t:.9g},ok" for r, t in
+                                        zip(DECODE_ROWS, TRUE_DECODE.seconds(flop, nbytes, steps=steps))]
+    (run / "recurrent_kda_decode.csv").write_text("\n".join(lines) + "\n")
+    fp = fit_profile(load_store(root), hardware(root))
+    assert fp.ops["recurrent_kda_decode"].roofline.step_s > 0 and fp.ops["hbm_copy"].roofline.step_s == 0
+    got = read_fitted(write_fitted(root / FITTED_NAME, fp))
+    assert got.ops["recurrent_kda_decode"].roofline.step_s == pytest.approx(
+        fp.ops["recurrent_kda_decode"].roofline.step_s, rel=1e-5)
+    assert "step_s" not in (root / FITTED_NAME).read_text().split("hbm_copy:")[1].split("recurrent_kda_decode:")[0]
