@@ -36,12 +36,15 @@ def register(app: typer.Typer) -> None:
     def cp(
         model: str = typer.Option("models/kimi-k3.yaml", "--model", help="Model YAML or HF config.json."),
         hardware: str = typer.Option("h200", "--hardware", help="Hardware profile name or path."),
-        seq_len: str = typer.Option("1048576", "--seq-len", help="Global tokens per sequence (1M, 32K ok)."),
+        seq_len: Optional[str] = typer.Option(None, "--seq-len",
+                                              help="Global tokens per sequence (1M, 32K ok) [default: 1M]."),
         cp_degree: int = typer.Option(8, "--cp", help="CP degree P (ranks sharing one sequence)."),
-        strategy: str = typer.Option("kcp", "--strategy", help="KDA layers: kcp | ulysses | lasp2 (reference)."),
-        mla_strategy: str = typer.Option("allgather-kv", "--mla-strategy",
-                                         help="MLA layers: allgather-kv | ring | zigzag-ring | ulysses."),
-        mla_kv: str = typer.Option("latent", "--mla-kv", help="MLA K/V moved as the 576-wide latent or expanded."),
+        strategy: Optional[str] = typer.Option(None, "--strategy",
+                                               help="KDA layers: kcp | ulysses | lasp2 (reference) [default: kcp]."),
+        mla_strategy: Optional[str] = typer.Option(
+            None, "--mla-strategy", help="MLA layers: allgather-kv | ring | zigzag-ring | ulysses [default: allgather-kv]."),
+        mla_kv: Optional[str] = typer.Option(None, "--mla-kv",
+                                             help="MLA K/V moved as the 576-wide latent or expanded [default: latent]."),
         state_dtype: Optional[str] = typer.Option(None, "--state-dtype",
                                                   help="bf16 | fp32 (default: the model's, fp32 as in fla)."),
         tp: int = typer.Option(1, "--tp", help="Head-parallel TP degree inside each CP rank."),
@@ -57,18 +60,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."""
         from k3sim.configs import load_hardware, load_model
-        from k3sim.cp import cp_step, geometry_from_model
+        from k3sim.cp import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, cp_step, default_state_dtype, geometry_from_model
         from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
 
         m = load_model(model)
         hw = load_hardware(hardware)
         g = geometry_from_model(m, tp=tp)
-        sdt = state_dtype or (m.kda.state_dtype if m.kda else "fp32")
+        sdt = state_dtype or default_state_dtype(m)
         if do_sweep:
             from k3sim.cp.report import write_report
 
             if docs is not None or doc_mean is not None:
                 raise InputError("--sweep models one document per sequence; drop --docs / --doc-mean-tokens",
+                                 source="--sweep")
+            ignored = [o for o, v in (("--seq-len", seq_len), ("--strategy", strategy),
+                                      ("--mla-strategy", mla_strategy), ("--mla-kv", mla_kv)) if v is not None]
+            if ignored:
+                raise InputError(f"--sweep covers every strategy and the lengths of --seq-lens; drop {', '.join(ignored)}",
                                  source="--sweep")
 
             res = write_report(g, hw, parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps"), out,
@@ -80,14 +88,14 @@ def register(app: typer.Typer) -> None:
                         [(w["cp"], w["layer"], w["fastest"], f"{w['from_seq_len']:,}") for w in res["winners"]])
             print_kv("written", [(k, v) for k, v in res["files"].items()])
             return
-        S = parse_tokens(seq_len, "--seq-len")
+        S = parse_tokens(seq_len or "1048576", "--seq-len")
         lengths = None
         if doc_mean is not None:
             from k3sim.cp.docs import sample_doc_lengths
 
             lengths = sample_doc_lengths(S, doc_mean, seed)
-        r = cp_step(g, hw, S, cp_degree, strategy, mla_strategy, state_dtype=sdt, mla_kv=mla_kv, docs=docs,
-                    doc_lengths=lengths)
+        r = cp_step(g, hw, S, cp_degree, strategy or "kcp", mla_strategy or DEFAULT_MLA_STRATEGY, state_dtype=sdt,
+                    mla_kv=mla_kv or DEFAULT_MLA_KV, docs=docs, doc_lengths=lengths)
         if as_json:
             print_json(r)
             return

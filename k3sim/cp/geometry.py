@@ -120,3 +120,10 @@ def geometry_from_model(model: Any, tp: int = 1) -> CPGeometry:
         kw.update(mla_heads=mla.num_heads, kv_lora_rank=mla.kv_lora_rank, qk_nope_head_dim=mla.qk_nope_head_dim,
                   qk_rope_head_dim=mla.qk_rope_head_dim, v_head_dim=mla.v_head_dim)
     return CPGeometry(**kw)
+
+
+def default_state_dtype(model: Any) -> str:
+    """The KDA recurrent-state dtype that KCP moves when the user names none: the model's own
+    (`kda.state_dtype`), else fp32 as fla keeps it."""
+    kda = getattr(model, "kda", None)
+    return getattr(kda, "state_dtype", None) or "fp32"

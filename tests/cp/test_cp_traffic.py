@@ -99,3 +99,12 @@ def test_bad_strategy_inputs(strategy, kind, S, P, tp, match):
 
 def test_good_zigzag_passes():
     assert check_strategy("zigzag-ring", "mla", 32, 8, 96, "--mla-strategy") == "zigzag"
+
+
+def test_default_state_dtype_is_the_models_else_fp32():
+    from types import SimpleNamespace
+
+    from k3sim.cp import default_state_dtype
+
+    assert default_state_dtype(SimpleNamespace(kda=SimpleNamespace(state_dtype="bf16"))) == "bf16"
+    assert default_state_dtype(SimpleNamespace(kda=None)) == "fp32"  # no KDA layers: nothing to move anyway
