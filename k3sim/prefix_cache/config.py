@@ -127,7 +127,9 @@ def config_from_model(model, policy: str, hash_block_tokens: int, physical_block
         raise InputError(f"must be >= 1 (got {tp})", source="--tp")
     kda = kda_state_bytes_per_request(model) + conv_state_bytes_per_request(model) if model.num_kda_layers else 0
     kda = math.ceil(kda / tp)
-    groups = switches.pop("num_kda_groups", None) or kda_groups_for(model.num_kda_layers, model.num_mla_layers)
+    groups = switches.pop("num_kda_groups", None)
+    if groups is None:
+        groups = kda_groups_for(model.num_kda_layers, model.num_mla_layers)
     if not model.num_kda_layers and policy != "full-attention":
         raise InputError(f"model '{model.name}' has no KDA layers: use --policy full-attention", field="policy")
     return CacheConfig(policy, hash_block_tokens, physical_block_tokens, mla_kv_bytes_per_token(model), kda,

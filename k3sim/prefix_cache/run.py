@@ -37,7 +37,9 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
         raise InputError(f"hash block {hash_block_tokens} does not divide physical block {physical_block_tokens}",
                          source="--hash-block")
     model = load_model(str(model_path))
-    kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups else {}
+    if num_kda_groups is not None and num_kda_groups < 1:
+        raise InputError(f"must be >= 1 (got {num_kda_groups})", source="--kda-groups")
+    kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups is not None else {}
     if retention_interval_tokens:
         kw["retention_interval_tokens"] = retention_interval_tokens
     return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp, **kw)

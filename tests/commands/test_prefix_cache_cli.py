@@ -49,12 +49,15 @@ def test_bad_inputs_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(Path(CONV).read_text().splitlines()[0] + "\n" + '{"timestamp": 1, "input_length": -5}\n')
     cases = [
-        ("--hash-block", "500"),
-        ("--capacity-bytes", "1e6"),
+        ("--hash-block", "500", "--hash-block"),
+        ("--capacity-bytes", "1e6", ""),
+        ("--kda-groups", "0", "--kda-groups"),    # 0 is not "the default": it is refused
+        ("--kda-groups", "-2", "--kda-groups"),
     ]
-    for opt, val in cases:
+    for opt, val, names in cases:
         proc = run_cli("prefix-cache", "--trace", CONV, opt, val)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert names in proc.stderr
     proc = run_cli("prefix-cache", "--trace", str(bad), "--strict")
     assert proc.returncode == 2 and "line 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_cli("prefix-cache", "--trace", str(bad), "--json")  # default: skip and count
