@@ -39,9 +39,9 @@ def register(app: typer.Typer) -> None:
         params = validate_params(get_op(op), parse_sets(sets))
         kt = predict_kernel_time(op, params, hardware=hardware)
         result = {"op": op, "hardware": hardware, "params": params, "seconds": kt.seconds, "source": kt.source,
-                  "detail": kt.detail}
+                  "method": kt.method, "detail": kt.detail}
         if as_json:
             print_json(result)
             return
         print_kv(f"{op} on {hardware}", [*params.items(), ("time", human_seconds(kt.seconds)), ("source", kt.source),
-                                         ("detail", kt.detail)])
+                                         ("method", kt.method), ("detail", kt.detail)])

@@ -30,11 +30,14 @@ EXTRAPOLATION = "hold"  # "hold": boundary residual kept outside the range; "mod
 
 @dataclass(frozen=True)
 class KernelTime:
-    """seconds: predicted kernel time (s); source: measured | interpolated | model | datasheet-roofline."""
+    """seconds: predicted kernel time (s); source: measured | interpolated | model | datasheet-roofline;
+    method: how, within the source: exact | the interpolation method (multilinear, axis-line,
+    line-nearest, idw) | boundary-held | model | datasheet."""
 
     seconds: float
     source: str
     detail: str
+    method: str = ""
 
 
 def log2_coords(spec: OpSpec, params: Mapping[str, int]) -> np.ndarray:
@@ -52,7 +55,7 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
         t = max(tc, tm)
         how = f"max(FLOP / peak {spec.dtype}, bytes / HBM bandwidth) = {'compute' if tc >= tm else 'memory'} bound"
     return KernelTime(float(t), "datasheet-roofline",
-                      f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)")
+                      f"{why}; datasheet roofline {how}, no launch or latency term (a lower bound)", "datasheet")
 
 
 class OpPredictor:
@@ -110,7 +113,7 @@ class OpPredictor:
         if key in self.exact:
             s, rows, runs = self.exact[key]
             return KernelTime(s, "measured", f"median of the repetitions in run {runs}"
-                              + (f" (the latest of {rows} measurements of this shape)" if rows > 1 else ""))
+                              + (f" (the latest of {rows} measurements of this shape)" if rows > 1 else ""), "exact")
         base, note = self.model_seconds(p)
         g = tuple(p[c] for c in self.spec.categorical)
         grid = self.groups.get(g)
@@ -120,7 +123,7 @@ class OpPredictor:
             r, method = hit
             return KernelTime(base * math.exp(r), "interpolated",
                               f"{note} x residual interpolated ({method}) over {len(grid.z)} measured points; "
-                              f"{self.fit_note}")
+                              f"{self.fit_note}", method)
         if grid is None:
             why = ", ".join(f"{c}={v}" for c, v in zip(self.spec.categorical, g)) + " not measured"
             if extrapolation == "hold" and self.groups:
@@ -130,16 +133,18 @@ class OpPredictor:
                 r, method = ng(ng.clip(q))
                 held = ", ".join(f"{c}={v}" for c, v in zip(self.spec.categorical, near))
                 return KernelTime(base * math.exp(r), "model",
-                                  f"{note} ({why}), residual of {held} held ({method}); {self.fit_note}")
-            return KernelTime(base, "model", f"{note} ({why}); {self.fit_note}")
+                                  f"{note} ({why}), residual of {held} held ({method}); {self.fit_note}",
+                                  "boundary-held")
+            return KernelTime(base, "model", f"{note} ({why}); {self.fit_note}", "model")
         outside = [f"{n}={p[n]}" for n, x, lo, hi in zip([n for n in self.spec.params if n not in self.spec.categorical],
                                                             q, grid.lo, grid.hi) if x < lo - 1e-9 or x > hi + 1e-9]
         if extrapolation == "hold":
             r, method = grid(grid.clip(q))
             return KernelTime(base * math.exp(r), "model",
                               f"{note}, residual held at the range boundary ({method}); outside the measured "
-                              f"range ({', '.join(outside)}); {self.fit_note}")
-        return KernelTime(base, "model", f"{note}; outside the measured range ({', '.join(outside)}); {self.fit_note}")
+                              f"range ({', '.join(outside)}); {self.fit_note}", "boundary-held")
+        return KernelTime(base, "model", f"{note}; outside the measured range ({', '.join(outside)}); {self.fit_note}",
+                          "model")
 
 
 class ProfilePredictor:

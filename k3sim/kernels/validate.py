@@ -74,8 +74,7 @@ def leave_one_out(store, hw: Any, fitted=None, *, refit: bool = True, extrapolat
             pred = opp.predict(dict(zip(keys, key)), extrapolation)
             model_s = opp.model_seconds(dict(zip(keys, key)))[0]
             measured = float(pts.seconds[i])
-            method = pred.detail.split("(")[1].split(")")[0] if pred.source == "interpolated" else (
-                "boundary-held" if "held" in pred.detail else "model")
+            method = pred.method
             rows.append({"family": spec.family, "op": op, "shape": " ".join(f"{k}={v}" for k, v in zip(keys, key)),
                          "measured_s": measured, "predicted_s": pred.seconds, "source": pred.source,
                          "method": method, "rel_err": pred.seconds / measured - 1.0,

@@ -27,7 +27,7 @@ def make_profile(tmp_path, calibrated: bool = True):
     run.mkdir(parents=True)
     (run / "provenance.yaml").write_text("gpu_name: test\ncommand: pytest\n")
     rows = ["bytes,seconds,seconds_p20,seconds_p80,reps,status,error"]
-    rows += [f"{2 ** e},{5e-6 + 2 * 2 ** e / 3.6e12:.9g},0,0,5,ok," for e in range(20, 31)]
+    rows += [f"{2 ** e},{5e-6 + 2 * 2 ** e / 3.6e12:.9g},0,0,25,ok," for e in range(20, 31)]
     (run / "hbm_copy.csv").write_text("\n".join(rows) + "\n")
     yaml_path = tmp_path / "clitest.yaml"
     yaml_path.write_text(PROFILE.format(cal=cal if calibrated else "null"))
@@ -39,11 +39,11 @@ def test_kernel_time_json_measured_and_interpolated(cli, tmp_path):
     proc = cli("kernel-time", "hbm_copy", "--hardware", hw, "--set", "bytes=1048576", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["source"] == "measured" and out["params"] == {"bytes": 1048576}
+    assert out["source"] == "measured" and out["params"] == {"bytes": 1048576} and out["method"] == "exact"
     assert out["seconds"] == pytest.approx(5e-6 + 2 * 2 ** 20 / 3.6e12, rel=1e-6)
     proc = cli("kernel-time", "hbm_copy", "--hardware", hw, "--set", "bytes=3000000", "--json")
     out = json.loads(proc.stdout)
-    assert out["source"] == "interpolated"
+    assert out["source"] == "interpolated" and out["method"] == "multilinear"  # 1-D: the bracketing pair
     assert out["seconds"] == pytest.approx(5e-6 + 2 * 3e6 / 3.6e12, rel=0.02)
 
 
