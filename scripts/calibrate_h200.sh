@@ -4,13 +4,13 @@
 # Phase 2: multi-GPU parts (NCCL collectives, fla KCP) on both GPUs under torchrun.
 # Phase 3: KCP at longer sequences. Phase 4: re-measure the launch-bound parts with host-launch headroom
 # (kda_decode at all head counts, sdpa on a half-octave grid) and chunk_kda fwd+bwd at H = 12, 24, 48.
-# Phase 5: KCP with packed documents (docs = 4) and at 256K tokens.
+# Phase 5: KCP with packed documents (docs = 4) and at 256K tokens. Phase 6: the leftovers of phase 5.
 # Results go to $OUT as tarballs (the device tool returns at most 8 files of 16 MiB); the Triton cache
 # (compiled kernels and fla's autotune choices) travels back too and is carried into the next phase,
 # pruned to what a cache hit loads (cubin, metadata and autotune JSON, launcher .so) and xz-packed so
 # that it fits the 64 MiB the working tree may carry.
 set -u
-phase=${1:?phase 1 to 5}
+phase=${1:?phase 1 to 6}
 export PYTHONUNBUFFERED=1 FLA_FLASH_KDA=0 TRITON_CACHE_DIR=/tmp/tcache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
@@ -43,6 +43,13 @@ elif [ "$phase" = 5 ]; then
     --kcp-lengths 32768,65536 --kcp-docs 4 > /tmp/res/log-2gpu-c.txt 2>&1
   timeout 200 $R --out /tmp/res/$day-2gpu-d --budget-s 190 --heads 96 --parts kcp \
     --kcp-lengths 262144 --kcp-docs 1 > /tmp/res/log-2gpu-d.txt 2>&1
+elif [ "$phase" = 6 ]; then
+  # chunk_kda_fwd at H = 48, 24, 12 again with a warm cache (run d's T=4096, H=48 row scattered by 62 %),
+  # then KCP forward+backward at 256K with a longer time box than phase 5 gave it.
+  CUDA_VISIBLE_DEVICES=0 timeout 90 $R --out /tmp/res/$day-1gpu-h --budget-s 80 --heads 48,24,12 \
+    --parts kda_fwd > /tmp/res/log-h.txt 2>&1
+  timeout 440 $R --out /tmp/res/$day-2gpu-e --budget-s 430 --heads 96 --parts kcp \
+    --kcp-lengths 262144 --kcp-docs 1 > /tmp/res/log-2gpu-e.txt 2>&1
 elif [ "$phase" = 3 ]; then
   # KCP at longer sequences (phase 2's compiles used most of its budget).
   timeout 470 $R --out /tmp/res/$day-2gpu-b --budget-s 455 --heads 96 --parts kcp \
@@ -59,7 +66,7 @@ fi
 tail -n 30 /tmp/res/log-*.txt
 for f in /tmp/res/*/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done
 tar czf $OUT/results-phase$phase.tgz -C /tmp/res .
-if [ "$phase" != 3 ] && [ "$phase" != 5 ]; then
+if [ "$phase" != 3 ] && [ "$phase" != 5 ] && [ "$phase" != 6 ]; then
   find /tmp/tcache -type f \( -name '*.llir' -o -name '*.ptx' -o -name '*.ttir' -o -name '*.ttgir' -o -name '*.source' \) -delete
   if command -v xz >/dev/null; then tar cf - -C /tmp/tcache . | xz -T0 -6 | split -b 15m - $OUT/tcache.txz.
   else tar czf - -C /tmp/tcache . | split -b 15m - $OUT/tcache.tgz.; fi
