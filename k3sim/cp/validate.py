@@ -27,22 +27,24 @@ def measured_root(hw: Any) -> Path | None:
 
 
 def load_op(root: Path | None, op: str):
-    """All ok rows of `<op>.csv` over every run directory, or None."""
-    import pandas as pd
+    """The ok rows of `<op>` over every run directory, one per shape: a shape measured by several runs
+    takes the latest run's row (the kernel store's rule, `MeasurementStore.points`), with all its
+    columns (e.g. KCP's `single_gpu_seconds`). None when nothing was measured."""
+    if root is None or not any(root.glob(f"*/{op}.csv")):
+        return None
+    from k3sim.kernels.ops import OPS
+    from k3sim.kernels.store import load_store
 
-    if root is None:
+    store = load_store(root)
+    df = store.ok(op)
+    if df.empty:
         return None
-    frames = []
-    for f in sorted(root.glob(f"*/{op}.csv")):
-        df = pd.read_csv(f)
-        if "status" in df:
-            df = df[df["status"] == "ok"]
-        df = df[np.isfinite(pd.to_numeric(df["seconds"], errors="coerce"))]
-        frames.append(df.assign(run_id=f.parent.name))
-    if not frames:
-        return None
-    df = pd.concat(frames, ignore_index=True)
-    return df if len(df) else None
+    order = {r: i for i, r in enumerate(store.run_order())}
+    keys = list(OPS[op].params)
+    df = df.assign(_order=df["run_id"].map(order)).sort_values("_order", kind="stable")
+    df = df.drop_duplicates(keys, keep="last").drop(columns="_order").reset_index(drop=True)
+    df[keys] = df[keys].astype("int64")
+    return df
 
 
 def intra_device_check(hw: Any, root: Path | None) -> dict | None:
@@ -50,7 +52,6 @@ def intra_device_check(hw: Any, root: Path | None) -> dict | None:
     df = load_op(root, "chunk_kda_fwd")
     if df is None:
         return None
-    df = df.groupby(["T", "H"], as_index=False)["seconds"].median()
     T, H, s = df["T"].to_numpy(), df["H"].to_numpy(), df["seconds"].to_numpy(float)
     base = IntraParams.from_hardware(hw)
     fitted, stats = fit_naive(T, H, s, base)
@@ -86,10 +87,7 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
     clock = KernelClock(hw, kernel_time or default_kernel_time())
     rows = []
     key = ["T", "H", "gpus", "docs"]
-    fwd = fwd.groupby(key, as_index=False).agg({"seconds": "median", **(
-        {"single_gpu_seconds": "median"} if "single_gpu_seconds" in fwd else {})})
-    fbm = {} if fb is None else {tuple(int(v) for v in r[key]): float(r["seconds"])
-                                 for _, r in fb.groupby(key, as_index=False)["seconds"].median().iterrows()}
+    fbm = {} if fb is None else {tuple(int(v) for v in r[key]): float(r["seconds"]) for _, r in fb.iterrows()}
     for _, r in fwd.iterrows():
         T, H, P, docs = (int(r[k]) for k in key)
         g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name=f"kda-{H}h")

@@ -51,6 +51,7 @@ def test_fit_recovers_parameters():
 def test_validate_on_synthetic_measurements(tmp_path):
     run = tmp_path / "run1"
     run.mkdir()
+    (run / "provenance.yaml").write_text('gpu_name: "Synthetic GPU"\ncommand: "pytest"\ndate_utc: "2026-01-01"\n')
     T = [4096, 16384, 65536, 262144]
     rows = [{"T": t, "H": h, "seconds": ID.naive(t, h, P0).seconds, "status": "ok"} for t in T for h in (12, 24, 48, 96)]
     rows.append({"T": 8192, "H": 12, "seconds": float("nan"), "status": "failed"})
@@ -92,3 +93,21 @@ def test_more_sequences_fill_the_gpu_like_heads():
 def test_short_calls_are_host_bound():
     """Below the floor (host issue time) every head count takes the same time, as measured at T = 4K."""
     assert ID.naive(4096, 12, P0).seconds == ID.naive(4096, 96, P0).seconds == P0.floor_s
+
+
+def test_a_later_run_supersedes_a_shape_and_host_floor_is_detected(tmp_path):
+    """The cp checks read measurements as the kernel store does (the latest run of a shape wins, not a
+    median over runs), and the naive-form fit takes a host floor only where the data show one."""
+    def run(name, date, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "provenance.yaml").write_text(f'gpu_name: "g"\ncommand: "pytest"\ndate_utc: "{date}"\n')
+        pd.DataFrame(rows).to_csv(d / "chunk_kda_fwd.csv", index=False)
+
+    run("b-old", "2026-01-01", [{"T": 4096, "H": h, "seconds": 1.3e-3, "status": "ok"} for h in (12, 96)])
+    run("a-new", "2026-02-01", [{"T": 4096, "H": 12, "seconds": 2.8e-4, "status": "ok"}])
+    df = V.load_op(tmp_path, "chunk_kda_fwd").sort_values("H")
+    assert df["seconds"].tolist() == [2.8e-4, 1.3e-3] and df["run_id"].tolist() == ["a-new", "b-old"]
+    T, H = np.array([4096, 4096, 8192, 8192]), np.array([12, 96, 12, 96])
+    assert ID.host_floor_s(T, H, np.array([1.30e-3, 1.32e-3, 1.31e-3, 2.6e-3])) == pytest.approx(1.31e-3)
+    assert ID.host_floor_s(T, H, np.array([2.8e-4, 1.32e-3, 5.3e-4, 2.6e-3])) == 0.0  # scales with heads

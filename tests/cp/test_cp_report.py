@@ -16,6 +16,7 @@ from k3sim.errors import InputError
 def test_report_with_measured_data(tmp_path):
     cal = tmp_path / "measured" / "run1"
     cal.mkdir(parents=True)
+    (cal / "provenance.yaml").write_text('gpu_name: "Synthetic GPU"\ncommand: "pytest"\n')
     p = ID.IntraParams(4e14, 1.5e-6, 40e-6, floor_s=1.2e-3)
     pd.DataFrame([{"T": t, "H": h, "seconds": ID.naive(t, h, p).seconds, "status": "ok"}
                   for t in (4096, 32768, 262144) for h in (12, 48, 96)]).to_csv(cal / "chunk_kda_fwd.csv", index=False)
