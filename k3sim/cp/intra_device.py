@@ -13,8 +13,9 @@ serial part (K3 report, FlashKDA). Three forms:
      t = t0 + W_par / R + (T/C/G) tau (2 + mu) + (G-1) tau.  Same math as KCP, no cross-device traffic.
 Free parameters: R (FLOP/s of the parallel phases), tau (seconds per chunk step of one lane), t0 (fixed
 GPU cost), blocks per SM, and a floor: a call never takes less than the host needs to issue its kernels
-(fla's chunk_kda launches a dozen Triton kernels from Python), t = max(floor, t_gpu). Defaults are a
-documented roofline guess; `fit_naive` replaces them with a least-squares fit to measured `chunk_kda_fwd`
+(fla's chunk_kda launches a dozen Triton kernels from Python), t = max(floor, t_gpu); measurements taken
+as GPU time (the harness hides the host's launch time) fit with floor 0. Defaults are a documented
+roofline guess; `fit_naive` replaces them with a least-squares fit to measured `chunk_kda_fwd`
 (the (a) form is what fla's Triton kernels do).
 """
 

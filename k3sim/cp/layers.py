@@ -135,7 +135,8 @@ def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[
     "flop-ratio": `kcp_pre_factor` (0.90, `flops.kcp_preprocess_factor`) x the GPU time of a chunk_kda
     forward over the segment. The pre-process runs inside the same host call as the main kernel, so with
     fitted intra-device parameters it scales the fitted GPU time, not the measured call time that a
-    host-bound short call reports (the measured ~1.3 ms floor would otherwise be counted twice).
+    host-bound short call reports (a host floor in the measurements would otherwise be counted twice;
+    the H200 data are GPU times since the 2026-11-30 h/i runs, and their fit has none).
     "state-pass": (1 + mu) x the fitted state-pass time (stages 1 and 2 of `KCP.md` as serial passes over
     the same lanes); kept as the alternative the measurements reject."""
     if not seg_lens:
