@@ -82,3 +82,25 @@ def test_leave_shape_out_hides_a_whole_shape(tmp_path):
     assert (lso["source"] != "measured").all()
     s = summarize_shapes(lso)
     assert s.loc[0, "count"] == len(GEMM_POINTS) and s.loc[0, "mape"] < 0.05
+
+
+@pytest.mark.skipif(not REAL.is_dir() or not any(REAL.glob("*/provenance.yaml")),
+                    reason="committed H200 measurements not present yet")
+def test_committed_fit_matches_the_committed_data_and_decode_has_its_step_latency():
+    """fitted.yaml was refitted after the last measurement was committed (else the predictor would refit
+    in memory on every start and call the file stale), and the decode fit carries the per-token latency
+    chain: one request verifying 16 tokens (beyond the measured T <= 8) costs more than 8 did."""
+    from k3sim.configs import load_hardware
+    from k3sim.kernels.fit import FITTED_NAME, read_fitted
+    from k3sim.kernels.predict import predict_kernel_time
+
+    store = load_store(REAL)
+    fitted = read_fitted(REAL / FITTED_NAME)
+    assert fitted.data_fingerprint == store.fingerprint
+    step = fitted.ops["recurrent_kda_decode"].roofline.step_s
+    assert 0.2e-6 < step < 10e-6  # a few hundred SM cycles per dependent token step
+    hw = load_hardware("h200")
+    t8 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 8, "H": 96}, hw)
+    t16 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 16, "H": 96}, hw)
+    assert t8.source == "measured" and t16.source == "model"
+    assert t16.seconds - t8.seconds > 8 * 0.5 * step
