@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
         tp: int = typer.Option(1, "--tp", help="TP ranks: sizes and capacity per GPU (KDA heads split, MLA replicated)"),
         retention_interval: int = typer.Option(0, "--retention-interval",
                                                help="decoupled: also keep a checkpoint every N tokens (0: off)"),
+        eviction: str = typer.Option("lru", "--eviction",
+                                     help="lru | flop-aware (Marconi: recency + alpha x prefill FLOP saved per byte)"),
+        eviction_alpha: float = typer.Option(1.0, "--eviction-alpha", help="flop-aware: weight of FLOP efficiency"),
         token_budget: int = typer.Option(8192, "--token-budget", help="tokens per scheduling step"),
         max_running: int = typer.Option(256, "--max-running"),
         tokens_per_s: float = typer.Option(2.0e5, "--tokens-per-s", help="step cost: tokens per second (scale knob)"),
@@ -88,7 +91,7 @@ def register(app: typer.Typer) -> None:
         sched = SchedulerConfig(token_budget, max_running)
         cost = StepCost(tokens_per_s, step_overhead_s)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
-                          retention_interval, tp)
+                          retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
         if sweep:
             pols = [p.strip() for p in policies.split(",") if p.strip()]
             from k3sim.prefix_cache.config import POLICIES
@@ -129,6 +132,8 @@ def register(app: typer.Typer) -> None:
             ("request hit rate", f"{100 * res.request_hit_rate:.2f} %"),
             ("MLA-only token hit rate", f"{100 * res.mla_only_token_hit_rate:.2f} %"),
             ("prefill tokens saved", f"{res.prefill_tokens_saved:,}"),
+            ("prefill FLOP saved", f"{res.prefill_flop_saved:.3g} ({100 * res.prefill_flop_saved_fraction:.2f} %)"),
+            ("eviction", res.eviction),
             ("checkpoint bytes peak", human_bytes(res.checkpoint_bytes_peak)),
             ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
             ("trace lines skipped", res.trace_lines_skipped),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k3sim.prefix_cache.config import CacheConfig
+from k3sim.prefix_cache.flops import PrefillFlops
 from k3sim.prefix_cache.pool import KDA, MLA, BlockPool
 
 
@@ -21,6 +22,8 @@ class CacheStats:
     requests_admitted: int = 0
     requests_with_hit: int = 0
     hit_tokens: int = 0
+    prefill_flop_requested: float = 0.0  # prefill FLOP of every admitted prompt, whole model
+    prefill_flop_saved: float = 0.0  # of which the hits skipped
     mla_match_tokens: int = 0  # what the MLA level alone would have reused
     checkpoints_written: int = 0
     checkpoints_skipped: int = 0  # no free page beyond reservations: best effort
@@ -86,6 +89,16 @@ class HybridPrefixCache:
         self.retain = cfg.retention_interval_tokens if self.G else 0
         self.pool = BlockPool(cfg.num_pages)
         self.pool.on_evict = self._on_evict
+        self.flops = PrefillFlops(cfg.prefill_flop_linear, cfg.prefill_flop_pair)
+        self.flop_aware = cfg.eviction == "flop-aware"
+        # flop-aware: the chain of MLA pages (page -> the page of the previous physical block of its prefix), so
+        # that only chain ends are eviction candidates: a page others continue from is never evicted first
+        self.mla_parent: dict[int, int] = {}
+        self.mla_children: dict[int, set[int]] = {}
+        if self.flop_aware:
+            self.pool.victim_window = cfg.eviction_window
+            self.pool.alpha = cfg.eviction_alpha
+            self.pool.is_leaf = lambda page: page not in self.mla_children
         self.mla_index: dict[int, int] = {}  # key -> page holding that prefix endpoint
         self.mla_ready: dict[int, int] = {}  # key -> first step its bytes have landed
         self.page_keys: dict[int, list[int]] = {}  # MLA page -> keys registered on it (alias endpoints)
@@ -148,6 +161,15 @@ class HybridPrefixCache:
     # ---------------------------------------------------------------- eviction
     def _on_evict(self, page: int) -> None:
         if self.pool.kind[page] == MLA:
+            if self.flop_aware:
+                par = self.mla_parent.pop(page, None)
+                if par is not None:
+                    sib = self.mla_children[par]
+                    sib.discard(page)
+                    if not sib:
+                        del self.mla_children[par]
+                for c in self.mla_children.pop(page, ()):
+                    del self.mla_parent[c]
             for key in self.page_keys.pop(page, ()):
                 if self.mla_index.get(key) == page:
                     del self.mla_index[key]
@@ -297,6 +319,9 @@ class HybridPrefixCache:
         st = self.stats
         st.requests_admitted += 1
         st.hit_tokens += hit * self.B_h
+        st.prefill_flop_requested += self.flops(L)
+        if hit:
+            st.prefill_flop_saved += self.flops(hit * self.B_h)
         st.mla_match_tokens += mla_end * self.B_h
         if hit:
             st.requests_with_hit += 1
@@ -348,6 +373,13 @@ class HybridPrefixCache:
                     lst = pk.get(p)
                     if lst is None:
                         pk[p] = [key]
+                        if self.flop_aware:  # a hit through this page skips prefilling its tokens
+                            b = j // r
+                            pool.value[p] = self.flops.span(b * B_p, (b + 1) * B_p) / self.cfg.page_bytes
+                            par = blocks[b - 1] if b else -1
+                            if par >= 0 and par != p and par in pk:
+                                self.mla_parent[p] = par
+                                self.mla_children.setdefault(par, set()).add(p)
                     else:
                         lst.append(key)
             rs.reg_hb = hb_end
@@ -373,6 +405,10 @@ class HybridPrefixCache:
             return
         ck = Ckpt(key, self.step + 1, kept)
         ck.slots = [self._alloc_slot(ck) for _ in range(self.G)]  # new slots: cached ones stay read-only
+        if self.flop_aware:  # a hit on this checkpoint skips the whole prefix; it holds G slots of k pages
+            v = self.flops(hb * self.B_h) / (self.G * self.k * self.cfg.page_bytes)
+            for sid in ck.slots:
+                self.pool.value[self.slot_pages[sid][0]] = v
         self.ckpt_index[key] = ck
         self.stats.checkpoints_written += 1
         self._step_writes.append(ck)
@@ -456,5 +492,8 @@ class HybridPrefixCache:
         ), "checkpoint page count drifted"
         for p in pool.empty:
             assert p not in self.page_keys and p not in self.page_slot, f"empty page {p} still holds content"
+        for c, par in self.mla_parent.items():  # flop-aware chain links join registered MLA pages both ways
+            assert c in self.page_keys and par in self.page_keys and c in self.mla_children[par], "stale chain link"
+        assert sum(map(len, self.mla_children.values())) == len(self.mla_parent), "chain links not symmetric"
         for sid, pages in self.slot_pages.items():
             assert self.page_slot[pages[0]] == sid and (len(pages) == 1 or pool.unit[pages[0]] is pages)

@@ -20,6 +20,10 @@ from k3sim.errors import InputError
 
 Policy = Literal["coarse", "decoupled", "full-attention"]
 POLICIES: tuple[str, ...] = ("coarse", "decoupled", "full-attention")
+# lru: evict the free cached page (or KDA slot) released longest ago. flop-aware: Marconi's utility
+# (MLSys 2025, section 4.2), recency + alpha x FLOP saved per byte, both min-max normalised over the
+# oldest `eviction_window` free cached entries; the lowest utility goes first.
+EVICTIONS: tuple[str, ...] = ("lru", "flop-aware")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,12 @@ class CacheConfig:
     invalidate_siblings: bool = True  # rule 3
     junction_checkpoints: bool = True  # decoupled: keep a checkpoint where a request leaves a cached MLA chain
     retention_interval_tokens: int = 0  # decoupled: also end chunks at, and keep, every multiple of this (0: off)
+    eviction: str = "lru"
+    eviction_alpha: float = 1.0  # flop-aware: weight of FLOP efficiency against recency
+    eviction_window: int = 64  # flop-aware: oldest free cached entries compared per eviction
+    # prefill FLOP of a t-token prefix = linear x t + pair x t (t + 1) (flops.PrefillFlops; 0: not known)
+    prefill_flop_linear: float = 0.0
+    prefill_flop_pair: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -55,6 +65,14 @@ class CacheConfig:
             self.policy == "decoupled" and self.retention_interval_tokens % self.hash_block_tokens
         ):
             raise InputError("must be a non-negative multiple of the hash block", field="retention_interval_tokens")
+        if self.eviction not in EVICTIONS:
+            raise InputError(f"unknown eviction '{self.eviction}' (choose {', '.join(EVICTIONS)})", field="eviction")
+        if not (math.isfinite(self.eviction_alpha) and self.eviction_alpha >= 0):
+            raise InputError(f"must be a finite number >= 0, got {self.eviction_alpha}", field="eviction_alpha")
+        if self.eviction_window < 1:
+            raise InputError(f"must be >= 1, got {self.eviction_window}", field="eviction_window")
+        if self.eviction == "flop-aware" and not self.prefill_flop_linear > 0:
+            raise InputError("flop-aware eviction needs the model's prefill FLOP per token", field="eviction")
         if self.capacity_bytes is not None and not (math.isfinite(self.capacity_bytes) and self.capacity_bytes > 0):
             raise InputError(f"must be a finite positive number of bytes (omit for unbounded), got "
                              f"{self.capacity_bytes}", field="capacity_bytes")
@@ -132,5 +150,10 @@ def config_from_model(model, policy: str, hash_block_tokens: int, physical_block
         groups = kda_groups_for(model.num_kda_layers, model.num_mla_layers)
     if not model.num_kda_layers and policy != "full-attention":
         raise InputError(f"model '{model.name}' has no KDA layers: use --policy full-attention", field="policy")
+    from k3sim.prefix_cache.flops import prefill_flops
+
+    flops = prefill_flops(model)
+    switches.setdefault("prefill_flop_linear", flops.linear_flop_per_token)
+    switches.setdefault("prefill_flop_pair", flops.attention_flop_per_token_pair)
     return CacheConfig(policy, hash_block_tokens, physical_block_tokens, mla_kv_bytes_per_token(model), kda,
                        groups or 1, capacity_bytes, **switches)

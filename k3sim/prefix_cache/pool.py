@@ -7,11 +7,18 @@ are handed out first; free pages that still hold cached content sit behind them 
 A KDA state slot of several pages is one *unit*: its pages are pinned, freed, cached and evicted together, so
 only its first page stands in the LRU (the others are "parked" behind it). Plain lists and ints: this is the
 simulator's hot path.
+
+Eviction picks the oldest free cached entry (LRU), or with `victim_window` > 0 the entry of lowest utility
+among the leaves (`is_leaf`: no cached entry depends on it) of the `victim_window` oldest: recency rank +
+alpha x `value` (FLOP a hit on it saves per byte, set by the cache), each min-max normalised over those
+candidates (Marconi's eviction, MLSys 2025, section 4.2, which evicts radix-tree nodes with at most one
+child; over a window of the LRU order as sampled-LRU caches do, so one eviction costs O(window)).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 from typing import Callable
 
 FREE, MLA, KDA = 0, 1, 2
@@ -35,6 +42,10 @@ class BlockPool:
         self.on_evict: Callable[[int], None] = lambda page: None
         self.evictions = 0
         self.evictions_by_kind = [0, 0, 0]
+        self.victim_window = 0  # 0: plain LRU; else flop-aware over this many oldest candidates
+        self.alpha = 1.0
+        self.value: dict[int, float] = {}  # head page -> FLOP saved per byte by a hit on its content
+        self.is_leaf: Callable[[int], bool] = lambda page: True  # flop-aware: nothing cached depends on it
 
     @property
     def num_pages(self) -> int:
@@ -57,7 +68,7 @@ class BlockPool:
             self.kind.append(FREE)
             self.generation.append(0)
         elif self.lru:
-            page, _ = self.lru.popitem(last=False)
+            page = self._victim()
             k = self.kind[page]
             members = self.unit.pop(page, None)
             if members is not None:  # the rest of the unit becomes empty
@@ -75,6 +86,31 @@ class BlockPool:
         self.kind[page] = kind
         self.generation[page] += 1
         return page
+
+    def _victim(self) -> int:
+        """Remove and return the free cached entry to evict (see the module docstring)."""
+        lru = self.lru
+        if self.victim_window <= 1 or len(lru) == 1:
+            return lru.popitem(last=False)[0]
+        leaf = self.is_leaf
+        cands = [p for p in islice(lru, self.victim_window) if leaf(p)]
+        if len(cands) < 2:  # no choice among leaves: the oldest leaf, else the oldest entry
+            page = cands[0] if cands else next(iter(lru))
+            del lru[page]
+            return page
+        value = self.value
+        vals = [value.get(p, 0.0) for p in cands]
+        lo = min(vals)
+        span = max(vals) - lo
+        scale = self.alpha / span if span > 0 else 0.0
+        last = len(cands) - 1
+        best, best_u = cands[0], float("inf")
+        for i, (p, v) in enumerate(zip(cands, vals)):
+            u = i / last + scale * (v - lo)
+            if u < best_u:
+                best, best_u = p, u
+        del lru[best]
+        return best
 
     def allocate_n(self, kind: int, n: int) -> list[int]:
         """A unit of n pages (a KDA state slot): empty pages in bulk, growth in bulk, then one `allocate` (which

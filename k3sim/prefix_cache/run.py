@@ -30,7 +30,8 @@ def _check_some_requests(trace: str | Path, stats: TraceStats) -> None:
 
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
                 capacity_bytes: float | None, num_kda_groups: int | None = None,
-                retention_interval_tokens: int = 0, tp: int = 1) -> CacheConfig:
+                retention_interval_tokens: int = 0, tp: int = 1, *, eviction: str = "lru",
+                eviction_alpha: float = 1.0) -> CacheConfig:
     from k3sim.configs import load_model
 
     if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
@@ -42,6 +43,7 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
     kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups is not None else {}
     if retention_interval_tokens:
         kw["retention_interval_tokens"] = retention_interval_tokens
+    kw.update(eviction=eviction, eviction_alpha=eviction_alpha)
     return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp, **kw)
 
 

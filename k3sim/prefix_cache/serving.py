@@ -75,6 +75,9 @@ class ReplayResult:
     simulated_s: float
     wall_s: float
     trace_lines_skipped: int = 0
+    eviction: str = "lru"
+    prefill_flop_saved: float = 0.0  # FLOP (whole model) the hits skipped
+    prefill_flop_saved_fraction: float = 0.0  # of the admitted prompts' prefill FLOP
     extra: dict = field(default_factory=dict)
 
 
@@ -237,5 +240,9 @@ def replay(
         steps=st["steps"],
         simulated_s=env.now,
         wall_s=time.perf_counter() - t0,
+        eviction=cfg.eviction,
+        prefill_flop_saved=s.prefill_flop_saved,
+        prefill_flop_saved_fraction=(s.prefill_flop_saved / s.prefill_flop_requested
+                                     if s.prefill_flop_requested else 0.0),
         extra=extra,
     )

@@ -62,3 +62,44 @@ def test_check_catches_a_page_both_free_and_referenced():
     pool.empty.append(p)  # corrupt on purpose
     with pytest.raises(AssertionError):
         pool.check()
+
+
+def _pool_with_free_cached(values: list[float], window: int = 8, alpha: float = 1.0) -> tuple[BlockPool, list[int]]:
+    pool = BlockPool(len(values))
+    pool.victim_window, pool.alpha = window, alpha
+    pages = [pool.allocate(MLA) for _ in values]
+    for p, v in zip(pages, values):
+        pool.value[p] = v
+        pool.decref(p, cached=True)  # freed oldest first
+    return pool, pages
+
+
+def test_flop_aware_eviction_trades_recency_against_flop_per_byte():
+    """utility = recency rank + alpha x FLOP-per-byte, min-max normalised over the candidates: with equal
+    weight the oldest of two pages survives when it saves far more per byte; LRU evicts it."""
+    pool, (old, new) = _pool_with_free_cached([10.0, 1.0], alpha=2.0)  # old: 0 + 2 x 1 = 2; new: 1 + 0 = 1
+    evicted = []
+    pool.on_evict = evicted.append
+    pool.allocate(MLA)
+    assert evicted == [new]
+    pool, (old, new) = _pool_with_free_cached([10.0, 1.0], alpha=0.5)  # old: 0.5 < new: 1 -> recency wins
+    evicted = []
+    pool.on_evict = evicted.append
+    pool.allocate(MLA)
+    assert evicted == [old]
+    pool.check()
+
+
+def test_flop_aware_eviction_only_looks_at_the_window_and_at_leaves():
+    pool, pages = _pool_with_free_cached([5.0, 5.0, 0.0], window=2)  # the cheap page is outside the window
+    evicted = []
+    pool.on_evict = evicted.append
+    pool.allocate(MLA)
+    assert evicted == [pages[0]]  # equal values: the older of the two in the window
+    pool, pages = _pool_with_free_cached([0.0, 9.0, 9.0])
+    pool.is_leaf = lambda p: p != pages[0]  # something cached continues from the cheapest page
+    evicted = []
+    pool.on_evict = evicted.append
+    pool.allocate(MLA)
+    assert evicted == [pages[1]]
+    pool.check()

@@ -28,11 +28,14 @@ class CacheMachine(RuleBasedStateMachine):
         r=st.sampled_from([1, 2, 4]),
         retention=st.sampled_from([0, 4]),
         junction=st.booleans(),
+        flop_aware=st.booleans(),
     )
-    def setup(self, policy, groups, pages, r, retention, junction):
+    def setup(self, policy, groups, pages, r, retention, junction, flop_aware):
+        ev = dict(eviction="flop-aware", eviction_window=4, prefill_flop_linear=10.0, prefill_flop_pair=1.0) \
+            if flop_aware else {}
         self.cache = HybridPrefixCache(tiny_config(policy, hash_block=2, physical_block=2 * r, groups=groups,
                                                    pages=pages, retention_interval_tokens=retention,
-                                                   junction_checkpoints=junction))
+                                                   junction_checkpoints=junction, **ev))
         self.running: list[tuple[ReqState, list[tuple[int, int]]]] = []
 
     @rule(bits=st.lists(st.integers(0, 1), max_size=10), extra=st.integers(0, 1), out=st.integers(0, 5))

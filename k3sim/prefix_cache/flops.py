@@ -1,0 +1,50 @@
+"""Prefill compute a prefix-cache hit saves: the FLOP of prefilling a sequence's first t tokens.
+
+    prefill_flop(t) = linear_flop_per_token x t + attention_flop_per_token_pair x t (t + 1)
+
+Linear: 2 FLOP per active weight per token (every layer's projections, the shared and the top-k routed
+experts, the router, AttnRes queries; not the embedding lookup, not the LM head, which prefill applies to
+the last token only), plus chunkwise KDA's own work per token and head (`kernels.ops.
+kda_fwd_flop_per_token_head`). Quadratic: causal MLA attention, expanded heads as prefill runs it: query i
+attends to i + 1 keys, 2 FLOP per multiply-add in Q K^T (d_qk = nope + rope) and in P V (d_v), summed
+over i < t: H (d_qk + d_v) t (t + 1) per MLA layer. Marconi (MLSys 2025, section 4.2) weighs cache
+entries by the same quantity: FLOP saved by a hit per byte of cache they hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PrefillFlops:
+    linear_flop_per_token: float
+    attention_flop_per_token_pair: float
+
+    def __call__(self, tokens: float) -> float:
+        """FLOP to prefill the first `tokens` tokens (whole model, all ranks)."""
+        return self.linear_flop_per_token * tokens + self.attention_flop_per_token_pair * tokens * (tokens + 1)
+
+    def span(self, start: float, end: float) -> float:
+        """FLOP of tokens [start, end) given the prefix before them (what a hit covering them saves)."""
+        return self(end) - self(start)
+
+
+def prefill_flops(model: Any) -> PrefillFlops:
+    """The model's prefill FLOP polynomial (see module docstring)."""
+    from k3sim.kernels.ops import kda_fwd_flop_per_token_head
+    from k3sim.memory.params import count_params
+
+    report = count_params(model)
+    lm_head = sum(r.active_params for r in report.rows if r.component == "lm_head")
+    linear = 2.0 * (report.active_params - lm_head)
+    kda = getattr(model, "kda", None)
+    if kda is not None and model.num_kda_layers:
+        linear += model.num_kda_layers * kda.num_heads * kda_fwd_flop_per_token_head()
+    mla = getattr(model, "mla", None)
+    pair = 0.0
+    if mla is not None and model.num_mla_layers:
+        pair = float(model.num_mla_layers * mla.num_heads
+                     * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim))
+    return PrefillFlops(linear, pair)
