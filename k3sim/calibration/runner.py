@@ -36,7 +36,8 @@ def _check_gpu() -> int:
     return torch.cuda.device_count()
 
 
-def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | None) -> int:
+def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | None,
+                 decode_tokens: list[int] | None = None) -> int:
     from k3sim.calibration import kda_ops, torch_ops
 
     kda_heads = heads or grids.KDA_HEADS
@@ -55,13 +56,15 @@ def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | N
     if part == "kda_fwd_bwd":
         return kda_ops.chunk_fwd_bwd(out_dir, deadline, kda_heads, grids.KDA_FWD_BWD_T)
     if part == "kda_decode":
-        return kda_ops.recurrent_decode(out_dir, deadline, kda_heads, grids.KDA_DECODE_B, grids.KDA_DECODE_T)
+        return kda_ops.recurrent_decode(out_dir, deadline, kda_heads, grids.KDA_DECODE_B,
+                                        decode_tokens or grids.KDA_DECODE_T)
     raise ValueError(part)
 
 
 def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s: float,
                     heads: list[int] | None = None, part_budgets_s: dict[str, float] | None = None,
-                    kcp_lengths: list[int] | None = None, kcp_docs: list[int] | None = None) -> Path:
+                    kcp_lengths: list[int] | None = None, kcp_docs: list[int] | None = None,
+                    decode_tokens: list[int] | None = None) -> Path:
     """Measure `parts` into `out_dir` (created); returns it. Raises InputError without a GPU."""
     from k3sim.calibration.records import provenance, write_provenance
     from k3sim.errors import InputError
@@ -92,7 +95,7 @@ def run_calibration(out_dir: Path, parts: list[str], profile: str, time_budget_s
         share = budgets.get(part, left / (len(single) - i + (1 if multi else 0)))
         deadline = time.monotonic() + min(share, left)
         t0 = time.monotonic()
-        n = _single_part(part, out_dir, deadline, heads)
+        n = _single_part(part, out_dir, deadline, heads, decode_tokens)
         print(f"[calibrate] {part}: {n} shapes in {time.monotonic() - t0:.0f}s", flush=True)
     if "gemm_bf16" in parts:
         from k3sim.calibration.torch_ops import flop_rate_check
@@ -153,13 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kcp-lengths", default="", help="global tokens for the KCP part, e.g. 131072,262144")
     ap.add_argument("--kcp-docs", default="", help="packed documents per sequence for the KCP part, e.g. 1,4")
     ap.add_argument("--part-budgets", default="", help="e.g. kda_fwd=200,kda_fwd_bwd=150")
+    ap.add_argument("--decode-tokens", default="", help="tokens per request for kda_decode, e.g. 16,32")
     a = ap.parse_args(argv)
     from k3sim.errors import InputError
 
     try:
         run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, _int_list(a.heads, "--heads") or None,
                         _budgets(a.part_budgets), _int_list(a.kcp_lengths, "--kcp-lengths") or None,
-                        _int_list(a.kcp_docs, "--kcp-docs") or None)
+                        _int_list(a.kcp_docs, "--kcp-docs") or None,
+                        _int_list(a.decode_tokens, "--decode-tokens") or None)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
