@@ -5,13 +5,13 @@
 # Phase 3: KCP at longer sequences. Phase 4: re-measure the launch-bound parts with host-launch headroom
 # (kda_decode at all head counts, sdpa on a half-octave grid) and chunk_kda fwd+bwd at H = 12, 24, 48.
 # Phase 5: KCP with packed documents (docs = 4) and at 256K tokens. Phase 6: the leftovers of phase 5.
-# Phase 7: chunk_kda_fwd at H = 96 with launch headroom.
+# Phase 7: chunk_kda_fwd at H = 96 with launch headroom. Phase 8: decode at T = 16, 32 (extrapolation check).
 # Results go to $OUT as tarballs (the device tool returns at most 8 files of 16 MiB); the Triton cache
 # (compiled kernels and fla's autotune choices) travels back too and is carried into the next phase,
 # pruned to what a cache hit loads (cubin, metadata and autotune JSON, launcher .so) and xz-packed so
 # that it fits the 64 MiB the working tree may carry.
 set -u
-phase=${1:?phase 1 to 7}
+phase=${1:?phase 1 to 8}
 export PYTHONUNBUFFERED=1 FLA_FLASH_KDA=0 TRITON_CACHE_DIR=/tmp/tcache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
@@ -55,6 +55,11 @@ elif [ "$phase" = 7 ]; then
   # chunk_kda_fwd at H = 96 with launch headroom (run a's short-T rows include the ~1.3 ms host floor).
   CUDA_VISIBLE_DEVICES=0 timeout 150 $R --out /tmp/res/$day-1gpu-i --budget-s 140 --heads 96 \
     --parts kda_fwd > /tmp/res/log-i.txt 2>&1
+elif [ "$phase" = 8 ]; then
+  # decode steps of 16 and 32 tokens per request: outside the T <= 8 grid the fit was made on
+  # (reports/calibration/decode_extrapolation.csv holds the predictions, committed before this run).
+  CUDA_VISIBLE_DEVICES=0 timeout 150 $R --out /tmp/res/$day-1gpu-j --budget-s 140 --heads 96,12 \
+    --parts kda_decode --decode-tokens 16,32 > /tmp/res/log-j.txt 2>&1
 elif [ "$phase" = 3 ]; then
   # KCP at longer sequences (phase 2's compiles used most of its budget).
   timeout 470 $R --out /tmp/res/$day-2gpu-b --budget-s 455 --heads 96 --parts kcp \
