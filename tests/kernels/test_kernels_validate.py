@@ -89,7 +89,7 @@ def test_leave_shape_out_hides_a_whole_shape(tmp_path):
 def test_committed_fit_matches_the_committed_data_and_decode_has_its_step_latency():
     """fitted.yaml was refitted after the last measurement was committed (else the predictor would refit
     in memory on every start and call the file stale), and the decode fit carries the per-token latency
-    chain: one request verifying 16 tokens (beyond the measured T <= 8) costs more than 8 did."""
+    chain: one request verifying 64 tokens (beyond the measured T <= 32) costs more than 32 did."""
     from k3sim.configs import load_hardware
     from k3sim.kernels.fit import FITTED_NAME, read_fitted
     from k3sim.kernels.predict import predict_kernel_time
@@ -100,7 +100,7 @@ def test_committed_fit_matches_the_committed_data_and_decode_has_its_step_latenc
     step = fitted.ops["recurrent_kda_decode"].roofline.step_s
     assert 0.2e-6 < step < 10e-6  # a few hundred SM cycles per dependent token step
     hw = load_hardware("h200")
-    t8 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 8, "H": 96}, hw)
-    t16 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 16, "H": 96}, hw)
-    assert t8.source == "measured" and t16.source == "model"
-    assert t16.seconds - t8.seconds > 8 * 0.5 * step
+    t32 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 32, "H": 96}, hw)
+    t64 = predict_kernel_time("recurrent_kda_decode", {"B": 1, "T": 64, "H": 96}, hw)
+    assert t32.source == "measured" and t64.source == "model"
+    assert t64.seconds - t32.seconds > 32 * 0.5 * step
