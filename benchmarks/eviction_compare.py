@@ -24,7 +24,7 @@ def one(job: tuple[str, float, str, float]) -> dict:
 
     trace, cap, eviction, alpha = job
     cfg = make_config(ROOT / "models/kimi-k3.yaml", "decoupled", 512, 6144, cap, eviction=eviction,
-                      eviction_alpha=alpha or 1.0)
+                      eviction_alpha=alpha or None)
     r = simulate(TRACES[trace], cfg)
     return {"trace": trace, "capacity_bytes": cap, "eviction": eviction, "alpha": alpha if alpha else "",
             "token_hit_rate": round(r.token_hit_rate, 5),

@@ -12,6 +12,7 @@
 # that it fits the 64 MiB the working tree may carry.
 set -u
 phase=${1:?phase 1 to 8}
+case "$phase" in [1-8]) ;; *) echo "phase must be 1 to 8, got '$phase'" >&2; exit 2 ;; esac
 export PYTHONUNBUFFERED=1 FLA_FLASH_KDA=0 TRITON_CACHE_DIR=/tmp/tcache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
@@ -76,7 +77,8 @@ fi
 tail -n 30 /tmp/res/log-*.txt
 for f in /tmp/res/*/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done
 tar czf $OUT/results-phase$phase.tgz -C /tmp/res .
-if [ "$phase" -le 2 ] || [ "$phase" = 4 ]; then
+case "$phase" in 1|2|4) pack_cache=1 ;; *) pack_cache=0 ;; esac
+if [ "$pack_cache" = 1 ]; then
   find /tmp/tcache -type f \( -name '*.llir' -o -name '*.ptx' -o -name '*.ttir' -o -name '*.ttgir' -o -name '*.source' \) -delete
   if command -v xz >/dev/null; then tar cf - -C /tmp/tcache . | xz -T0 -6 | split -b 15m - $OUT/tcache.txz.
   else tar czf - -C /tmp/tcache . | split -b 15m - $OUT/tcache.tgz.; fi

@@ -21,9 +21,9 @@ def _max_over_ranks(t: Timing) -> Timing:
     import torch
     import torch.distributed as dist
 
-    v = torch.tensor([t.seconds, t.seconds_p20, t.seconds_p80], device="cuda", dtype=torch.float64)
-    dist.all_reduce(v, op=dist.ReduceOp.MAX)
-    return Timing(float(v[0]), float(v[1]), float(v[2]), t.reps)
+    v = torch.tensor([t.seconds, t.seconds_p20, t.seconds_p80, t.host_s], device="cuda", dtype=torch.float64)
+    dist.all_reduce(v, op=dist.ReduceOp.MAX)  # NaN host_s (never timed) stays NaN
+    return Timing(float(v[0]), float(v[1]), float(v[2]), t.reps, float(v[3]))
 
 
 def _past(deadline: float) -> bool:

@@ -9,6 +9,9 @@ enqueues several kernels) would otherwise be timed with the host's enqueue time 
 the GPU idles between the start event and the first kernel. A GPU sleep queued before the start
 event gives the host that time, so the events bracket GPU execution alone, as a CUDA-graph replay
 in a serving engine sees it. The host time of one call is recorded beside it (`host_s`).
+Two limits: a call that synchronises with the host inside (a `.item()`, a device-to-host copy) still
+shows the launch gaps after that point; and multi-GPU timings (collectives, KCP) start from a barrier
+instead, without the sleep, so they include the host's launch time where it exceeds the GPU work.
 """
 
 from __future__ import annotations

@@ -60,13 +60,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."""
         from k3sim.configs import load_hardware, load_model
-        from k3sim.cp import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, cp_step, default_state_dtype, geometry_from_model
+        from k3sim.cp import (DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, check_state_dtype, cp_step, default_state_dtype,
+                              geometry_from_model)
         from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
 
         m = load_model(model)
         hw = load_hardware(hardware)
         g = geometry_from_model(m, tp=tp)
         sdt = state_dtype or default_state_dtype(m)
+        check_state_dtype(sdt)
         if do_sweep:
             from k3sim.cp.report import write_report
 

@@ -5,8 +5,9 @@ three single-GPU forms of KDA prefill; `validate` compares with measured fla ker
 """
 
 from k3sim.cp.geometry import CPGeometry, default_state_dtype, geometry_from_model
-from k3sim.cp.model import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, CPStepResult, cp_step
+from k3sim.cp.model import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, CPStepResult, check_state_dtype, cp_step
 from k3sim.cp.traffic import KDA_STRATEGIES, MLA_STRATEGIES, STRATEGIES, layer_traffic
 
-__all__ = ["CPGeometry", "geometry_from_model", "default_state_dtype", "cp_step", "CPStepResult", "DEFAULT_MLA_STRATEGY",
-           "DEFAULT_MLA_KV", "STRATEGIES", "KDA_STRATEGIES", "MLA_STRATEGIES", "layer_traffic"]
+__all__ = ["CPGeometry", "geometry_from_model", "default_state_dtype", "cp_step", "check_state_dtype",
+           "CPStepResult", "DEFAULT_MLA_STRATEGY", "DEFAULT_MLA_KV", "STRATEGIES", "KDA_STRATEGIES",
+           "MLA_STRATEGIES", "layer_traffic"]

@@ -64,6 +64,12 @@ def fitted_intra(hardware: Any) -> Any:
     return check["params"] if check else None
 
 
+def check_state_dtype(state_dtype: str) -> None:
+    """KCP moves the recurrent state in bf16 or fp32 (fla keeps fp32); anything else is bad input."""
+    if state_dtype not in ("bf16", "fp32"):
+        raise InputError(f"state dtype must be bf16 or fp32, got '{state_dtype}'", source="--state-dtype")
+
+
 def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dtype: str = "fp32",
                  mla_kv: str = DEFAULT_MLA_KV, docs: int | None = None, doc_lengths: list[int] | None = None,
                  kernel_time=None, bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
@@ -98,8 +104,7 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
     any (host floor and GPU time for KCP's pre-process); None uses the kernel predictor's times alone."""
     if isinstance(intra, str) and intra == "auto":
         intra = fitted_intra(hardware) if kernel_time is None else None
-    if state_dtype not in ("bf16", "fp32"):
-        raise InputError(f"state dtype must be bf16 or fp32, got '{state_dtype}'", source="--state-dtype")
+    check_state_dtype(state_dtype)
     if mla_kv not in ("latent", "expanded"):
         raise InputError(f"MLA KV form must be latent or expanded, got '{mla_kv}'", source="--mla-kv")
     if g.num_kda_layers:

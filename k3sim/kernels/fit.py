@@ -20,13 +20,14 @@ from k3sim.errors import InputError
 from k3sim.kernels.hardware import peak_flops
 from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS, OpSpec
-from k3sim.kernels.points import SIGMA_FLOOR, point_sigma, work
+from k3sim.kernels.points import SIGMA_FLOOR, work
 
 FITTED_NAME = "fitted.yaml"
-# Each shape is weighted by its repeatability (points.point_sigma). On the first H200 runs this hurt KDA
-# decode, whose launch-bound rows then scattered by 10-100 % (host launch time inside the events); with
-# the harness's launch headroom those rows repeat to ~2 %, and weighting lowers leave-one-out MAPE for
-# decode (5.4 -> 4.1 %) and chunk KDA (3.1 -> 2.8 %) and leaves the other families within 0.1 point.
+# Each shape is weighted by its uncertainty (points.PointSet.sigma: its p20-p80 spread, and a larger one for
+# a row measured right after a compile). On the first H200 runs this hurt KDA decode, whose launch-bound
+# rows then scattered by 10-100 % (host launch time inside the events); with the harness's launch
+# headroom (runs e-j) those rows repeat to ~2 %, and weighting lowered decode's leave-one-out MAPE from
+# 5.4 to 4.1 % (before the per-token step term) while moving the other families by 0.1 point or less.
 WEIGHTED_FIT = True
 FORMAT = "k3sim-kernel-fit/1"
 
@@ -51,17 +52,19 @@ class FittedProfile:
     ops: dict[str, OpFit]
 
 
-def fit_weights(points) -> np.ndarray:
-    """1 for a repeatable shape, less for one whose repetitions scatter (see points.point_sigma)."""
-    spread = points["spread"].to_numpy(float) if "spread" in points else np.zeros(len(points))
-    return SIGMA_FLOOR / point_sigma(spread) if WEIGHTED_FIT else np.ones(len(points))
+def fit_weights(spec: OpSpec, points) -> np.ndarray:
+    """1 for a repeatable shape, less for one whose repetitions scatter or that followed a compile: the
+    same weights `validate` refits with (PointSet.sigma)."""
+    from k3sim.kernels.points import PointSet
+
+    return SIGMA_FLOOR / PointSet.from_points(spec, points).sigma if WEIGHTED_FIT else np.ones(len(points))
 
 
 def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
     """Fit one op from its aggregated points (`MeasurementStore.points`)."""
     flop, nbytes = work(spec, points)
     seconds = points["seconds"].to_numpy(float)
-    w = fit_weights(points)
+    w = fit_weights(spec, points)
     runs = sorted({r for s in points["runs"] for r in str(s).split(",")}) if "runs" in points else []
     out = OpFit(op=spec.name, rows_used=int(points["rows"].sum()) if "rows" in points else len(points),
                 points_used=len(points), runs=runs)
@@ -144,6 +147,8 @@ def from_dict(d: dict, source: str) -> FittedProfile:
             if o["model"] == "roofline":
                 f.roofline = RooflineFit(**{k: ({n: float(g) for n, g in v.items()} if isinstance(v, dict) else float(v))
                                             for k, v in o["params"].items()})
+                if f.roofline.step_s and name in OPS and OPS[name].serial_steps is None:
+                    raise ValueError(f"{name}: step_s given for an op without serial steps")
             else:
                 f.alpha_beta = {int(n): AlphaBetaFit(**{k: float(v) for k, v in ab.items()})
                                 for n, ab in o["by_gpus"].items()}
@@ -201,7 +206,9 @@ def read_fitted(path: Path) -> FittedProfile | None:
 def op_fit(store, fitted: FittedProfile | None, op: str, hw: Any) -> tuple[OpFit, str]:
     """The committed fit of `op` when it was made from the same files, else a fresh in-memory fit."""
     f = fitted.ops.get(op) if fitted is not None else None
-    if f is not None and f.data_fingerprint == store.op_fingerprints.get(op):
+    # a fit made before the op's model had its per-step latency term is stale as well
+    lacks_step = f is not None and f.roofline is not None and OPS[op].serial_steps is not None and not f.roofline.step_s
+    if f is not None and f.data_fingerprint == store.op_fingerprints.get(op) and not lacks_step:
         return f, f"fit of {fitted.fit_date}"
     why = "no fitted.yaml" if fitted is None else ("fitted.yaml is stale for this op" if f else
                                                   "op absent from fitted.yaml")

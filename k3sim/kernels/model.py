@@ -59,6 +59,8 @@ class RooflineFit:
         steps: dependent steps per call (OpSpec.serial_steps), required when the fit has step_s."""
         if self.step_s > 0 and steps is None:
             raise ValueError("this fit has a per-step latency: pass the op's serial steps")
+        if self.eff_exponents and feats is None:  # features at their reference values: log2(1) = 0
+            feats = np.zeros((np.size(flop), len(self.eff_exponents)))
         return roofline_seconds(self.to_theta(), np.asarray(flop, float), np.asarray(nbytes, float),
                                 self.peak_flops_per_s, self.bandwidth_bytes_per_s, feats,
                                 steps if self.step_s > 0 else None)
@@ -119,7 +121,7 @@ def roofline_seconds(theta, flop: np.ndarray, nbytes: np.ndarray, peak: float, b
     `steps`) log step_s."""
     launch, ef, hf, af, eb, hb, ab, p, floor = _decode(theta)
     k = NBASE
-    if feats is not None:
+    if feats is not None and np.size(flop):
         feats = np.asarray(feats, float).reshape(np.size(flop), -1)
         k += feats.shape[1]
         if feats.shape[1]:

@@ -62,7 +62,7 @@ class MeasurementStore:
         """One row per measured shape. A shape measured by several runs takes the latest run's median
         (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
         `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent);
-        `warmup`: the harness cut the repetitions of a short kernel below its run's usual count, which
+        `warmup`: the harness cut the repetitions of a short kernel below its base count (25), which
         happens when the warm-up was slow (a compile or autotune just before): the GPU clocks may still
         have been ramping (hardware_profiles/measured/h200/README.md), so the row is trusted less."""
         import numpy as np

@@ -187,9 +187,8 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
              "the fitted roofline / alpha-beta generalises on its own).", "",
              "*repeatable*: the shapes whose own repetitions agree (p20-p80 spread within "
              f"{100 * REPEATABLE_SPREAD:.0f} % of the median), and the MAPE over those alone; the rest are "
-             "launch-bound shapes whose medians scatter. *warm-up*: rows the harness cut to fewer "
-             "repetitions than the rest of their run although the kernel is short (the warm-up before them "
-             "compiled), and the MAPE without them. The goal is judged on MAPE over all shapes.", "",
+             "shapes whose medians scatter. *warm-up*: rows the harness cut below its base 25 repetitions "
+             "although the kernel is short (the warm-up before them compiled), and the MAPE without them. The goal is judged on MAPE over all shapes.", "",
              "| family | op | count | MAPE | max abs err | p90 abs err | interpolated | model only MAPE "
              "| repeatable | MAPE repeatable | warm-up | MAPE w/o warm-up | goal | met |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ def _check_some_requests(trace: str | Path, stats: TraceStats) -> None:
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
                 capacity_bytes: float | None, num_kda_groups: int | None = None,
                 retention_interval_tokens: int = 0, tp: int = 1, *, eviction: str = "lru",
-                eviction_alpha: float = 1.0) -> CacheConfig:
+                eviction_alpha: float | None = None) -> CacheConfig:
     from k3sim.configs import load_model
 
     if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
@@ -43,7 +45,17 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
     kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups is not None else {}
     if retention_interval_tokens:
         kw["retention_interval_tokens"] = retention_interval_tokens
-    kw.update(eviction=eviction, eviction_alpha=eviction_alpha)
+    from k3sim.prefix_cache.config import EVICTIONS
+
+    if eviction not in EVICTIONS:
+        raise InputError(f"unknown eviction '{eviction}' (choose {', '.join(EVICTIONS)})", source="--eviction")
+    if eviction_alpha is not None:
+        if eviction != "flop-aware":
+            raise InputError("applies to --eviction flop-aware only", source="--eviction-alpha")
+        if not (math.isfinite(eviction_alpha) and eviction_alpha >= 0):
+            raise InputError(f"must be a finite number >= 0, got {eviction_alpha}", source="--eviction-alpha")
+        kw["eviction_alpha"] = eviction_alpha
+    kw["eviction"] = eviction
     return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp, **kw)
 
 

@@ -75,6 +75,7 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     (["--sweep", "--seq-lens", "4K", "--cps", "2", "--cp", "4", "--out", "/tmp/k3sim-never"], "not among"),
     (["--sweep", "--docs", "4", "--out", "/tmp/k3sim-never"], "one document"),
     (["--sweep", "--strategy", "ulysses", "--out", "/tmp/k3sim-never"], "drop --strategy"),
+    (["--sweep", "--state-dtype", "fp64", "--out", "/tmp/k3sim-never"], "bf16 or fp32"),
     (["--sweep", "--seq-len", "64K", "--mla-kv", "expanded", "--out", "/tmp/k3sim-never"], "drop --seq-len, --mla-kv"),
     (["--sweep", "--seq-lens", "-4K", "--cps", "2", "--cp", "2", "--out", "/tmp/k3sim-never"], "positive"),
 ])

@@ -157,3 +157,40 @@ def test_step_latency_round_trips_through_theta_and_fitted_yaml(tmp_path):
     assert got.ops["recurrent_kda_decode"].roofline.step_s == pytest.approx(
         fp.ops["recurrent_kda_decode"].roofline.step_s, rel=1e-5)
     assert "step_s" not in (root / FITTED_NAME).read_text().split("hbm_copy:")[1].split("recurrent_kda_decode:")[0]
+
+
+def test_features_default_to_reference_values_when_a_fit_has_both_exponents_and_step_latency():
+    """theta holds the efficiency exponents before log step_s: a call without features must not read an
+    exponent as the step latency."""
+    fit = RooflineFit(4e-6, 0.5, 1e10, 0.5, 0.8, 1e7, 0.7, 4.0, 1e15, 4e12, floor_s=1e-6,
+                      eff_exponents={"H": 0.3}, step_s=2e-6)
+    flop, nbytes, steps = np.array([1e9, 1e11]), np.array([1e6, 1e8]), np.array([4.0, 8.0])
+    assert fit.seconds(flop, nbytes, None, steps) == pytest.approx(fit.seconds(flop, nbytes, np.zeros((2, 1)), steps))
+    assert fit.seconds(flop, nbytes, None, steps)[0] < 1e-3  # microseconds, not e^0.3 s per step
+    assert fit.seconds(np.array([]), np.array([]), None, np.array([])).size == 0
+
+
+def test_fitted_yaml_step_latency_must_belong_to_the_op(tmp_path):
+    """step_s on an op without serial steps is refused (one line, the file named); a decode fit without
+    step_s (made before the term existed) is treated as stale and refitted in memory."""
+    import yaml
+
+    from k3sim.kernels.fit import op_fit
+
+    root = tmp_path / "m"
+    run = write_run(root, "a", {"hbm_copy": HBM_POINTS})
+    flop, nbytes, steps = _decode_work(DECODE_ROWS)
+    lines = ["B,T,H,seconds,status"] + [f"{r['B']},{r['T']},{r['H']},{t:.9g},ok" for r, t in
+                                        zip(DECODE_ROWS, TRUE_DECODE.seconds(flop, nbytes, steps=steps))]
+    (run / "recurrent_kda_decode.csv").write_text("\n".join(lines) + "\n")
+    store = load_store(root)
+    path = write_fitted(root / FITTED_NAME, fit_profile(store, hardware(root)))
+    d = yaml.safe_load(path.read_text())
+    d["ops"]["recurrent_kda_decode"]["params"].pop("step_s")
+    path.write_text(yaml.safe_dump(d))
+    fit, note = op_fit(store, read_fitted(path), "recurrent_kda_decode", hardware(root))
+    assert "stale" in note and fit.roofline.step_s > 0
+    d["ops"]["hbm_copy"]["params"]["step_s"] = 1e-6
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="hbm_copy: step_s given for an op without serial steps"):
+        read_fitted(path)
