@@ -97,8 +97,8 @@ class SweepReport:
 
 
 TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capacity_bytes", "token_hit_rate",
-                 "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions",
-                 "requests_rejected", "wall_s"]
+                 "request_hit_rate", "prefill_tokens_saved", "prefill_flop_saved_fraction", "checkpoint_bytes_peak",
+                 "eviction", "evictions", "requests_rejected", "wall_s"]
 
 
 def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Sequence[str], hash_blocks: Sequence[int],
@@ -143,13 +143,14 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
                          source="--hash-blocks")
     df = run_sweep(requests, configs, sched, cost, processes)
+    df["capacity_bytes"] = df["capacity_bytes"].astype(float)  # unbounded = NaN, also when no row is bounded
     out = Path(out_dir)
     files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
              "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
              "capacity_plot": str(out / f"{name}_hit_vs_capacity.png")}
     cols = [c for c in TABLE_COLUMNS if c in df]
     md = df[cols].copy()
-    for c in ("token_hit_rate", "request_hit_rate"):
+    for c in ("token_hit_rate", "request_hit_rate", "prefill_flop_saved_fraction"):
         if c in md:
             md[c] = (100 * md[c]).round(2)
     md["capacity_bytes"] = md["capacity_bytes"].map(lambda v: "unbounded" if v != v or v is None else f"{v:.3g}")

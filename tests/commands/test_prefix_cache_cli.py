@@ -146,6 +146,10 @@ def test_sweep_unbounded_only_writes_all_files(tmp_path):
     out = json.loads(proc.stdout)
     assert len(out["rows"]) == 1 and out["rows"][0]["requests"] == 300
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in out["files"].values())
+    table = run_cli("prefix-cache", "--trace", CONV, "--sweep", "--physical-blocks", "6144", "--capacities", "none",
+                    "--policies", "decoupled", "--out", tmp_path / "t")  # the printed table, not JSON
+    assert table.returncode == 0, table.stderr
+    assert "unbounded" in table.stdout
 
 
 def test_trace_without_valid_request_and_bad_limit_exit_2(tmp_path):
