@@ -41,40 +41,45 @@ def print_plan(plan: Any, json_out: bool) -> None:
                 [(r.component, human_bytes(r.bytes), r.source) for r in plan.breakdown])
 
 
+# Workload fields and the options that set them (layout fields map to --tp, --virtual-stages, ...).
+WORKLOAD_OPTIONS = {"mode": "--mode", "context_tokens": "--context", "micro_batch_size": "--micro-batch",
+                    "prefill_chunk_tokens": "--prefill-chunk", "workspace_fraction": "--workspace-fraction"}
+
+
 def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, context: int,
                micro_batch: int = 1, recompute: bool = True, num_micro_batches: int | None = None,
                prefill_chunk: int = 8192, workspace_fraction: float = 0.10, source: str = "command line"):
     """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit."""
-    from k3sim.configs import Parallelism, load_hardware, load_model
+    from k3sim.configs import Parallelism, Workload, load_hardware, load_model
     from k3sim.configs.loaders import validate
     from k3sim.errors import DoesNotFit, InputError
-    from k3sim.memory.plan import serve_plan, train_plan
+    from k3sim.memory.plan import workload_plan
+
+    def from_option(err: InputError) -> InputError:
+        """An error about a field the command line set names the option (--tp, --context), not the field."""
+        if isinstance(err, DoesNotFit) or err.field is None:
+            return err
+        if err.field in WORKLOAD_OPTIONS:
+            return InputError(err.reason, source=WORKLOAD_OPTIONS[err.field])
+        if err.field in layout:
+            return InputError(err.reason, source="--" + err.field.replace("_", "-"))
+        return err
 
     if mode not in ("serve", "train"):
         raise InputError(f"unknown mode '{mode}' (serve or train)", source="--mode")
-    if context <= 0:
-        raise InputError(f"context must be positive (got {context})", source="--context")
-    if not 0 <= workspace_fraction < 1:
-        raise InputError(f"must be in [0, 1) (got {workspace_fraction})", source="--workspace-fraction")
-    if prefill_chunk <= 0:
-        raise InputError(f"must be positive (got {prefill_chunk})", source="--prefill-chunk")
-    if mode == "train" and micro_batch <= 0:
-        raise InputError(f"must be positive (got {micro_batch})", source="--micro-batch")
+    try:
+        workload = validate(Workload, dict(
+            mode=mode, context_tokens=context, prefill_chunk_tokens=prefill_chunk,
+            micro_batch_size=micro_batch, num_micro_batches=num_micro_batches,
+            activation_checkpointing=recompute, workspace_fraction=workspace_fraction), source)
+    except InputError as err:
+        raise from_option(err) from None
     model = load_model(model_path)
     hw = load_hardware(hardware)
     try:
-        par = validate(Parallelism, layout, source)
-        if mode == "serve":
-            return serve_plan(model, hw, par, context, prefill_chunk_tokens=prefill_chunk,
-                              workspace_fraction=workspace_fraction, source=None)
-        return train_plan(model, hw, par, context, micro_batch_size=micro_batch,
-                          activation_checkpointing=recompute, num_micro_batches=num_micro_batches,
-                          workspace_fraction=workspace_fraction, source=None)
+        return workload_plan(model, hw, validate(Parallelism, layout, source), workload)
     except InputError as err:
-        # A layout field came from an option: name the option (--tp, --virtual-stages), not the field.
-        if err.field in layout and not isinstance(err, DoesNotFit):
-            raise InputError(err.reason, source="--" + err.field.replace("_", "-")) from None
-        raise
+        raise from_option(err) from None
 
 
 def register(app: typer.Typer) -> None:

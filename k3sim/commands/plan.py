@@ -21,19 +21,10 @@ def scenario_path(path: Path) -> Path:
 def plan_scenario(path: Path):
     """(scenario, memory plan) for a scenario file; bad input raises InputError, a misfit DoesNotFit."""
     from k3sim.configs import resolve_scenario
-    from k3sim.memory.plan import serve_plan, train_plan
+    from k3sim.memory.plan import workload_plan
 
     scenario, model, hw = resolve_scenario(path)
-    w, par = scenario.workload, scenario.parallelism
-    if w.mode == "serve":
-        plan = serve_plan(model, hw, par, w.context_tokens, prefill_chunk_tokens=w.prefill_chunk_tokens,
-                          workspace_fraction=w.workspace_fraction, source=str(path))
-    else:
-        plan = train_plan(model, hw, par, w.context_tokens, micro_batch_size=w.micro_batch_size,
-                          activation_checkpointing=w.activation_checkpointing,
-                          num_micro_batches=w.num_micro_batches,
-                          workspace_fraction=w.workspace_fraction, source=str(path))
-    return scenario, plan
+    return scenario, workload_plan(model, hw, scenario.parallelism, scenario.workload, source=str(path))
 
 
 def register(app: typer.Typer) -> None:

@@ -25,7 +25,7 @@ class HardwareProfile(BaseModel):
     where measured kernel data for this profile lives; fitted parameters live there, not here.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # datasheet figures: finite
     name: str
     description: str | None = None
     hbm_bytes: PositiveFloat = Field(description="HBM capacity per GPU, bytes")

@@ -27,6 +27,24 @@ def _pick(cfg: dict, *names: str, source: str, required: bool = True, default: A
     return default
 
 
+def _section(cfg: dict, key: str, source: str) -> dict | None:
+    """A nested block of config.json (`text_config`, `linear_attn_config`, ...): a mapping or absent."""
+    value = cfg.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    raise InputError(f"expected a mapping, got {type(value).__name__}", source=source, field=key)
+
+
+def _flag(cfg: dict, key: str, source: str) -> bool:
+    """A true/false field; absent or null = false. A string such as "false" is rejected, not read as true."""
+    value = cfg.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InputError(f"expected true or false (got {value!r})", source=source, field=key)
+    return value
+
+
 def _quant_formats(quant: dict | None) -> tuple[str, str]:
     """(non-routed weight format, routed expert format) from `quantization_config`.
 
@@ -69,11 +87,12 @@ def _vision(vc: dict | None) -> dict | None:
 
 def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str, Any]:
     """Our ModelConfig fields from an HF config dict (the caller validates them)."""
-    text = data.get("text_config") or data
+    text = _section(data, "text_config", source) or data
     get = lambda *n, **kw: _pick(text, *n, source=source, **kw)  # noqa: E731
     num_layers = get("num_hidden_layers")
     hidden = get("hidden_size")
-    quant = data.get("quantization_config") or text.get("quantization_config")
+    quant = (_section(data, "quantization_config", source)
+             or _section(text, "quantization_config", source))
     weight_format, routed_format = _quant_formats(quant)
     out: dict[str, Any] = {
         "name": str(data.get("_name_or_path") or name),
@@ -81,21 +100,24 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
         "hidden_size": hidden,
         "num_layers": num_layers,
         "vocab_size": get("vocab_size"),
-        "tie_word_embeddings": bool(get("tie_word_embeddings", required=False, default=False)),
+        "tie_word_embeddings": _flag(text, "tie_word_embeddings", source),
         "weight_format": weight_format,
     }
-    lin = text.get("linear_attn_config")
+    lin = _section(text, "linear_attn_config", source)
     if lin:
-        out["full_attn_layers"] = list(_pick(lin, "full_attn_layers", source=source))
+        out["full_attn_layers"] = _pick(lin, "full_attn_layers", source=source)
+        if not isinstance(out["full_attn_layers"], list):
+            raise InputError(f"expected a list of 1-based layer numbers (got {out['full_attn_layers']!r})",
+                             source=source, field="linear_attn_config.full_attn_layers")
         head_dim = _pick(lin, "head_dim", source=source)
-        full_rank_gate = bool(lin.get("use_full_rank_gate", text.get("use_full_rank_gate", False)))
+        full_rank_gate = _flag(lin if "use_full_rank_gate" in lin else text, "use_full_rank_gate", source)
         out["kda"] = {
             "num_heads": _pick(lin, "num_heads", source=source),
             "head_dim_k": head_dim,
             "head_dim_v": head_dim,
             "conv_kernel_size": _pick(lin, "short_conv_kernel_size", source=source, required=False, default=4),
             "alpha_gate_rank": None if full_rank_gate else head_dim,
-            "output_gate_rank": head_dim,
+            "output_gate_rank": head_dim,  # Kimi-Linear's g_a/g_b width; assumed for K3 (not in config.json)
         }
     if lin is None or out["full_attn_layers"]:
         out["mla"] = {
@@ -105,7 +127,7 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
             "qk_nope_head_dim": get("qk_nope_head_dim"),
             "qk_rope_head_dim": get("qk_rope_head_dim"),
             "v_head_dim": get("v_head_dim"),
-            "output_gate": bool(get("mla_use_output_gate", required=False, default=False)),
+            "output_gate": _flag(text, "mla_use_output_gate", source),
         }
     experts = get("num_experts", "n_routed_experts", required=False)
     if experts:
@@ -116,7 +138,7 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
             "num_shared_experts": get("num_shared_experts", "n_shared_experts", required=False, default=0),
             "expert_ffn_width": get("moe_intermediate_size"),
             "latent_width": get("routed_expert_hidden_size", required=False),
-            "latent_norm": bool(get("latent_moe_use_norm", required=False, default=False)),
+            "latent_norm": _flag(text, "latent_moe_use_norm", source),
             "routed_weight_format": routed_format,
         }
     if not experts or out.get("first_k_dense"):
@@ -124,7 +146,7 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
     block = get("attn_res_block_size", required=False)
     if block:
         out["attn_res_block_size"] = block
-    vision = _vision(data.get("vision_config"))
+    vision = _vision(_section(data, "vision_config", source))
     if vision:
         out["vision"] = vision
     return out

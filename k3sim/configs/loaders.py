@@ -28,7 +28,12 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise InputError("file not found", source=str(path))
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise InputError("not a UTF-8 text file (YAML or JSON expected)", source=str(path)) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror or err}", source=str(path)) from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

@@ -78,7 +78,8 @@ class Workload(BaseModel):
     num_micro_batches: PositiveInt | None = Field(None, description="train: per step; None = pp*virtual")
     activation_checkpointing: bool = Field(True, description="train: full per-layer recompute")
     workspace_fraction: float = Field(
-        0.10, ge=0, lt=1, description="HBM share reserved for CUDA context, NCCL buffers, temporaries")
+        0.10, ge=0, lt=1, allow_inf_nan=False,
+        description="HBM share reserved for CUDA context, NCCL buffers, temporaries")
 
 
 class Scenario(BaseModel):

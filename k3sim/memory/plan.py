@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.model import ModelConfig
-from k3sim.configs.parallel import Parallelism
+from k3sim.configs.parallel import Parallelism, Workload
 from k3sim.errors import DoesNotFit, InputError
 from k3sim.memory import activations as act
 from k3sim.memory import sizes
@@ -91,10 +91,6 @@ def _serve_weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, i
     return rows
 
 
-def _check_layout(model: ModelConfig, par: Parallelism, source: str | None) -> None:
-    par.check_against(model, source=source)
-
-
 # ----------------------------------------------------------------------------------------------- serve
 @dataclass
 class ServePlan:
@@ -122,8 +118,9 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
     """Per-GPU serving memory and the most concurrent requests of `context_tokens` that fit.
 
     Assumptions (each a modelling choice, not a measurement):
-    - attention, dense/shared FFN and latent projections shard by TP; routed experts by EP (then TP if
-      EP < TP); embeddings/lm_head vocab-parallel; router, norms, AttnRes queries, vision replicated.
+    - attention, dense/shared FFN, latent projections and the router (fused with the latent
+      down-projection) shard by TP; routed experts by EP (then TP if EP < TP); embeddings/lm_head
+      vocab-parallel; norms, AttnRes queries, vision replicated.
     - MLA's latent KV is shared by all heads, so every TP rank caches all of it (vLLM/SGLang MLA under
       TP); CP splits it by tokens. KDA and conv state are per head, so they divide by TP.
     - AttnRes block representatives exist for tokens in flight: one prefill chunk, split over TP by
@@ -132,7 +129,9 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
     - `workspace_fraction` of HBM is held back for CUDA context, NCCL buffers and temporaries (vLLM's
       default gpu_memory_utilization = 0.9 leaves 10 %).
     """
-    _check_layout(model, par, source)
+    par.check_against(model, source=source)
+    if context_tokens <= 0:
+        raise InputError(f"must be positive (got {context_tokens})", source=source, field="context_tokens")
     hbm = int(hw.hbm_bytes)
     reserve = math.ceil(workspace_fraction * hbm)
     kv_tok_layer = sizes.mla_kv_bytes_per_token_per_layer(model)
@@ -153,7 +152,9 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
         stages.append(StageMemory(r, [i + 1 for i in layers], rows, per_req))
 
     def capacity(s: StageMemory) -> int:
-        return (hbm - s.fixed_bytes) // s.per_request_bytes if s.per_request_bytes else 10**9
+        # per_request_bytes > 0: a stage holds >= 1 layer and every layer is MLA (KV grows with the
+        # context) or KDA (fixed state), all of positive size.
+        return (hbm - s.fixed_bytes) // s.per_request_bytes
 
     worst = min(stages, key=lambda s: (capacity(s), -s.fixed_bytes))
     max_req = capacity(worst)
@@ -164,7 +165,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
                       if routed else "")
         raise DoesNotFit(
             f"does not fit: pipeline stage {worst.stage} needs {weights / GB:.1f} GB of weights per GPU"
-            f"{routed_txt} + {(worst.fixed_bytes - weights) / GB:.1f} GB reserve/workspace + "
+            f"{routed_txt} + {(worst.fixed_bytes - weights) / GB:.1f} GB AttnRes blocks and workspace + "
             f"{worst.per_request_bytes / GB:.2f} GB for one {context_tokens}-token request > "
             f"{hbm / GB:.1f} GB HBM of {hw.name}; raise pp or ep", source=source)
     kv_total = max_req * worst.per_request_bytes
@@ -185,7 +186,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
         worst_stage=worst.stage, per_gpu_bytes=per_gpu, breakdown=breakdown,
         stages=[{"stage": s.stage, "layers": s.layers, "fixed_bytes": s.fixed_bytes,
                  "per_request_bytes": s.per_request_bytes,
-                 "max_concurrent_requests": int(min(capacity(s), 10**9))} for s in stages],
+                 "max_concurrent_requests": int(capacity(s))} for s in stages],
     )
 
 
@@ -237,8 +238,8 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     Weights are a bf16 working copy of every parameter, whatever the serving format (K3's MXFP4 experts
     come from quantization-aware training over high-precision weights).
 
-    Sharding: non-expert weights by TP (router, norms replicated), routed experts by EP (expert TP = 1),
-    layers by PP. ZeRO stage z over the data-parallel replicas of each parameter: dp x cp for
+    Sharding: non-expert weights by TP (norms, AttnRes queries, vision replicated), routed experts by EP
+    (expert TP = 1), layers by PP. ZeRO stage z over the data-parallel replicas of each parameter: dp x cp for
     non-expert parameters, tp x cp x dp / ep for experts (Megatron's distributed optimizer shards over
     DP x CP, and expert-DP for experts). z >= 1 shards optimizer states, z >= 2 grads, z = 3 weights.
     Activations per token are divided by TP (sequence parallelism) and the sequence by CP; tokens per
@@ -249,7 +250,7 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     as in `serve_plan`; for training that 10 % default is a modelling choice (CUDA context, NCCL
     buffers, allocator fragmentation), not a measured figure.
     """
-    _check_layout(model, par, source)
+    par.check_against(model, source=source)
     if seq_len_tokens % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len_tokens}-token training sequence",
                          source=source, field="cp")
@@ -321,3 +322,16 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
         stages=[{"stage": s.stage, "layers": s.layers, "params": p, "total_bytes": s.fixed_bytes}
                 for s, p, _ in stages],
     )
+
+
+def workload_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, workload: Workload,
+                  source: str | None = None) -> ServePlan | TrainPlan:
+    """The plan a workload asks for: `serve_plan` or `train_plan` with the workload's settings."""
+    if workload.mode == "serve":
+        return serve_plan(model, hw, par, workload.context_tokens,
+                          prefill_chunk_tokens=workload.prefill_chunk_tokens,
+                          workspace_fraction=workload.workspace_fraction, source=source)
+    return train_plan(model, hw, par, workload.context_tokens, micro_batch_size=workload.micro_batch_size,
+                      activation_checkpointing=workload.activation_checkpointing,
+                      num_micro_batches=workload.num_micro_batches,
+                      workspace_fraction=workload.workspace_fraction, source=source)

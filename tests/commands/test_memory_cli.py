@@ -63,6 +63,12 @@ def test_train_mode_table(cli):
     (["--dp", "0"], ["--dp:", "greater than 0"]),
     (["--mode", "train", "--tp", "8", "--pp", "2", "--ep", "8", "--cp", "3", "--context", "131072"],
      ["--cp: cp=3 does not divide the 131072-token training sequence"]),
+    # Workload options are checked by the Workload schema and named by option.
+    (["--workspace-fraction", "nan"], ["--workspace-fraction:", "finite number"]),
+    (["--workspace-fraction", "1"], ["--workspace-fraction:", "less than 1"]),
+    (["--context", "-5"], ["--context:", "greater than 0"]),
+    (["--prefill-chunk", "0"], ["--prefill-chunk:", "greater than 0"]),
+    (["--mode", "train", "--micro-batch", "0"], ["--micro-batch:", "greater than 0"]),
 ])
 def test_bad_input_one_line_exit_2(cli, args, words):
     proc = cli("memory", "--model", "models/kimi-k3.yaml", *args)
@@ -70,6 +76,18 @@ def test_bad_input_one_line_exit_2(cli, args, words):
     err = proc.stderr.strip()
     assert "\n" not in err and "Traceback" not in err
     assert all(w in err for w in words), err
+
+
+def test_infinite_hbm_profile_one_line(cli, root, tmp_path):
+    """An inf datasheet figure used to pass validation and crash the plan with OverflowError."""
+    hw = tmp_path / "hw.yaml"
+    text = (root / "hardware_profiles/h200.yaml").read_text()
+    hw.write_text(text.replace("hbm_bytes: 141.0e+9", "hbm_bytes: .inf"))
+    proc = cli(*SERVE, "--pp", "2", "--hardware", str(hw))
+    assert proc.returncode == 2 and proc.stdout == ""
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert str(hw) in err and "field 'hbm_bytes'" in err and "finite" in err
 
 
 def run_cli_json(cli, *args: str) -> dict:

@@ -27,6 +27,14 @@ def test_plan_from_elsewhere_uses_repo_default(cli, tmp_path):
 def test_plan_train_scenario(cli):
     out = run_cli_json(cli, "plan", "--scenario", "scenarios/k3-h200-train-32k.yaml")
     assert out["memory"]["mode"] == "train" and out["memory"]["fits"] is True
+    # Every layout and workload field of the scenario reaches the plan (virtual stages, ZeRO stage, ...).
+    direct = run_cli_json(cli, "memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200",
+                          "--mode", "train", "--tp", "8", "--pp", "16", "--virtual-stages", "2",
+                          "--ep", "64", "--dp", "64", "--zero-stage", "1", "--context", "32768",
+                          "--micro-batch", "1", "--recompute")
+    assert out["memory"] == direct
+    # Interleaved 1F1B on the first rank: pp x (1 + (pp - 1) / (pp v)) = 16 x (1 + 15/32) = 23.5.
+    assert out["memory"]["in_flight_micro_batches"] == 23.5 and out["memory"]["worst_stage"] == 0
 
 
 def test_plan_bad_scenario(cli, root, tmp_path):
@@ -47,6 +55,8 @@ def test_plan_bad_scenario(cli, root, tmp_path):
     ("hardware: h200", "hardware: no-such-gpu.yaml", ["field 'hardware'", "file not found"]),
     ("  pp: 2", "  pp: 1\n  dp: 2", ["does not fit", "180.8 GB"]),
     ("  tp: 8\n  pp: 2\n  ep: 8", "  tp: 8\n  pp: 2\n  ep: 7", ["field 'ep'", "ep=7 does not divide"]),
+    ("workspace_fraction: 0.10", "workspace_fraction: .nan",
+     ["field 'workload.workspace_fraction'", "finite number"]),
 ])
 def test_plan_scenario_bad_reference_names_scenario_field(cli, root, tmp_path, old, new, words):
     """A scenario naming a missing model file or an unknown GPU is blamed on the scenario's field."""

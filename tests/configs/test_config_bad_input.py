@@ -111,3 +111,62 @@ def test_scenario_errors(tmp_path, root):
     bad = dict(data, model="missing.yaml")
     p.write_text(yaml.safe_dump(bad))
     assert "not found" in str(_err(resolve_scenario, p))
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_binary_file_is_one_line(tmp_path, suffix):
+    """A corrupt (non-UTF-8) file is an InputError naming it, not a UnicodeDecodeError traceback."""
+    p = tmp_path / f"weights{suffix}"
+    p.write_bytes(b"\x00\xff\xfe\x89PNG\x00")
+    err = _err(load_model, p)
+    assert err.source == str(p) and "not a UTF-8 text file" in err.reason
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("hbm_bytes: 141.0e+9", "hbm_bytes: .inf", "hbm_bytes"),
+    ("hbm_bytes: 141.0e+9", "hbm_bytes: .nan", "hbm_bytes"),
+    ("  bf16: 989.0e+12", "  bf16: .inf", "peak_flops_per_s.bf16"),
+])
+def test_hardware_infinite_or_nan_rejected(tmp_path, root, old, new, field):
+    """inf used to pass PositiveFloat and crash the plan (int(inf)); a datasheet figure is finite."""
+    from k3sim.configs import load_hardware
+
+    text = (root / "hardware_profiles/h200.yaml").read_text()
+    assert old in text
+    p = tmp_path / "hw.yaml"
+    p.write_text(text.replace(old, new))
+    err = _err(load_hardware, p)
+    assert err.source == str(p) and err.field == field
+
+
+def _k3_hf(root):
+    return json.loads((root / "tests/data/hf/kimi-k3/config.json").read_text())
+
+
+@pytest.mark.parametrize("edit, field, reason", [
+    (lambda d: d.update(text_config=[1, 2]), "text_config", "expected a mapping, got list"),
+    (lambda d: d.update(quantization_config="mxfp4"), "quantization_config", "expected a mapping, got str"),
+    (lambda d: d.update(vision_config=[1]), "vision_config", "expected a mapping, got list"),
+    (lambda d: d["text_config"].update(linear_attn_config="kda"), "linear_attn_config", "expected a mapping"),
+    (lambda d: d["text_config"]["linear_attn_config"].update(full_attn_layers=4),
+     "linear_attn_config.full_attn_layers", "expected a list"),
+    # bool("false") is True: a quoted flag must be rejected, not read as set.
+    (lambda d: d["text_config"].update(tie_word_embeddings="false"), "tie_word_embeddings", "true or false"),
+    (lambda d: d["text_config"]["linear_attn_config"].update(use_full_rank_gate="no"),
+     "use_full_rank_gate", "true or false"),
+])
+def test_hf_wrong_types(tmp_path, root, edit, field, reason):
+    data = _k3_hf(root)
+    edit(data)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    err = _err(load_model, p)
+    assert err.source == str(p) and err.field == field and reason in err.reason
+
+
+def test_hf_null_flag_is_false(tmp_path, root):
+    data = _k3_hf(root)
+    data["text_config"]["mla_use_output_gate"] = None
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    assert load_model(p).mla.output_gate is False

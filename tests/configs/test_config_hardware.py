@@ -44,6 +44,21 @@ def test_h200_numbers():
 
 def test_h800_nvlink_cut():
     assert load_hardware("h800").scaleup_bandwidth_bytes_per_s < load_hardware("h100-sxm").scaleup_bandwidth_bytes_per_s
+    # 400 GB/s bidirectional / 2 against H100's 900 / 2; same HBM and Tensor Cores as H100 SXM.
+    assert load_hardware("h800").scaleup_bandwidth_bytes_per_s == 200e9
+    assert load_hardware("h100-sxm").scaleup_bandwidth_bytes_per_s == 450e9
+    assert load_hardware("h800").peak_flops_per_s == load_hardware("h100-sxm").peak_flops_per_s
+
+
+@pytest.mark.parametrize("name, hbm, bf16, nvlink, sms", [
+    ("b200", 180e9, 2250e12, 900e9, 148),         # DGX B200 1,440 GB / 8; NVLink 5 1.8 TB/s / 2
+    ("gb200-nvl72", 186e9, 2500e12, 900e9, 148),  # 13.4 TB / 72; 1200 W dense table
+])
+def test_blackwell_numbers(name, hbm, bf16, nvlink, sms):
+    hw = load_hardware(name)
+    assert (hw.hbm_bytes, hw.peak_flops_per_s["bf16"], hw.scaleup_bandwidth_bytes_per_s, hw.num_sms) == (
+        hbm, bf16, nvlink, sms)
+    assert hw.peak_flops_per_s["mxfp4"] == 4 * hw.peak_flops_per_s["bf16"]  # FP4 = 2 x FP8 = 4 x BF16
 
 
 def test_profile_by_path(root):

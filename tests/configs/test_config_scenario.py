@@ -7,12 +7,21 @@ import pytest
 from k3sim.configs import bytes_per_element, resolve_scenario
 
 
-@pytest.mark.parametrize("name", ["default", "k3-h200-train-32k"])
-def test_shipped_scenarios_resolve(root, name):
+@pytest.mark.parametrize("name, gpus_per_replica", [("default", 8 * 2), ("k3-h200-train-32k", 8 * 16 * 64)])
+def test_shipped_scenarios_resolve(root, name, gpus_per_replica):
     scenario, model, hw = resolve_scenario(root / f"scenarios/{name}.yaml")
     assert model.name == "kimi-k3" and hw.name == "h200"
     assert scenario.cluster.num_gpus % scenario.parallelism.gpus == 0
     assert scenario.replicas * scenario.parallelism.gpus == scenario.cluster.num_gpus
+    # tp x pp x cp x dp by hand; each shipped cluster holds exactly one replica.
+    assert (scenario.parallelism.gpus, scenario.replicas) == (gpus_per_replica, 1)
+
+
+def test_replicas_count(root):
+    """32 GPUs hold two TP8 x PP2 replicas; ep folds into a stage and adds no GPUs."""
+    scenario, _, _ = resolve_scenario(root / "scenarios/default.yaml")
+    bigger = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"num_gpus": 32})})
+    assert bigger.replicas == 2
 
 
 def test_default_is_k3_serve_tp8_pp2_ep8_128k(root):

@@ -40,6 +40,18 @@ def test_k3_h200_tp8_pp2_ep8(root):
     used = plan.per_gpu_bytes["total"]
     assert used <= hw.hbm_bytes < used + plan.per_request_bytes_per_gpu
     assert 1 <= plan.max_concurrent_requests < 64
+    # The plan is the fuller stage: stage 0 (layers 1-47, 11 MLA) takes more requests than stage 1.
+    caps = [s["max_concurrent_requests"] for s in plan.stages]
+    assert plan.max_concurrent_requests == caps[1] < caps[0]
+
+
+def test_context_must_be_positive(toy, toy_gpu):
+    """A zero-token request has no size; it used to divide by zero in an all-MLA stage."""
+    from k3sim.errors import InputError
+
+    with pytest.raises(InputError, match="must be positive") as err:
+        serve_plan(toy, toy_gpu, Parallelism(), 0, source="s.yaml")
+    assert err.value.field == "context_tokens" and err.value.source == "s.yaml"
 
 
 def test_k3_pp1_does_not_fit(root):

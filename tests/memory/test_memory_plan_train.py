@@ -55,6 +55,14 @@ def test_zero_and_recompute_reduce_memory(root):
     assert z1["optimizer_states"] < z0["optimizer_states"] and z1["gradients"] == z0["gradients"]
     assert z2["gradients"] < z1["gradients"]
     assert plan(ckpt=False)["activations"] > 10 * z1["activations"]
+    # Unsharded: 2 B weight, 4 B grad, 12 B optimizer per parameter, so exactly 1 : 2 : 6.
+    assert z0["gradients"] == 2 * z0["weights"] and z0["optimizer_states"] == 6 * z0["weights"]
+    # Every sharded state splits over the same replicas (dp*cp non-expert, expert-DP experts): the
+    # ZeRO-2 grads are a third of the ZeRO-1 optimizer, the ZeRO-3 weights half the ZeRO-2 grads (+-1 B
+    # of rounding up).
+    z3 = plan(zero_stage=3)
+    assert z2["gradients"] == pytest.approx(z1["optimizer_states"] / 3, abs=1)
+    assert z3["weights"] == pytest.approx(z2["gradients"] / 2, abs=1)
 
 
 def test_k3_train_scenario_fits_and_pp1_not(root):
