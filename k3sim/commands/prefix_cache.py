@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -11,10 +12,18 @@ import typer
 def _ints(text: str, option: str) -> list[int]:
     from k3sim.errors import InputError
 
-    try:
-        return [int(float(x)) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"expected comma-separated integers, got '{text}'", source=option) from None
+    out: list[int] = []
+    for x in text.split(","):
+        if not x.strip():
+            continue
+        try:
+            v = float(x)  # "6144" or "6.144e3"
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v == int(v)):
+            raise InputError(f"expected comma-separated integers, got '{x.strip()}'", source=option)
+        out.append(int(v))
+    return out
 
 
 def _capacities(text: str) -> list[float | None]:
@@ -81,10 +90,13 @@ def register(app: typer.Typer) -> None:
 
         if (trace is None) == (workload is None):
             raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
-        if token_budget <= 0 or max_running <= 0:
-            raise InputError("must be positive", source="--token-budget/--max-running")
-        if tokens_per_s <= 0 or step_overhead_s < 0:
-            raise InputError("throughput must be positive and overhead non-negative", source="--tokens-per-s")
+        for opt, v in (("--token-budget", token_budget), ("--max-running", max_running)):
+            if v <= 0:
+                raise InputError(f"must be positive (got {v})", source=opt)
+        if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
+            raise InputError(f"must be a finite positive number (got {tokens_per_s})", source="--tokens-per-s")
+        if not (math.isfinite(step_overhead_s) and step_overhead_s >= 0):
+            raise InputError(f"must be a finite number >= 0 (got {step_overhead_s})", source="--step-overhead-s")
         if processes is not None and processes <= 0:
             raise InputError(f"must be positive (got {processes})", source="--processes")
         if limit is not None and limit <= 0:
@@ -95,11 +107,6 @@ def register(app: typer.Typer) -> None:
                           retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
         if sweep:
             pols = [p.strip() for p in policies.split(",") if p.strip()]
-            from k3sim.prefix_cache.config import POLICIES
-
-            for p in pols:
-                if p not in POLICIES:
-                    raise InputError(f"unknown policy '{p}' (choose {', '.join(POLICIES)})", source="--policies")
             rep = sweep_report(trace, cfg, policies=pols, hash_blocks=_ints(hash_blocks, "--hash-blocks"),
                                physical_blocks=_ints(physical_blocks, "--physical-blocks"),
                                capacities=_capacities(capacities), out_dir=out, name=name, strict=strict,

@@ -376,7 +376,9 @@ class HybridPrefixCache:
                         if self.flop_aware:  # a hit through this page skips prefilling its tokens
                             b = j // r
                             pool.value[p] = self.flops.span(b * B_p, (b + 1) * B_p) / self.cfg.page_bytes
-                            par = blocks[b - 1] if b else -1
+                            # the page a lookup reaches this one through: the one indexed for the previous
+                            # block's last key (not necessarily this request's own copy of that block)
+                            par = idx.get(keys[b * r - 1], -1) if b else -1
                             if par >= 0 and par != p and par in pk:
                                 self.mla_parent[p] = par
                                 self.mla_children.setdefault(par, set()).add(p)

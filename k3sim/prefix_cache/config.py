@@ -42,6 +42,8 @@ class CacheConfig:
     junction_checkpoints: bool = True  # decoupled: keep a checkpoint where a request leaves a cached MLA chain
     retention_interval_tokens: int = 0  # decoupled: also end chunks at, and keep, every multiple of this (0: off)
     eviction: str = "lru"
+    # flop-aware defaults are modelling choices (Marconi tunes alpha per workload): equal weights, a window
+    # wide enough to hold many chain ends, small enough that one eviction stays cheap
     eviction_alpha: float = 1.0  # flop-aware: weight of FLOP efficiency against recency
     eviction_window: int = 64  # flop-aware: oldest free cached entries compared per eviction
     # prefill FLOP of a t-token prefix = linear x t + pair x t (t + 1) (flops.PrefillFlops; 0: not known)
@@ -148,6 +150,9 @@ def config_from_model(model, policy: str, hash_block_tokens: int, physical_block
     groups = switches.pop("num_kda_groups", None)
     if groups is None:
         groups = kda_groups_for(model.num_kda_layers, model.num_mla_layers)
+    elif model.num_kda_layers and not 1 <= groups <= model.num_kda_layers:
+        raise InputError(f"must be between 1 and the model's {model.num_kda_layers} KDA layers (got {groups})",
+                         source="--kda-groups")
     if not model.num_kda_layers and policy != "full-attention":
         raise InputError(f"model '{model.name}' has no KDA layers: use --policy full-attention", field="policy")
     from k3sim.prefix_cache.flops import prefill_flops

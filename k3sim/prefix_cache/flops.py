@@ -5,9 +5,10 @@
 Linear: 2 FLOP per active weight per token (every layer's projections, the shared and the top-k routed
 experts, the router, AttnRes queries; not the embedding lookup, not the LM head, which prefill applies to
 the last token only), plus chunkwise KDA's own work per token and head (`kernels.ops.
-kda_fwd_flop_per_token_head`). Quadratic: causal MLA attention, expanded heads as prefill runs it: query i
-attends to i + 1 keys, 2 FLOP per multiply-add in Q K^T (d_qk = nope + rope) and in P V (d_v), summed
-over i < t: H (d_qk + d_v) t (t + 1) per MLA layer. Marconi (MLSys 2025, section 4.2) weighs cache
+kda_fwd_flop_per_token_head` at the model's head dim; that count takes d_k = d_v, as in K3). Quadratic:
+causal MLA attention, expanded heads as prefill runs it: query i attends to i + 1 keys, 2 FLOP per
+multiply-add in Q K^T (d_qk = nope + rope) and in P V (d_v), summed over i < t: H (d_qk + d_v) t (t + 1)
+per MLA layer. Marconi (MLSys 2025, section 4.2) weighs cache
 entries by the same quantity: FLOP saved by a hit per byte of cache they hold.
 """
 
@@ -41,7 +42,7 @@ def prefill_flops(model: Any) -> PrefillFlops:
     linear = 2.0 * (report.active_params - lm_head)
     kda = getattr(model, "kda", None)
     if kda is not None and model.num_kda_layers:
-        linear += model.num_kda_layers * kda.num_heads * kda_fwd_flop_per_token_head()
+        linear += model.num_kda_layers * kda.num_heads * kda_fwd_flop_per_token_head(D=kda.head_dim_k)
     mla = getattr(model, "mla", None)
     pair = 0.0
     if mla is not None and model.num_mla_layers:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from k3sim.errors import DoesNotFit, InputError
-from k3sim.prefix_cache.config import CacheConfig, config_from_model
+from k3sim.prefix_cache.config import POLICIES, CacheConfig, config_from_model
 from k3sim.prefix_cache.serving import ReplayResult, SchedulerConfig, StepCost, replay
 from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake
 
@@ -30,33 +29,44 @@ def _check_some_requests(trace: str | Path, stats: TraceStats) -> None:
                          source=str(trace))
 
 
+# the CLI option behind each CacheConfig field, so that a bad value is named as the user typed it
+_OPTIONS = {"policy": "--policy", "hash_block_tokens": "--hash-block", "physical_block_tokens": "--physical-block",
+            "capacity_bytes": "--capacity-bytes", "num_kda_groups": "--kda-groups",
+            "retention_interval_tokens": "--retention-interval", "eviction": "--eviction",
+            "eviction_alpha": "--eviction-alpha"}
+_SWEEP_OPTIONS = {**_OPTIONS, "policy": "--policies", "hash_block_tokens": "--hash-blocks",
+                  "physical_block_tokens": "--physical-blocks", "capacity_bytes": "--capacities"}
+
+
+@contextmanager
+def _named_options(options: dict[str, str]):
+    """Re-raise a CacheConfig `InputError` (which names only its field) with the CLI option of that field."""
+    try:
+        yield
+    except InputError as err:
+        if err.source is None and err.field in options:
+            raise type(err)(err.reason, source=options[err.field], field=err.field) from None
+        raise
+
+
 def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
                 capacity_bytes: float | None, num_kda_groups: int | None = None,
                 retention_interval_tokens: int = 0, tp: int = 1, *, eviction: str = "lru",
                 eviction_alpha: float | None = None) -> CacheConfig:
     from k3sim.configs import load_model
 
-    if physical_block_tokens > 0 and hash_block_tokens > 0 and physical_block_tokens % hash_block_tokens:
-        raise InputError(f"hash block {hash_block_tokens} does not divide physical block {physical_block_tokens}",
-                         source="--hash-block")
     model = load_model(str(model_path))
-    if num_kda_groups is not None and num_kda_groups < 1:
-        raise InputError(f"must be >= 1 (got {num_kda_groups})", source="--kda-groups")
     kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups is not None else {}
     if retention_interval_tokens:
         kw["retention_interval_tokens"] = retention_interval_tokens
-    from k3sim.prefix_cache.config import EVICTIONS
-
-    if eviction not in EVICTIONS:
-        raise InputError(f"unknown eviction '{eviction}' (choose {', '.join(EVICTIONS)})", source="--eviction")
     if eviction_alpha is not None:
         if eviction != "flop-aware":
             raise InputError("applies to --eviction flop-aware only", source="--eviction-alpha")
-        if not (math.isfinite(eviction_alpha) and eviction_alpha >= 0):
-            raise InputError(f"must be a finite number >= 0, got {eviction_alpha}", source="--eviction-alpha")
         kw["eviction_alpha"] = eviction_alpha
     kw["eviction"] = eviction
-    return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp, **kw)
+    with _named_options(_OPTIONS):
+        return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp,
+                                 **kw)
 
 
 def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
@@ -98,7 +108,7 @@ class SweepReport:
 
 TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capacity_bytes", "token_hit_rate",
                  "request_hit_rate", "prefill_tokens_saved", "prefill_flop_saved_fraction", "checkpoint_bytes_peak",
-                 "eviction", "evictions", "requests_rejected", "wall_s"]
+                 "eviction", "evictions", "requests_rejected", "wall_s", "note"]  # note: a row not replayed
 
 
 def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Sequence[str], hash_blocks: Sequence[int],
@@ -114,10 +124,19 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
     from k3sim.prefix_cache.sweep import grid, run_sweep
 
+    for opt, values in (("--policies", policies), ("--hash-blocks", hash_blocks),
+                        ("--physical-blocks", physical_blocks), ("--capacities", capacities)):
+        if not values:
+            raise InputError("needs at least one value", source=opt)
+    for p in policies:
+        if p not in POLICIES:
+            raise InputError(f"unknown policy '{p}' (choose {', '.join(POLICIES)})", source="--policies")
     for opt, values in (("--physical-blocks", physical_blocks), ("--hash-blocks", hash_blocks)):
         for v in values:
             if v <= 0:
                 raise InputError(f"must be positive (got {v})", source=opt)
+    if name is not None and (not name or Path(name).name != name):
+        raise InputError(f"must be a file-name prefix, not a path (got '{name}')", source="--name")
     t0 = time.perf_counter()
     stats = TraceStats()
     if workload is not None:
@@ -138,12 +157,17 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         name = name or Path(trace).stem
     else:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
-    configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
+    with _named_options(_SWEEP_OPTIONS):
+        configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
     if not configs:
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
                          source="--hash-blocks")
     df = run_sweep(requests, configs, sched, cost, processes)
+    if "token_hit_rate" not in df:  # every row is a "capacity below one request" note
+        raise InputError("every capacity is below what one request needs (1 KV page + one state slot per KDA "
+                         "group) at every physical block", source="--capacities")
     df["capacity_bytes"] = df["capacity_bytes"].astype(float)  # unbounded = NaN, also when no row is bounded
+    replayed = df[df["token_hit_rate"].notna()]  # note rows have no hit rate to plot
     out = Path(out_dir)
     files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
              "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
@@ -153,6 +177,8 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     for c in ("token_hit_rate", "request_hit_rate", "prefill_flop_saved_fraction"):
         if c in md:
             md[c] = (100 * md[c]).round(2)
+    if "note" in md:
+        md["note"] = md["note"].fillna("")
     md["capacity_bytes"] = md["capacity_bytes"].map(lambda v: "unbounded" if v != v or v is None else f"{v:.3g}")
     header = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
@@ -160,7 +186,10 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     hb = base.hash_block_tokens if base.hash_block_tokens in hash_blocks else min(hash_blocks)
     # every file is rendered to a temp name first and renamed only once all four exist: a failure leaves nothing
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"cannot create the output directory: {err.strerror}", source="--out") from None
     staged: dict[str, Path] = {}
     try:
         for key in files:
@@ -169,15 +198,17 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
             staged[key] = Path(tmp)
         staged["csv"].write_text(df.to_csv(index=False))
         staged["table"].write_text(f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
-        plot_granularity(df, staged["granularity_plot"], f"{label}: token hit rate vs granularity")
-        plot_capacity(df, staged["capacity_plot"], label, pb, hb)
+        plot_granularity(replayed, staged["granularity_plot"], f"{label}: token hit rate vs granularity")
+        plot_capacity(replayed, staged["capacity_plot"], label, pb, hb)
         for key, tmp in staged.items():
             os.chmod(tmp, 0o644)
             os.replace(tmp, files[key])
-    except BaseException:
+    except BaseException as err:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
         if created and not any(out.iterdir()):
             out.rmdir()
+        if isinstance(err, OSError):
+            raise InputError(f"cannot write the sweep files: {err.strerror}", source="--out") from None
         raise
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)

@@ -24,8 +24,9 @@ from k3sim.workloads.request import TraceRequest, prefix_keys
 class StepCost:
     """seconds = step_overhead_s + (prefill + decode tokens) / tokens_per_s.
 
-    Defaults: a serving instance whose token throughput is ~5x the Mooncake conversation trace's offered prefill
-    load (41k tokens/s), so queues stay short; change them to study a saturated server."""
+    Defaults (modelling choices, a scale knob): a serving instance whose token throughput is ~5x the Mooncake
+    conversation trace's offered prefill load (41k tokens/s: sum of input_length over the trace's time span), so
+    queues stay short, and a 10 ms fixed cost per step; change them to study a saturated server."""
 
     tokens_per_s: float = 2.0e5
     step_overhead_s: float = 0.01
@@ -36,6 +37,8 @@ class StepCost:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """Modelling choices of the vLLM kind (its max_num_batched_tokens / max_num_seqs knobs), not measured."""
+
     token_budget: int = 8192  # tokens per step (decode first, then chunked prefill), vLLM-style
     max_running: int = 256
 

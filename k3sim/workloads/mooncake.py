@@ -75,7 +75,7 @@ def read_mooncake(
     stats = stats if stats is not None else TraceStats()
     p = Path(path)
     try:
-        fh = open(p, "r", encoding="utf-8")
+        fh = open(p, "rb")  # lines decoded one by one: a line that is not UTF-8 is malformed, not a crash
     except OSError as err:
         raise InputError(f"cannot read trace: {err.strerror}", source=str(path)) from None
     last_ts = 0.0
@@ -87,10 +87,16 @@ def read_mooncake(
             if not raw.strip():
                 continue
             try:
-                rec = json.loads(raw)
+                rec = json.loads(raw.decode("utf-8"))
                 reason = _check(rec, block_tokens, last_ts)
+            except UnicodeDecodeError:
+                reason = "not UTF-8 text"
             except json.JSONDecodeError as err:
                 reason = f"bad JSON ({err.msg})"
+            except ValueError:  # json.loads' other ValueError: an integer past Python's digit limit
+                reason = "bad JSON (an integer with too many digits)"
+            except RecursionError:
+                reason = "bad JSON (nested too deeply)"
             if reason is not None:
                 if strict:
                     raise InputError(f"line {lineno}: {reason}", source=str(path))

@@ -4,6 +4,10 @@ Each generator returns requests sorted by arrival. Token ids are random draws, s
 exactly where the generator made them share content. Shapes follow the reuse taxonomy of Marconi (MLSys'25,
 section 4.1): input-only sharing (system prompts, RAG documents) and input+output sharing (chat, agents).
 Output tokens of a turn reappear in the next turn's prompt, as in real chat history.
+
+Every default size, rate, think time, Zipf exponent and the lognormal sigma below is a modelling choice (no
+measured source): plausible shapes, kept fixed so the seeded workloads (and the reports built on them) stay
+the same.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ def _length(rng: np.random.Generator, mean: float, lo: int = 1) -> int:
     return max(lo, int(rng.lognormal(np.log(mean) - sigma**2 / 2, sigma)))
 
 
+def _arrivals(rng: np.random.Generator, rate_per_s: float, n: int) -> np.ndarray:
+    """Poisson arrival times (s) of n events at `rate_per_s`."""
+    return np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))
+
+
+def _zipf_pick(rng: np.random.Generator, a: float, n: int) -> int:
+    """An index in [0, n) with Zipf(a) popularity (the tail folded onto the last index)."""
+    return min(int(rng.zipf(a)) - 1, n - 1)
+
+
 def _sorted(reqs: list[TraceRequest]) -> list[TraceRequest]:
     reqs.sort(key=lambda r: r.arrival_s)
     return reqs
@@ -38,7 +52,7 @@ def _sessions(
     prefix: np.ndarray, user_mean: float, output_mean: float,
 ) -> list[TraceRequest]:
     reqs: list[TraceRequest] = []
-    start = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n_sessions))
+    start = _arrivals(rng, rate_per_s, n_sessions)
     for sid in range(n_sessions):
         history = prefix.copy()
         t = float(start[sid])
@@ -68,10 +82,10 @@ def shared_system_prompts(
     """Single-turn requests behind one of a few system prompts chosen with Zipf popularity (input-only sharing)."""
     rng = np.random.default_rng(seed)
     prompts = [_tokens(rng, _length(rng, system_mean_tokens, 16)) for _ in range(n_prompts)]
-    t = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n_requests))
+    t = _arrivals(rng, rate_per_s, n_requests)
     reqs = []
     for i in range(n_requests):
-        k = min(int(rng.zipf(zipf_a)) - 1, n_prompts - 1)
+        k = _zipf_pick(rng, zipf_a, n_prompts)
         prompt = np.concatenate([prompts[k], _tokens(rng, _length(rng, user_mean_tokens))])
         reqs.append(TraceRequest(float(t[i]), len(prompt), _length(rng, output_mean_tokens), tokens=prompt))
     return reqs
@@ -98,12 +112,12 @@ def rag_shared_documents(
     rng = np.random.default_rng(seed)
     system = _tokens(rng, system_tokens)
     docs = [_tokens(rng, _length(rng, doc_mean_tokens, 64)) for _ in range(n_docs)]
-    t = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n_requests))
+    t = _arrivals(rng, rate_per_s, n_requests)
     reqs = []
     for i in range(n_requests):
         chosen: list[int] = []
         while len(chosen) < docs_per_request:
-            k = min(int(rng.zipf(zipf_a)) - 1, n_docs - 1)
+            k = _zipf_pick(rng, zipf_a, n_docs)
             if k not in chosen:
                 chosen.append(k)
         prompt = np.concatenate([system, *(docs[k] for k in chosen), _tokens(rng, _length(rng, question_mean_tokens))])
@@ -127,4 +141,6 @@ def synthetic_workload(name: str, seed: int = 0, requests: int = 1000) -> list[T
         raise InputError(f"unknown workload '{name}' (choose {', '.join(SYNTHETIC_WORKLOADS)})", source="--workload")
     if requests <= 0:
         raise InputError(f"must be positive (got {requests})", source="--requests")
+    if seed < 0:
+        raise InputError(f"must be a non-negative integer (got {seed})", source="--seed")
     return SYNTHETIC_WORKLOADS[name](seed, requests)

@@ -172,3 +172,47 @@ def test_non_finite_capacity_and_bad_processes_exit_2(tmp_path):
     _one_line_exit_2(run_cli("prefix-cache", "--trace", CONV, "--sweep", "--processes", "-1", "--out",
                              tmp_path / "s"), "--processes")
     assert not (tmp_path / "s").exists()
+
+
+def test_bad_option_values_name_their_option(tmp_path):
+    """NaN/inf step costs ran to exit 0, a negative seed and an infinite block list ended in tracebacks, a
+    fractional block was truncated, CacheConfig errors named no option, and 70 KDA groups of 69 layers passed."""
+    cases = [
+        (("--trace", CONV, "--tokens-per-s", "nan"), "--tokens-per-s"),
+        (("--trace", CONV, "--step-overhead-s", "inf"), "--step-overhead-s"),
+        (("--trace", CONV, "--max-running", "0"), "--max-running"),
+        (("--workload", "chat", "--seed", "-1", "--requests", "10"), "--seed"),
+        (("--trace", CONV, "--kda-groups", "70"), "--kda-groups"),
+        (("--trace", CONV, "--policy", "lru"), "--policy: field 'policy'"),
+        (("--trace", CONV, "--physical-block", "0"), "--physical-block: field 'physical_block_tokens'"),
+        (("--trace", CONV, "--retention-interval", "100"), "--retention-interval"),
+        (("--trace", CONV, "--sweep", "--physical-blocks", "6144.7", "--out", tmp_path / "s"), "'6144.7'"),
+        (("--trace", CONV, "--sweep", "--physical-blocks", "inf", "--out", tmp_path / "s"), "--physical-blocks"),
+        (("--trace", CONV, "--sweep", "--policies", ",", "--out", tmp_path / "s"), "--policies: needs"),
+        (("--trace", CONV, "--sweep", "--capacities", "-5", "--out", tmp_path / "s"), "--capacities"),
+        (("--trace", CONV, "--sweep", "--name", "a/b", "--out", tmp_path / "s"), "--name"),
+    ]
+    for args, needle in cases:
+        _one_line_exit_2(run_cli("prefix-cache", *args), needle)
+    assert not (tmp_path / "s").exists()
+
+
+def test_sweep_bad_out_and_capacities_below_one_request(tmp_path):
+    """--out under a file and a grid where every capacity is below one request ended in tracebacks; a grid where
+    only some are below now writes every file, the skipped rows marked in the table."""
+    (tmp_path / "afile").write_text("")
+    base = ("prefix-cache", "--trace", CONV, "--sweep", "--policies", "decoupled")
+    _one_line_exit_2(run_cli(*base, "--physical-blocks", "6144", "--capacities", "none",
+                             "--out", tmp_path / "afile" / "sub"), "--out", "Not a directory")
+    _one_line_exit_2(run_cli(*base, "--physical-blocks", "6144", "--capacities", "1e3", "--out", tmp_path / "s"),
+                     "--capacities", "below what one request needs")
+    assert not (tmp_path / "s").exists()
+    # 5e8 B: 2 pages of 6144 tokens < 4 needed (1 KV + 3 KDA slots); 35 pages of 512 tokens >= 1 + 3 x 11
+    proc = run_cli(*base, "--physical-blocks", "512,6144", "--capacities", "none,5e8", "--out", tmp_path / "m",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    notes = [(r["physical_block_tokens"], r["capacity_bytes"]) for r in out["rows"] if r.get("note")]
+    assert notes == [(6144, 5e8)] and len(out["rows"]) == 4
+    assert all(Path(f).stat().st_size > 0 for f in out["files"].values())
+    assert "capacity below one request" in Path(out["files"]["table"]).read_text()

@@ -70,3 +70,18 @@ def test_write_then_read_round_trip(tmp_path):
     assert back[0].block_ids[0] == back[1].block_ids[0]  # same first 512 tokens -> same id
     assert back[0].block_ids[1] != back[1].block_ids[1]
     assert json.loads(p.read_text().splitlines()[0])["timestamp"] == 500
+
+
+def test_foreign_bytes_are_malformed_lines_not_crashes(tmp_path):
+    """Non-UTF-8 bytes, an integer past Python's digit limit and nesting deeper than the recursion limit each
+    used to end the replay in a traceback (UnicodeDecodeError, ValueError, RecursionError)."""
+    good = b'{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n'
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(good + b"\xff\xfe\x00 binary\n" + b'{"timestamp": ' + b"1" * 5000 + b"}\n"
+                  + b"[" * 100000 + b"\n" + good)
+    stats = TraceStats()
+    assert len(list(read_mooncake(p, stats=stats))) == 2
+    assert stats.problems == [(2, "not UTF-8 text"), (3, "bad JSON (an integer with too many digits)"),
+                              (4, "bad JSON (nested too deeply)")]
+    with pytest.raises(InputError, match="line 2: not UTF-8 text"):
+        list(read_mooncake(p, strict=True))

@@ -39,3 +39,15 @@ def test_token_keys_share_exactly_the_shared_prefix():
     shared = sum(1 for x, y in zip(ka, kb) if x == y)
     assert shared == n_same // 16
     assert ka[shared:shared + 1] != kb[shared:shared + 1]
+
+
+def test_named_workloads_stay_the_same_and_refuse_a_negative_seed():
+    """The committed synthetic reports depend on these exact draws: a refactor of the generators must keep them."""
+    from k3sim.errors import InputError
+    from k3sim.workloads import synthetic_workload
+
+    # first four prompt lengths as the generators gave them when the reports were built
+    assert [r.input_tokens for r in synthetic_workload("chat", 0, 10)[:4]] == [1000, 918, 1280, 1848]
+    assert [r.input_tokens for r in synthetic_workload("rag", 0, 10)[:4]] == [9818, 4063, 8719, 8493]
+    with pytest.raises(InputError, match="--seed"):
+        synthetic_workload("chat", -1, 10)
