@@ -24,6 +24,8 @@ def parse_tokens(text: str, option: str) -> int:
         raise InputError(f"not a token count: {text!r}", source=option)
     if v != int(v):
         raise InputError(f"not a whole number of tokens: {text!r}", source=option)
+    if abs(v) >= 2 ** 63:                               # the model holds token positions in int64 arrays
+        raise InputError(f"token count out of range (64-bit): {text!r}", source=option)
     return int(v)
 
 
@@ -67,7 +69,8 @@ def register(app: typer.Typer) -> None:
         m = load_model(model)
         hw = load_hardware(hardware)
         g = geometry_from_model(m, tp=tp)
-        sdt = state_dtype or default_state_dtype(m)
+        # an option given as "" is bad input (checked below), not a request for the default
+        sdt = default_state_dtype(m) if state_dtype is None else state_dtype
         check_state_dtype(sdt)
         if do_sweep:
             from k3sim.cp.report import write_report
@@ -90,14 +93,15 @@ def register(app: typer.Typer) -> None:
                         [(w["cp"], w["layer"], w["fastest"], f"{w['from_seq_len']:,}") for w in res["winners"]])
             print_kv("written", [(k, v) for k, v in res["files"].items()])
             return
-        S = parse_tokens(seq_len or "1048576", "--seq-len")
+        S = parse_tokens("1048576" if seq_len is None else seq_len, "--seq-len")
         lengths = None
         if doc_mean is not None:
             from k3sim.cp.docs import sample_doc_lengths
 
             lengths = sample_doc_lengths(S, doc_mean, seed)
-        r = cp_step(g, hw, S, cp_degree, strategy or "kcp", mla_strategy or DEFAULT_MLA_STRATEGY, state_dtype=sdt,
-                    mla_kv=mla_kv or DEFAULT_MLA_KV, docs=docs, doc_lengths=lengths)
+        r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
+                    DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
+                    mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
         if as_json:
             print_json(r)
             return

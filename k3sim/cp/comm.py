@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from k3sim.cp.traffic import Collective
+from k3sim.cp.traffic import Collective, wire_bytes
 
 KernelTime = Callable[..., Any]
 
@@ -21,18 +21,6 @@ def default_kernel_time() -> KernelTime:
     from k3sim.kernels import predict_kernel_time  # lazy: the predictor loads measured data
 
     return predict_kernel_time
-
-
-def wire_bytes(op: str, shard: float, P: int) -> float:
-    if op in ("all_gather", "reduce_scatter"):
-        return (P - 1) * shard
-    if op == "all_reduce":
-        return 2.0 * (P - 1) / P * shard
-    if op == "all_to_all":
-        return (P - 1) / P * shard
-    if op == "send_recv":
-        return float(shard)
-    raise KeyError(op)
 
 
 @dataclass

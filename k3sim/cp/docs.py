@@ -24,7 +24,7 @@ def doc_bounds(seq_len: int, docs: int | None = None, doc_lengths: list[int] | N
         return np.concatenate([[0], np.cumsum(lens)])
     n = 1 if docs is None else int(docs)
     if n < 1 or n > seq_len:
-        raise InputError(f"docs must be between 1 and the sequence length {seq_len}, got {n}", field="--docs")
+        raise InputError(f"docs must be between 1 and the sequence length {seq_len}, got {n}", source="--docs")
     return np.round(np.linspace(0, seq_len, n + 1)).astype(np.int64)
 
 
@@ -33,7 +33,10 @@ def sample_doc_lengths(seq_len: int, mean_tokens: float, seed: int = 0) -> list[
     if seq_len <= 0:
         raise InputError(f"sequence length must be positive, got {seq_len}", source="--seq-len")
     if not mean_tokens > 0 or not np.isfinite(mean_tokens):
-        raise InputError("mean document length must be positive", field="--doc-mean-tokens")
+        raise InputError(f"mean document length must be positive and finite, got {mean_tokens}",
+                         source="--doc-mean-tokens")
+    if seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed}", source="--seed")
     rng = np.random.default_rng(seed)
     out, left = [], seq_len
     while left > 0:

@@ -10,7 +10,10 @@ from k3sim.errors import InputError
 
 @dataclass(frozen=True)
 class CPGeometry:
-    """Heads and dims of one KDA and one MLA layer; `tp` shards heads (each CP rank holds heads/tp)."""
+    """Heads and dims of one KDA and one MLA layer; `tp` shards heads (each CP rank holds heads/tp).
+
+    Defaults are Kimi K3's (`models/kimi-k3.yaml`: KDA d_k = d_v = 128, conv kernel 4; MLA kv_lora_rank 512,
+    qk_nope 128, qk_rope 64, v 128); d_k = d_v = 128 is also the head dim of fla's kernels and of PR #691."""
 
     hidden_size: int
     kda_heads: int
@@ -33,7 +36,7 @@ class CPGeometry:
             raise InputError(f"TP degree must be at least 1, got {self.tp}", source="--tp")
         for heads, kind in ((self.kda_heads, "KDA"), (self.mla_heads, "MLA")):
             if heads and heads % self.tp:
-                raise InputError(f"TP={self.tp} does not divide the {heads} {kind} heads", field="tp")
+                raise InputError(f"TP={self.tp} does not divide the {heads} {kind} heads", source="--tp")
 
     # ---- KDA ----
     @property
@@ -105,6 +108,12 @@ class CPGeometry:
     def mla_up_proj_width(self) -> int:
         """Latent -> per-head K_nope and V: H (d_nope + d_v) outputs from kv_lora_rank inputs."""
         return self.mla_heads_per_rank * (self.qk_nope_head_dim + self.v_head_dim)
+
+
+def kda_layer_geometry(heads: int, name: str) -> CPGeometry:
+    """One KDA layer of `heads` heads of dim 128, nothing else: the setting fla's KCP benchmarks and the
+    calibration harness time (hidden size H x 128; only the 4bSd ring reference reads it)."""
+    return CPGeometry(hidden_size=heads * 128, kda_heads=heads, num_kda_layers=1, name=name)
 
 
 def geometry_from_model(model: Any, tp: int = 1) -> CPGeometry:

@@ -145,7 +145,7 @@ def table(H: int, tps: list[int], T: int, p: IntraParams, sequences: int = 1) ->
     return rows
 
 
-HOST_BOUND_SPREAD = 1.25  # smallest-T times of all head counts within 25 %: one host-bound time
+HOST_BOUND_SPREAD = 1.25  # smallest-T times of all head counts within 25 %: one host-bound time (modelling choice)
 
 
 def host_floor_s(T: np.ndarray, H: np.ndarray, seconds: np.ndarray) -> float:
@@ -175,7 +175,7 @@ def fit_naive(T: np.ndarray, H: np.ndarray, seconds: np.ndarray, base: IntraPara
             t_par, n, _, waves = _parts(int(t_), int(h_), replace(p, R_flops_per_s=1.0))
             cols.append([1.0, t_par, n * waves])
         cols = np.array(cols)
-        m = seconds > 1.5 * floor
+        m = seconds > 1.5 * floor                 # "clearly above the floor": a modelling choice
         if m.sum() < 3:
             m = np.ones_like(seconds, dtype=bool)
         coef, *_ = np.linalg.lstsq(cols[m] / seconds[m, None], np.ones(int(m.sum())), rcond=None)

@@ -74,8 +74,11 @@ class LayerInputs:
         return self.seq_len // self.P
 
 
-def _phase(tr: Traffic, rows: list[tuple[str, float, str, str]], time_s: float) -> PhaseCost:
-    """rows: (component, seconds, source, kind) with kind compute | comm."""
+def _phase(tr: Traffic, rows: list[tuple[str, float, str, str]], time_s: float | None = None) -> PhaseCost:
+    """rows: (component, seconds, source, kind) with kind compute | comm; `time_s` None: nothing overlaps,
+    the phase takes the sum of its rows."""
+    if time_s is None:
+        time_s = sum(r[1] for r in rows)
     comp = sum(r[1] for r in rows if r[3] == "compute")
     comm = sum(r[1] for r in rows if r[3] == "comm")
     return PhaseCost(tr.send_bytes, tr.recv_bytes, tr.messages, comp, comm, max(0.0, time_s - comp), time_s,
@@ -125,8 +128,8 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
     rows_b += _comm_rows(x, bwd_tr)
     notes = ["no overlap: the main kernel waits for the folded initial state (fla runs it this way)"]
     return LayerCost("kda", "kcp", "contiguous", x.comm.link,
-                     _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+                     _phase(fwd_tr, rows_f),
+                     _phase(bwd_tr, rows_b), notes)
 
 
 def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[float, str, str]:
@@ -167,8 +170,8 @@ def lasp2_layer(x: LayerInputs) -> LayerCost:
               *_comm_rows(x, fwd_tr)]
     rows_b = [("chunk kernel bwd, local tokens (proxy)", t_b, src, "compute"), *extra, *_comm_rows(x, bwd_tr)]
     notes = ["reference only: exact for plain linear attention (M = I), not for KDA's delta rule"]
-    return LayerCost("kda", "lasp2", "contiguous", x.comm.link, _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+    return LayerCost("kda", "lasp2", "contiguous", x.comm.link, _phase(fwd_tr, rows_f),
+                     _phase(bwd_tr, rows_b), notes)
 
 
 def ulysses_kda_layer(x: LayerInputs) -> LayerCost:
@@ -178,8 +181,8 @@ def ulysses_kda_layer(x: LayerInputs) -> LayerCost:
     rows_f = [("chunk_kda_fwd, all tokens, H/P heads", t_f, src, "compute"), *_comm_rows(x, fwd_tr)]
     rows_b = [("chunk_kda bwd, all tokens, H/P heads", t_b, src, "compute"), *_comm_rows(x, bwd_tr)]
     notes = ["short conv runs after the all-to-all (per channel, whole sequence): no halo"]
-    return LayerCost("kda", "ulysses", "contiguous", x.comm.link, _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+    return LayerCost("kda", "ulysses", "contiguous", x.comm.link, _phase(fwd_tr, rows_f),
+                     _phase(bwd_tr, rows_b), notes)
 
 
 # ---------------------------------------------------------------- MLA layers
@@ -255,8 +258,8 @@ def allgather_kv_layer(x: LayerInputs) -> LayerCost:
     bwd_tr.recv_bytes += fwd_tr.recv_bytes
     bwd_tr.messages += fwd_tr.messages
     notes = ["head-tail (zigzag) layout balances the causal work; gather is not overlapped (Megatron all_gather)"]
-    return LayerCost("mla", "allgather-kv", "zigzag", x.comm.link, _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+    return LayerCost("mla", "allgather-kv", "zigzag", x.comm.link, _phase(fwd_tr, rows_f),
+                     _phase(bwd_tr, rows_b), notes)
 
 
 def ulysses_mla_layer(x: LayerInputs) -> LayerCost:
@@ -268,8 +271,8 @@ def ulysses_mla_layer(x: LayerInputs) -> LayerCost:
     rows_f = [("attention, all tokens, H/P heads", work * pf, src, "compute"), *_comm_rows(x, fwd_tr)]
     rows_b = [("attention bwd", work * pb, src, "compute"), *_comm_rows(x, bwd_tr)]
     notes = ["moves expanded q, k, v (the latent is shared by all heads and cannot be head-scattered)"]
-    return LayerCost("mla", "ulysses", "contiguous", x.comm.link, _phase(fwd_tr, rows_f, sum(r[1] for r in rows_f)),
-                     _phase(bwd_tr, rows_b, sum(r[1] for r in rows_b)), notes)
+    return LayerCost("mla", "ulysses", "contiguous", x.comm.link, _phase(fwd_tr, rows_f),
+                     _phase(bwd_tr, rows_b), notes)
 
 
 def _state_bytes(x: LayerInputs) -> float:

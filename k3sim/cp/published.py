@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3sim.cp.comm import KernelClock, default_kernel_time
-from k3sim.cp.geometry import CPGeometry
+from k3sim.cp.geometry import kda_layer_geometry
 from k3sim.cp.layers import kcp_layer, ulysses_kda_layer
 from k3sim.cp.model import layer_inputs
 
@@ -32,7 +32,7 @@ def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: fl
                       label: str = "", intra: Any = None, kcp_pre_factor: float | None = None) -> dict:
     """Model's no-CP, KCP and all-to-all times for PR #691's setting, as rates and ratios."""
     S, P, H = SETTING["seq_len"], SETTING["cp"], SETTING["heads"]
-    g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name="pr691-kda-64h")
+    g = kda_layer_geometry(H, "pr691-kda-64h")
     clock = KernelClock(hardware, kernel_time or default_kernel_time())
     x = layer_inputs(g, hardware, S, P, state_dtype=SETTING["state_dtype"], clock=clock, conv_halo=False,
                      bandwidth_override=bandwidth_override, intra=intra, kcp_pre_factor=kcp_pre_factor)

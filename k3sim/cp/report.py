@@ -10,8 +10,8 @@ from typing import Any
 from k3sim.cp import intra_device as ID
 from k3sim.cp.flops import kcp_preprocess_factor
 from k3sim.cp.geometry import CPGeometry
-from k3sim.cp.sweep import (crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, plot_step, step_times, sweep,
-                             winners)
+from k3sim.cp.sweep import (crossovers, kcp_vs_ring_bytes_crossover, plot_crossover, plot_step, save_figure,
+                             step_times, sweep, winners)
 from k3sim.cp.traffic import layer_traffic, ring_kv_recv_bytes_per_rank
 from k3sim.errors import InputError
 
@@ -19,17 +19,15 @@ MIB = 2 ** 20
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    from k3sim.kernels.fit import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
     import pandas as pd
 
-    tmp = path.with_name(path.name + ".tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
-    tmp.replace(path)
+    _write(path, pd.DataFrame(rows).to_csv(index=False))
 
 
 def facts(g: CPGeometry) -> dict:
@@ -76,11 +74,7 @@ def plot_intra(rows: list[dict], path: Path, title: str, measured: dict | None =
     axes[0].set_ylabel("mean fraction of SMs busy")
     axes[1].set_ylabel("prefill ns per token (one KDA layer, one rank)")
     fig.suptitle(title)
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def plot_intra_fit(rows: list[dict], path: Path, hw_name: str) -> None:
@@ -106,11 +100,7 @@ def plot_intra_fit(rows: list[dict], path: Path, hw_name: str) -> None:
                  "solid: fit on all head counts; dashed: fit without this head count")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def plot_kcp_validation(rows: list[dict], path: Path) -> None:
@@ -143,11 +133,7 @@ def plot_kcp_validation(rows: list[dict], path: Path) -> None:
     ax.set_title(f"fla KCP on {rows[0]['gpus']} GPUs: predicted vs measured")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)
 
 
 def check_sweep_inputs(g: CPGeometry, seq_lens: list[int], cps: list[int], focus_cp: int) -> None:
@@ -175,22 +161,37 @@ def check_sweep_inputs(g: CPGeometry, seq_lens: list[int], cps: list[int], focus
 def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,
                  state_dtype: str = "fp32", focus_cp: int = 8, kernel_time=None) -> dict:
     """Write every sweep output into `out`, all or nothing: the files are produced in a staging directory
-    next to `out` and moved in only when all of them exist (a failure leaves `out` as it was)."""
+    next to `out` and moved in only when all of them exist (a failure leaves `out` as it was, or absent)."""
     import shutil
     import tempfile
 
     check_sweep_inputs(g, seq_lens, cps, focus_cp)
     out = Path(out)
+    created = [d for d in (out, *out.parents) if not d.exists()]      # deepest first
+
+    def undo() -> None:
+        """Remove the directories this call made (a failure leaves no empty `out` behind)."""
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+
     try:
         out.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as err:
+        undo()
         raise InputError(f"cannot write to {out}: {err.strerror}", source="--out") from None
     try:
         res = _write_report(g, hw, seq_lens, cps, stage, state_dtype=state_dtype, focus_cp=focus_cp,
                             kernel_time=kernel_time)
         for f in sorted(stage.iterdir()):
             f.replace(out / f.name)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        undo()
+        raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     res["files"] = {k: str(out / Path(v).name) for k, v in res["files"].items()}
@@ -200,6 +201,7 @@ def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], ou
 def _write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,
                   state_dtype: str = "fp32", focus_cp: int = 8, kernel_time=None) -> dict:
     from k3sim.configs import load_hardware
+    from k3sim.configs.dtypes import bytes_per_element
     from k3sim.cp import validate as V
     from k3sim.cp.published import published_table
 
@@ -210,7 +212,7 @@ def _write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], o
     rows = sweep(g, hw, seq_lens, cps, state_dtype=state_dtype, kernel_time=kernel_time, intra=fitted)
     _csv(out / "sweep.csv", rows)
     files["sweep"] = str(out / "sweep.csv")
-    sb = 2.0 if state_dtype == "bf16" else 4.0
+    sb = bytes_per_element(state_dtype)
     focus = [focus_cp] + [P for P in cps if P * g.tp > hw.scaleup_domain_gpus][:1]
     win, cross = [], []
     for P in dict.fromkeys(focus):

@@ -51,7 +51,8 @@ def label(row: dict) -> str:
 def crossovers(rows: list[dict], P: int, layer: str, key: str = "time_s", min_gap: float = 0.05) -> list[dict]:
     """Lengths where the ordering of two strategies on `key` flips (log-linear interpolation in S).
 
-    Pairs that never differ by more than `min_gap` (5 %) on both sides are near-ties, not crossovers."""
+    Pairs that never differ by more than `min_gap` (5 %, a modelling choice) on both sides are near-ties,
+    not crossovers."""
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r["cp"] == P and r["layer"] == layer and not r["skipped"]:
@@ -80,6 +81,19 @@ def kcp_vs_ring_bytes_crossover(g: CPGeometry, P: int, state_bytes: float) -> fl
     """S above which a KCP layer receives fewer bytes than ring attention on a d-wide MHA layer (4bSd rule):
     (P-1) H d_k (d_k + d_v) s = (P-1)/P 4 S d  ->  S = P H d_k (d_k + d_v) s / (4 d)."""
     return P * g.kda_state_elems_per_rank(True) * state_bytes / (2 * g.hidden_size * g.act_bytes)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write the PNG beside `path` and rename it over `path` (no half-written plot), close `fig`.
+    Every cp plot goes through here."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
 
 def plot_crossover(rows: list[dict], P: int, g: CPGeometry, path: Path, state_bytes: float) -> Path:
@@ -113,18 +127,14 @@ def plot_crossover(rows: list[dict], P: int, g: CPGeometry, path: Path, state_by
     for ax in axes[1]:
         ax.set_xlabel("sequence length S (tokens)")
     fig.suptitle(f"{g.name}: context-parallel strategies at P={P}, TP={g.tp}, state {int(state_bytes * 8)}-bit")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def winners(rows: list[dict], P: int, layer: str, tie: float = 0.02) -> list[dict]:
     """The fastest exact strategy at each S (LASP-2 is a reference, not exact for KDA), and the lengths
-    where the winner changes; the incumbent keeps the lead while within `tie` (2 %) of the fastest."""
+    where the winner changes; the incumbent keeps the lead while within `tie` (2 %, a modelling choice) of
+    the fastest."""
     by_s: dict[int, list[dict]] = {}
     for r in rows:
         if r["cp"] == P and r["layer"] == layer and not r["skipped"] and r["strategy"] != "lasp2":
@@ -181,9 +191,4 @@ def plot_step(rows: list[dict], g: CPGeometry, cps: list[int], path: Path) -> Pa
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("time relative to the default")
     fig.suptitle(f"{g.name}: {g.num_kda_layers} KDA + {g.num_mla_layers} MLA layers, forward + backward, one sequence")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)

@@ -58,6 +58,20 @@ def check_strategy(strategy: str, layer_kind: str, seq_len: int, P: int, heads: 
     return layout
 
 
+def wire_bytes(op: str, shard: float, P: int) -> float:
+    """Bytes each rank puts on its link for one call, ring / pairwise algorithms (nccl-tests
+    doc/PERFORMANCE.md bus bandwidth factors); `shard` is the per-rank buffer as nccl-tests counts it."""
+    if op in ("all_gather", "reduce_scatter"):
+        return (P - 1) * shard
+    if op == "all_reduce":
+        return 2.0 * (P - 1) / P * shard
+    if op == "all_to_all":
+        return (P - 1) / P * shard
+    if op == "send_recv":
+        return float(shard)
+    raise KeyError(op)
+
+
 @dataclass(frozen=True)
 class Collective:
     """One communication call on the critical path: nccl-tests convention for `shard_bytes`."""
@@ -81,14 +95,9 @@ class Traffic:
         """Account a collective's bytes as a ring/pairwise algorithm puts them on each rank's link."""
         if P == 1:
             return
-        if c.op in ("all_gather", "reduce_scatter"):
-            b, m = (P - 1) * c.shard_bytes, P - 1
-        elif c.op == "all_to_all":
-            b, m = (P - 1) / P * c.shard_bytes, P - 1
-        elif c.op == "send_recv":
-            b, m = c.shard_bytes, 1
-        else:
+        if c.op not in ("all_gather", "reduce_scatter", "all_to_all", "send_recv"):
             raise KeyError(c.op)
+        b, m = wire_bytes(c.op, c.shard_bytes, P), (1 if c.op == "send_recv" else P - 1)
         self.send_bytes += b * c.count
         self.recv_bytes += b * c.count
         self.messages += m * c.count

@@ -14,7 +14,7 @@ import numpy as np
 
 from k3sim.cp.comm import KernelClock, default_kernel_time
 from k3sim.cp.flops import kcp_preprocess_factor
-from k3sim.cp.geometry import CPGeometry
+from k3sim.cp.geometry import kda_layer_geometry
 from k3sim.cp.intra_device import IntraParams, fit_naive, naive
 from k3sim.cp.layers import kcp_layer
 from k3sim.cp.model import layer_inputs
@@ -90,7 +90,7 @@ def kcp_check(hw: Any, root: Path | None, kernel_time=None, pre_factor: float | 
     fbm = {} if fb is None else {tuple(int(v) for v in r[key]): float(r["seconds"]) for _, r in fb.iterrows()}
     for _, r in fwd.iterrows():
         T, H, P, docs = (int(r[k]) for k in key)
-        g = CPGeometry(hidden_size=H * 128, kda_heads=H, num_kda_layers=1, name=f"kda-{H}h")
+        g = kda_layer_geometry(H, f"kda-{H}h")
         x = layer_inputs(g, hw, T, P, state_dtype="fp32", docs=docs, clock=clock, conv_halo=False,
                          kcp_pre_factor=pre_factor, intra=intra)
         lc = kcp_layer(x)

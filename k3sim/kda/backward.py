@@ -14,7 +14,7 @@ import numpy as np
 
 from k3sim.kda.affine import Affine, fold
 from k3sim.kda.kcp import rank_contexts
-from k3sim.kda.recurrence import doc_bounds, token_transition
+from k3sim.kda.recurrence import doc_bounds, token_transition, token_update
 
 
 def segment_backward_pair(q, k, alpha, beta, dO) -> Affine:
@@ -58,8 +58,6 @@ def loss_with_injection(q, k, v, alpha, beta, dO, cu_seqlens, pos: int, E: np.nd
         for t in range(cu[n], cu[n + 1]):
             if t == pos and t > cu[n]:
                 S = S + E
-            S = alpha[t][:, :, None] * S
-            kS = np.einsum("hk,hkv->hv", k[t], S)
-            S = S + beta[t][:, None, None] * k[t][:, :, None] * (v[t] - kS)[:, None, :]
+            S = token_update(S, k[t], v[t], alpha[t], beta[t])
             total += float(np.sum(dO[t] * np.einsum("hk,hkv->hv", q[t], S)))
     return total

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from k3sim.kda.affine import Affine, compose
-from k3sim.kda.recurrence import doc_bounds
+from k3sim.kda.recurrence import doc_buffers
 
 
 def _chunk_terms(q, k, v, alpha, beta):
@@ -55,16 +55,9 @@ def kda_chunkwise(q, k, v, alpha, beta, cu_seqlens=None, initial_state=None, chu
 
     `doc_initial_states` [N, H, K, V] overrides the initial state per document (KCP's first local doc).
     """
-    T, H, K = k.shape
-    V = v.shape[-1]
-    cu = doc_bounds(cu_seqlens, T)
-    o = np.zeros((T, H, V))
-    finals = np.zeros((len(cu) - 1, H, K, V))
+    cu, o, finals, starts = doc_buffers(k, v, cu_seqlens, initial_state, doc_initial_states)
     for n in range(len(cu) - 1):
-        if doc_initial_states is not None:
-            S = np.array(doc_initial_states[n], dtype=float)
-        else:
-            S = np.zeros((H, K, V)) if initial_state is None else np.array(initial_state, dtype=float)
+        S = starts[n]
         for s in range(cu[n], cu[n + 1], chunk_size):
             sl = slice(s, min(s + chunk_size, cu[n + 1]))
             U_t, W, A_qk, Gam, K_end = _chunk_terms(q[sl], k[sl], v[sl], alpha[sl], beta[sl])

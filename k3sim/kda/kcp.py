@@ -14,7 +14,7 @@ import numpy as np
 
 from k3sim.kda.affine import Affine, fold
 from k3sim.kda.chunkwise import kda_chunkwise, segment_transition
-from k3sim.kda.recurrence import doc_bounds
+from k3sim.kda.recurrence import doc_bounds, doc_buffers
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def kcp_forward(q, k, v, alpha, beta, cu_seqlens, P: int, chunk_size: int = 4,
     """Forward of one KDA layer over P simulated ranks; matches `kda_naive` exactly."""
     T, H, K = k.shape
     V = v.shape[-1]
-    cu = doc_bounds(cu_seqlens, T)
+    cu, o, finals, _ = doc_buffers(k, v, cu_seqlens)
     ctxs = rank_contexts(cu, T, P)
 
     # (1) each rank: affine pair of its last local document fragment, from S = 0
@@ -81,8 +81,6 @@ def kcp_forward(q, k, v, alpha, beta, cu_seqlens, P: int, chunk_size: int = 4,
     # (2) all-gather (simulated): every rank sees every pair, copied
     gathered = [Affine(p.M.copy(), p.S.copy()) for p in pairs]
 
-    o = np.zeros((T, H, V))
-    finals = np.zeros((len(cu) - 1, H, K, V))
     for c in ctxs:
         # (3) fold over the ranks the first local document spans; a document starting here gets 0
         src = gathered[c.rank - c.pre_num_ranks:c.rank]

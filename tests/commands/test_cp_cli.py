@@ -25,6 +25,8 @@ def test_cp_json_keys_and_kcp_bytes(cli):
     assert out["kda_layer_state_recv_bytes_per_rank"] == 42 * 2 ** 20
     assert out["mla_strategy"] == "allgather-kv" and out["mla_kv"] == "latent"
     assert out["step_attention_time_s"] > 0
+    assert out["step_attention_time_s"] == pytest.approx(69 * out["kda_layer_time_s"] + 24 * out["mla_layer_time_s"],
+                                                         rel=1e-12)
     short = run_json(cli, "--seq-len", "32K", "--cp", "8", "--state-dtype", "bf16")
     assert short["kda_layer_recv_bytes_per_rank"] == out["kda_layer_recv_bytes_per_rank"]
 
@@ -78,6 +80,21 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     (["--sweep", "--state-dtype", "fp64", "--out", "/tmp/k3sim-never"], "bf16 or fp32"),
     (["--sweep", "--seq-len", "64K", "--mla-kv", "expanded", "--out", "/tmp/k3sim-never"], "drop --seq-len, --mla-kv"),
     (["--sweep", "--seq-lens", "-4K", "--cps", "2", "--cp", "2", "--out", "/tmp/k3sim-never"], "positive"),
+    # an empty value is bad input, not the default
+    (["--seq-len", ""], "--seq-len: not a token count: ''"),
+    (["--seq-len", "65536", "--strategy", ""], "--strategy: unknown strategy ''"),
+    (["--seq-len", "65536", "--mla-strategy", ""], "--mla-strategy: unknown strategy ''"),
+    (["--seq-len", "65536", "--mla-kv", ""], "--mla-kv: MLA KV form"),
+    (["--seq-len", "65536", "--state-dtype", ""], "--state-dtype: state dtype must be bf16 or fp32, got ''"),
+    # beyond int64 (was a numpy traceback), a negative seed (was a numpy traceback)
+    (["--seq-len", "1e30"], "--seq-len: token count out of range"),
+    (["--sweep", "--seq-lens", "1e30", "--cps", "8", "--out", "/tmp/k3sim-never"],
+     "--seq-lens: token count out of range"),
+    (["--seq-len", "65536", "--doc-mean-tokens", "100", "--seed", "-1"], "--seed: seed must be a non-negative"),
+    # the message names the option
+    (["--seq-len", "65536", "--docs", "0"], "--docs: docs must be between 1"),
+    (["--seq-len", "65536", "--doc-mean-tokens", "nan"], "--doc-mean-tokens: mean document length"),
+    (["--seq-len", "65536", "--tp", "5"], "--tp: TP=5 does not divide the 96 KDA heads"),
 ])
 def test_cp_bad_input_exits_2(cli, args, needle):
     proc = cli(*BASE, *args)

@@ -78,6 +78,8 @@ def test_sampled_doc_lengths_pack_exactly():
     lens = D.sample_doc_lengths(100_000, 3000, seed=1)
     assert sum(lens) == 100_000 and min(lens) >= 1
     assert lens == D.sample_doc_lengths(100_000, 3000, seed=1)
+    assert D.sample_doc_lengths(100, 1e12) == [100]          # mean far above S: one document, truncated
+    assert D.sample_doc_lengths(50, 1e-9) == [1] * 50         # mean far below a token: one-token documents
 
 
 def test_docs_and_explicit_lengths_are_exclusive():

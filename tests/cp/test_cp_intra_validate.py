@@ -46,6 +46,9 @@ def test_fit_recovers_parameters():
     fitted, stats = ID.fit_naive(T, H, s, replace(P0, R_flops_per_s=1e15, tau_s=1e-6, t0_s=0.0))
     assert stats["mape"] < 1e-6 and stats["blocks_per_sm"] == 1
     assert fitted.tau_s == pytest.approx(P0.tau_s, rel=1e-6)
+    assert fitted.R_flops_per_s == pytest.approx(P0.R_flops_per_s, rel=1e-6)
+    assert fitted.t0_s == pytest.approx(P0.t0_s, rel=1e-6)
+    assert fitted.floor_s == P0.floor_s                  # T = 4K: every head count at the same host floor
 
 
 def test_validate_on_synthetic_measurements(tmp_path):
@@ -75,6 +78,9 @@ def test_validate_on_synthetic_measurements(tmp_path):
     assert len(k["rows"]) == 3
     assert k["fwd_mape"] == pytest.approx(1 - 1 / 1.1, rel=1e-6)
     assert k["implied_pre_factor_median"] > 0.9         # slower than predicted -> larger pre-process
+    # round trip: the implied factor, fed back, reproduces the median row's measurement exactly
+    again = V.kcp_check(hw(), tmp_path, kernel_time=fake_kernel_time, pre_factor=k["implied_pre_factor_median"])
+    assert sorted(abs(r["fwd_err"]) for r in again["rows"])[0] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_validate_without_data_returns_none(tmp_path):

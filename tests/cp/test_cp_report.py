@@ -33,6 +33,9 @@ def test_report_with_measured_data(tmp_path):
         assert (out / f).stat().st_size > 0, f
     assert res["intra_device_fit"]["fit"]["mape"] < 1e-6
     assert len(res["kcp_validation"]) and "KCP predicted vs measured" in (out / "summary.md").read_text()
+    kv = pd.read_csv(out / "kcp_validation.csv")              # one row per measured (T, docs), values as written
+    assert sorted(zip(kv["T"], kv["docs"])) == [(t, d) for t in (16384, 65536, 262144) for d in (1, 4)]
+    assert kv["measured_fwd_s"].tolist() == pytest.approx([1e-3 * t / 16384 for t in kv["T"]], rel=1e-12)
 
 
 def _hw(tmp_path):
@@ -59,6 +62,20 @@ def test_report_failure_leaves_out_as_it_was(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
     assert (out / "sweep.csv").read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+def test_report_failure_creates_no_directory(tmp_path):
+    """`out` (and its missing parents) did not exist: a failure half-way leaves none of them behind."""
+    out = tmp_path / "new" / "rep"
+
+    def dying(op, p, hw):
+        if op == "chunk_kda_fwd" and p["H"] == 64:
+            raise RuntimeError("boom")
+        return fake_kernel_time(op, p, hw)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=dying)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("lens,cps,focus,needle", [

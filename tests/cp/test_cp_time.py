@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cp_fakes import ALPHA, LINK, fake_kernel_time, hw, k3
+from cp_fakes import ALPHA, LINK, SDPA_FLOPS, fake_kernel_time, hw, k3
 from k3sim.cp import cp_step
 from k3sim.cp.comm import KernelClock
 from k3sim.cp.layers import kcp_layer, ring_layer
@@ -65,6 +65,12 @@ def test_zigzag_beats_contiguous_ring_on_causal_work():
     ct = ring_layer(x_(65536, 8, mla_kv="expanded"), "ring").fwd.compute_s
     zz = ring_layer(x_(65536, 8, mla_kv="expanded"), "zigzag-ring").fwd.compute_s
     assert 1.7 < ct / zz < 2.0
+    # by hand, c = L/2 = 4096, seconds per pair 4 H D / SDPA_FLOPS (H = 96, D = (192 + 128) / 2 = 160):
+    # contiguous  = diagonal L(L+1)/2 + 7 full L^2 blocks = 30c^2 + c pairs;
+    # zigzag      = step 0: 2 diagonals c(c+1)/2 + 1 full c^2, each of 7 later steps 2c^2 = 16c^2 + c pairs
+    c, pair_s = 4096, 4 * 96 * 160 / SDPA_FLOPS
+    assert ct == pytest.approx((30 * c * c + c) * pair_s, rel=1e-12)
+    assert zz == pytest.approx((16 * c * c + c) * pair_s, rel=1e-12)
 
 
 def test_link_scale_out_beyond_domain():
@@ -90,6 +96,12 @@ def test_published_setting_rates_are_percentages():
     for ph in ("fwd", "fwd_bwd"):
         assert 0 < p[ph]["kcp_rate_pct"] <= 100 and 0 < p[ph]["a2a_rate_pct"] <= 100
         assert p[ph]["a2a_over_kcp_time"] == pytest.approx(p[ph]["a2a_s"] / p[ph]["kcp_s"])
+    # fwd + bwd by hand: one chunk_kda_fwd_bwd call without CP; Ulysses runs it on H/P = 16 heads over all
+    # 32K tokens and its two all-to-alls (in: q, k, v, g, beta; out: o) once forward and once backward
+    L, e = 8192, 2
+    a2a_comm = 2 * ALPHA + 3 / 4 * L * 64 * (3 * 128 + 128 + 1 + 128) * e / LINK
+    assert p["fwd_bwd"]["no_cp_s"] == pytest.approx(6e-5 + 3 * 32768 * 64 * 1e-10, rel=1e-12)
+    assert p["fwd_bwd"]["a2a_s"] == pytest.approx(6e-5 + 3 * 32768 * 16 * 1e-10 + 2 * a2a_comm, rel=1e-12)
 
 
 def test_clock_memoises():

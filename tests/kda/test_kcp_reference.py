@@ -34,6 +34,14 @@ def rel_err(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+def test_recurrence_one_step_by_hand():
+    """H = 1, K = 2, V = 1; k = e1, alpha = (0.5, 0.8), beta = 0.25, v = 3, S0 = (2, 4)^T:
+    Diag(alpha) S0 = (1, 3.2); k^T of it = 1; S1 = (1 + 0.25 (3 - 1), 3.2) = (1.5, 3.2); o = (1, 1) . S1 = 4.7."""
+    o, f = kda_naive(np.ones((1, 1, 2)), np.array([[[1.0, 0.0]]]), np.array([[[3.0]]]),
+                     np.array([[[0.5, 0.8]]]), np.array([[0.25]]), initial_state=np.array([[[2.0], [4.0]]]))
+    assert f[0, 0, :, 0].tolist() == [1.5, 3.2] and o[0, 0, 0] == pytest.approx(4.7, rel=1e-15)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 4, 8])
 def test_chunkwise_equals_naive(chunk):
     q, k, v, a, b = inputs(19, 1)
