@@ -141,8 +141,8 @@ def _budgets(text: str) -> dict[str, float]:
             out[name.strip()] = float(value)
         except ValueError:
             raise InputError(f"expected PART=SECONDS, got {item!r}", source="--part-budgets") from None
-        if out[name.strip()] <= 0:
-            raise InputError(f"budget must be positive, got {item!r}", source="--part-budgets")
+        if not 0 < out[name.strip()] < float("inf"):  # NaN and inf too
+            raise InputError(f"budget must be a positive number of seconds, got {item!r}", source="--part-budgets")
     return out
 
 
@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     from k3sim.errors import InputError
 
     try:
+        if not 0 < a.budget_s < float("inf"):  # NaN and inf too
+            raise InputError(f"must be a positive number of seconds, got {a.budget_s}", source="--budget-s")
         run_calibration(a.out, a.parts.split(","), a.profile, a.budget_s, _int_list(a.heads, "--heads") or None,
                         _budgets(a.part_budgets), _int_list(a.kcp_lengths, "--kcp-lengths") or None,
                         _int_list(a.kcp_docs, "--kcp-docs") or None,

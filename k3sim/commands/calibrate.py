@@ -43,13 +43,15 @@ def register(app: typer.Typer) -> None:
         from k3sim.output import print_json, print_kv
 
         # option checks come first: on a machine without a GPU they still answer, and nothing is written
-        if not time_budget_s > 0:
+        if not 0 < time_budget_s < float("inf"):  # NaN and inf too: the budget bounds every part's deadline
             raise InputError(f"must be a positive number of seconds, got {time_budget_s}", source="--time-budget")
         if not [p for p in parts.split(",") if p.strip()]:
             raise InputError("no part given (comma-separated harness parts, or 'all')", source="--parts")
         if not profile or profile in (".", "..") or "/" in profile or "\\" in profile:
             # it names the directory measured/<profile>/ the run goes to: a path would write elsewhere
             raise InputError(f"expected a profile name such as h200, got {profile!r}", source="--profile")
+        if out is not None and Path(out).exists() and not Path(out).is_dir():
+            raise InputError("exists and is not a directory (--out names the run directory)", source=str(out))
         if out is not None and (Path(out) / "provenance.yaml").exists():
             # the harness appends rows and rewrites provenance: old rows would carry the new run's provenance
             raise InputError("already holds a measurement run; give a new directory (runs are never mixed)",

@@ -36,7 +36,11 @@ def register(app: typer.Typer) -> None:
         from k3sim.kernels.predict import predict_kernel_time
         from k3sim.output import human_seconds, print_json, print_kv
 
-        params = validate_params(get_op(op), parse_sets(sets))
+        spec = get_op(op)
+        try:
+            params = validate_params(spec, parse_sets(sets))
+        except InputError as err:  # a bad parameter value came in through --set: say so
+            raise InputError(err.reason, source=err.source or "--set", field=err.field) from None
         kt = predict_kernel_time(op, params, hardware=hardware)
         result = {"op": op, "hardware": hardware, "params": params, "seconds": kt.seconds, "source": kt.source,
                   "method": kt.method, "detail": kt.detail}

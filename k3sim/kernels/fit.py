@@ -20,7 +20,7 @@ from k3sim.errors import InputError
 from k3sim.kernels.hardware import peak_flops
 from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS, OpSpec
-from k3sim.kernels.points import SIGMA_FLOOR, work
+from k3sim.kernels.points import SIGMA_FLOOR, PointSet
 
 FITTED_NAME = "fitted.yaml"
 # Each shape is weighted by its uncertainty (points.PointSet.sigma: its p20-p80 spread, and a larger one for
@@ -52,22 +52,20 @@ class FittedProfile:
     ops: dict[str, OpFit]
 
 
-def fit_weights(spec: OpSpec, points) -> np.ndarray:
-    """1 for a repeatable shape, less for one whose repetitions scatter or that followed a compile: the
-    same weights `validate` refits with (PointSet.sigma)."""
-    from k3sim.kernels.points import PointSet
-
-    return SIGMA_FLOOR / PointSet.from_points(spec, points).sigma if WEIGHTED_FIT else np.ones(len(points))
+def fit_weights(sigma: np.ndarray) -> np.ndarray:
+    """Per-shape fit weights from `PointSet.sigma`: 1 for a repeatable shape, less for one whose
+    repetitions scatter or that followed a compile. `fit_op` and `validate`'s refits both use it."""
+    sigma = np.asarray(sigma, float)
+    return SIGMA_FLOOR / sigma if WEIGHTED_FIT else np.ones(len(sigma))
 
 
 def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
     """Fit one op from its aggregated points (`MeasurementStore.points`)."""
-    flop, nbytes = work(spec, points)
-    seconds = points["seconds"].to_numpy(float)
-    w = fit_weights(spec, points)
-    runs = sorted({r for s in points["runs"] for r in str(s).split(",")}) if "runs" in points else []
-    out = OpFit(op=spec.name, rows_used=int(points["rows"].sum()) if "rows" in points else len(points),
-                points_used=len(points), runs=runs)
+    pts = PointSet.from_points(spec, points)
+    flop, nbytes, seconds = pts.flop, pts.nbytes, pts.seconds
+    w = fit_weights(pts.sigma)
+    runs = sorted({r for s in pts.runs for r in s.split(",")})
+    out = OpFit(op=spec.name, rows_used=int(pts.rows.sum()), points_used=len(seconds), runs=runs)
     if spec.kind == "collective":
         pred = np.empty_like(seconds)
         for n in sorted(points["gpus"].unique()):
@@ -75,11 +73,9 @@ def fit_op(spec: OpSpec, points, hw: Any) -> OpFit:
             out.alpha_beta[int(n)] = ab = fit_alpha_beta(nbytes[m], seconds[m], weights=w[m])
             pred[m] = ab.seconds(nbytes[m])
     else:
-        feats = spec.features(points[list(spec.params)].to_dict("records"))
-        steps = spec.steps(points[list(spec.params)].to_dict("records"))
         out.roofline = fit_roofline(flop, nbytes, seconds, peak_flops(hw, spec.dtype), float(hw.hbm_bandwidth_bytes_per_s),
-                                    weights=w, feats=feats, names=tuple(spec.eff_params), steps=steps)
-        pred = out.roofline.seconds(flop, nbytes, feats, steps)
+                                    weights=w, feats=pts.feats, names=tuple(spec.eff_params), steps=pts.steps)
+        pred = out.roofline.seconds(flop, nbytes, pts.feats, pts.steps)
     out.rms_log_error = float(np.sqrt(np.mean(np.log(pred / seconds) ** 2)))
     return out
 
@@ -120,14 +116,39 @@ def to_dict(fp: FittedProfile) -> dict:
 
 
 def _check_values(f: OpFit) -> None:
-    """Every fitted time, size, efficiency and bandwidth is finite and positive (exponents: finite), so
-    a hand-edited or damaged fit cannot turn into NaN or negative kernel times."""
+    """Every fitted time, size, efficiency and bandwidth is finite and positive (exponents: finite), the
+    parameters stay inside the ranges the model is defined on (smooth_p > 1, saturation exponents in
+    (0, 1], as `_decode` produces them), and a known op has the model its kind takes, with exactly its
+    `eff_params` and, for a collective, GPU counts it can run on; so a hand-edited or damaged fit cannot
+    turn into NaN or negative kernel times, or into a traceback at prediction time."""
+    spec = OPS.get(f.op)
     vals = {}
     if f.roofline is not None:
+        if spec is not None and spec.kind != "compute":
+            raise ValueError(f"{f.op}: a {spec.kind} op takes model alpha-beta, not roofline")
+        if spec is not None and set(f.roofline.eff_exponents) != set(spec.eff_params):
+            raise ValueError(f"{f.op}: eff_exponents names {sorted(f.roofline.eff_exponents)}, the op's "
+                             f"efficiency parameters are {sorted(spec.eff_params)}")
+        if spec is not None and f.roofline.step_s and spec.serial_steps is None:
+            raise ValueError(f"{f.op}: step_s given for an op without serial steps")
         vals = {k: v for k, v in f.roofline.as_dict().items() if k != "eff_exponents"}
         for k, v in f.roofline.eff_exponents.items():
             if not np.isfinite(v):
                 raise ValueError(f"{f.op}: eff_exponents.{k}={v} is not finite")
+        if not f.roofline.smooth_p > 1:
+            raise ValueError(f"{f.op}: smooth_p={f.roofline.smooth_p} must exceed 1 (a p-norm)")
+        for k in ("exp_flop", "exp_bytes"):
+            if not 0 < getattr(f.roofline, k) <= 1:
+                raise ValueError(f"{f.op}: {k}={getattr(f.roofline, k)} outside (0, 1]")
+    else:
+        if spec is not None and spec.kind != "collective":
+            raise ValueError(f"{f.op}: a {spec.kind} op takes model roofline, not alpha-beta")
+        if not f.alpha_beta:
+            raise ValueError(f"{f.op}: by_gpus is empty")
+        lo, hi = spec.ranges["gpus"] if spec is not None else (1, float("inf"))
+        bad = [n for n in f.alpha_beta if not lo <= n <= hi]
+        if bad:
+            raise ValueError(f"{f.op}: by_gpus has {bad[0]} GPUs, outside [{lo}, {hi}]")
     for n, ab in f.alpha_beta.items():
         vals.update({f"{n} GPUs {k}": v for k, v in ab.as_dict().items()})
     for k, v in vals.items():
@@ -141,17 +162,19 @@ def from_dict(d: dict, source: str) -> FittedProfile:
             raise ValueError(f"format is {d.get('format')!r}, expected {FORMAT}")
         ops = {}
         for name, o in d["ops"].items():
+            if not isinstance(o.get("runs"), list):
+                raise ValueError(f"{name}: runs must be a list of run ids")
             f = OpFit(op=name, rows_used=int(o["rows_used"]), points_used=int(o["points_used"]),
-                      runs=list(o["runs"]), rms_log_error=float(o["rms_log_error"]),
+                      runs=[str(r) for r in o["runs"]], rms_log_error=float(o["rms_log_error"]),
                       data_fingerprint=str(o.get("data_fingerprint", "")))
             if o["model"] == "roofline":
                 f.roofline = RooflineFit(**{k: ({n: float(g) for n, g in v.items()} if isinstance(v, dict) else float(v))
                                             for k, v in o["params"].items()})
-                if f.roofline.step_s and name in OPS and OPS[name].serial_steps is None:
-                    raise ValueError(f"{name}: step_s given for an op without serial steps")
-            else:
+            elif o["model"] == "alpha-beta":
                 f.alpha_beta = {int(n): AlphaBetaFit(**{k: float(v) for k, v in ab.items()})
                                 for n, ab in o["by_gpus"].items()}
+            else:
+                raise ValueError(f"{name}: model is {o['model']!r}, expected roofline or alpha-beta")
             _check_values(f)
             ops[name] = f
         return FittedProfile(profile=str(d["profile"]), fit_date=str(d["fit_date"]),

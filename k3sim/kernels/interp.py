@@ -27,7 +27,7 @@ import numpy as np
 from k3sim.kernels.points import SIGMA_FLOOR
 
 _TOL = 1e-9  # octaves: coordinates are log2 of integers, so equal ones agree to rounding only
-MULTILINEAR_MAX_SIGMA = 0.05  # relative; noisier corners go to the noise-weighted lines
+MULTILINEAR_MAX_SIGMA = 0.05  # relative; noisier corners go to the noise-weighted lines (modelling choice)
 INTERP_DRIFT = 0.25  # drift allowed across a bracket, per octave of width x roughness (LOO-insensitive 0.1-0.5)
 
 

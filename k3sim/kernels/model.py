@@ -179,6 +179,7 @@ def levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], theta0: np
     return th, cost
 
 
+# Fit settings, modelling choices (not measured, not from a source):
 BARRIER = 3.0  # weight of the physical-bounds penalty, per unit of log excess
 ROBUST_SCALE = 0.05  # soft-L1 knee in log error: points off the curve by more than ~5 % pull linearly
 

@@ -21,6 +21,7 @@ def work(spec: OpSpec, points) -> tuple[np.ndarray, np.ndarray]:
     return flop, nbytes
 
 
+# Modelling choices (not measured): how much less a flagged or tight row is trusted.
 WARMUP_SIGMA = 0.25  # relative uncertainty given to a row measured right after a compile (store.points)
 SIGMA_FLOOR = 0.02  # relative: run-to-run drift a tight p20-p80 spread does not show (clocks, another GPU)
 

@@ -133,12 +133,14 @@ def _read_csv(path: Path, op: str, run_id: str) -> "pd.DataFrame":
     ok = df["status"] == "ok"
     for col in list(spec.params) + ["seconds"]:
         num = pd.to_numeric(df[col], errors="coerce")
-        bad_rows = ok & ~(num > 0)  # NaN, non-numeric, zero or negative
+        bad_rows = ok & ~((num > 0) & (num < float("inf")))  # NaN, non-numeric, zero, negative or infinite
         if col in spec.params:
             bad_rows |= ok & (num.notna()) & (num != num.round())
         if bad_rows.any():
             line = int(bad_rows.idxmax()) + 2  # header is line 1
-            raise InputError(f"line {line}: {col}={df.loc[bad_rows.idxmax(), col]!r} is not a positive "
+            cell = df.loc[bad_rows.idxmax(), col]
+            cell = cell if isinstance(cell, str) else float(cell)  # 'fast' quoted, a number as written: inf
+            raise InputError(f"line {line}: {col}={cell!r} is not a positive "
                              f"{'integer' if col in spec.params else 'number'}", source=str(path), field=col)
         if col in spec.params:  # the op's own bounds (ops.py), as for a query: gpus=1 is no collective
             lo, hi = spec.ranges[col]

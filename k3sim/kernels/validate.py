@@ -23,13 +23,11 @@ GOAL_MAPE = {"gemm": 0.05, "hbm": 0.05, "moe": 0.05, "kda": 0.05, "attention": 0
 
 def _refit(spec, pts, full_fit):
     """Refit one op on `pts` (a PointSet without the left-out shape), warm-started from the all-data fit."""
-    from k3sim.kernels.fit import OpFit
+    from k3sim.kernels.fit import OpFit, fit_weights
     from k3sim.kernels.model import RooflineFit, fit_alpha_beta, levenberg_marquardt, roofline_residual
-    from k3sim.kernels.fit import WEIGHTED_FIT
-    from k3sim.kernels.points import SIGMA_FLOOR
 
     out = OpFit(op=spec.name, points_used=len(pts.seconds))
-    w = SIGMA_FLOOR / pts.sigma if WEIGHTED_FIT else np.ones(len(pts.sigma))
+    w = fit_weights(pts.sigma)
     if spec.kind == "collective":
         gpus = pts.params[:, spec.params.index("gpus")]
         for n in sorted(set(gpus.tolist())):
@@ -122,7 +120,7 @@ def summarize_shapes(lso) -> "pd.DataFrame":
     return pd.DataFrame(out, columns=["family", "op", "count", "mape", "max_abs_err"])
 
 
-REPEATABLE_SPREAD = 0.10  # a shape whose repetitions' p20-p80 spread is within 10 % of its median
+REPEATABLE_SPREAD = 0.10  # a shape whose repetitions' p20-p80 spread is within 10 % of its median (a reporting choice)
 
 
 def summarize(loo) -> "pd.DataFrame":
@@ -153,13 +151,6 @@ def summarize(loo) -> "pd.DataFrame":
     order = {f: i for i, f in enumerate(FAMILIES)}
     df["_o"] = df["family"].map(order)
     return df.sort_values(["_o", "level", "op"], kind="stable").drop(columns="_o").reset_index(drop=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Temp file in the same directory, then rename; on failure no temp file is left behind."""
-    from k3sim.kernels.fit import atomic_write_text
-
-    atomic_write_text(Path(path), text)
 
 
 def ensure_out_dir(out_dir: Path) -> Path:
@@ -223,15 +214,18 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
 def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[Path]:
     """`validation.md` (tables), `validation.csv` (LOO summary), `validation_points.csv` (every LOO
     point) and, when given, `validation_shapes.csv` (the leave-shape-out summary)."""
+    from k3sim.kernels.fit import atomic_write_text  # temp file, then rename
+
     out_dir = ensure_out_dir(out_dir)
-    paths = [out_dir / "validation.md", out_dir / "validation.csv", out_dir / "validation_points.csv"]
-    _atomic_write(paths[0], markdown(summary, meta, loo, shapes))
-    _atomic_write(paths[1], summary.to_csv(index=False, float_format="%.6g"))
-    _atomic_write(paths[2], loo.to_csv(index=False, float_format="%.6g"))
+    # every file rendered before the first is written: a rendering error leaves the old report whole
+    texts = {"validation.md": markdown(summary, meta, loo, shapes),
+             "validation.csv": summary.to_csv(index=False, float_format="%.6g"),
+             "validation_points.csv": loo.to_csv(index=False, float_format="%.6g")}
     if shapes is not None:
-        paths.append(out_dir / "validation_shapes.csv")
-        _atomic_write(paths[3], shapes.to_csv(index=False, float_format="%.6g"))
-    return paths
+        texts["validation_shapes.csv"] = shapes.to_csv(index=False, float_format="%.6g")
+    for name, text in texts.items():
+        atomic_write_text(out_dir / name, text)
+    return [out_dir / name for name in texts]
 
 
 def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, Any]:
@@ -247,6 +241,8 @@ def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, An
         raise InputError(f"profile '{hw.name}' has no measured data to validate against", field="calibration_dir")
     store = load_store(d)
     loo = leave_one_out(store, hw, fit_profile(store, hw), refit=refit)
+    if loo.empty:  # an empty table would read as a result
+        raise InputError("no op has two or more measured shapes: nothing to leave one out", source=str(d))
     meta = {"profile": str(hw.name), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "fingerprint": store.fingerprint, "runs": sorted(store.runs)}
     return loo, summarize(loo), meta, summarize_shapes(leave_shape_out(store, hw))

@@ -115,6 +115,9 @@ def test_budget_for_a_part_not_run_is_bad_input(tmp_path):
     (["--heads", "96,x"], "--heads: expected comma-separated positive integers"),
     (["--kcp-lengths", "0"], "--kcp-lengths: values must be positive"),
     (["--part-budgets", "kda_fwd"], "--part-budgets: expected PART=SECONDS"),
+    (["--part-budgets", "hbm=nan"], "--part-budgets: budget must be a positive number"),
+    (["--budget-s", "inf"], "--budget-s: must be a positive number"),
+    (["--budget-s", "-1"], "--budget-s: must be a positive number"),
 ])
 def test_harness_command_line_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
     from k3sim.calibration.runner import main

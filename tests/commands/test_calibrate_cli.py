@@ -75,6 +75,7 @@ def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):
 def test_run_option_errors_come_before_the_gpu_check(cli, tmp_path):
     for args, match in [(["--time-budget", "0"], "--time-budget: must be a positive"),
                         (["--time-budget", "-5"], "--time-budget: must be a positive"),
+                        (["--time-budget", "inf"], "--time-budget: must be a positive"),
                         (["--parts", " , "], "--parts: no part given"),
                         (["--profile", "../h200"], "--profile: expected a profile name")]:
         proc = cli("calibrate", "run", "--out", tmp_path / "run", *args)
@@ -92,3 +93,26 @@ def test_run_refuses_an_existing_run_directory(cli, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "already holds a measurement run" in lines[0]
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # the earlier run is untouched
+
+
+def test_run_out_that_is_a_file_is_exit_2(cli, tmp_path):
+    """--out names a directory: a file there would fail at mkdir on the GPU machine (a traceback)."""
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    proc = cli("calibrate", "run", "--out", f, "--parts", "hbm")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a-file: exists and is not a directory" in lines[0]
+    assert f.read_text() == "x"
+
+
+def test_validate_with_nothing_to_leave_out_is_exit_2(cli, tmp_path):
+    """One measured shape per op: leave-one-out has no row; an empty report would read as a result."""
+    hw, run = make_profile(tmp_path)
+    (run / "hbm_copy.csv").write_text("bytes,seconds,status\n1048576,1e-5,ok\n")
+    out = tmp_path / "rep"
+    proc = cli("calibrate", "validate", "--hardware", hw, "--out", out)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nothing to leave one out" in lines[0] and str(run.parent) in lines[0]
+    assert not list(out.glob("validation*"))

@@ -70,7 +70,9 @@ def test_kernel_time_datasheet_for_the_issue_example(cli):
     (["gemm_bf16", "--set", "M=1", "--set", "N=1", "--set", "K=1", "--set", "Z=1"], "unknown parameter"),
     (["gemm_bf16", "--set", "M=-4", "--set", "N=1", "--set", "K=1"], "outside the allowed range"),
     (["gemm_bf16", "--set", "M"], "NAME=VALUE"),
-    (["hbm_copy", "--set", "bytes=1024", "--hardware", "no-such-gpu"], ""),
+    (["hbm_copy", "--set", "bytes=1024", "--hardware", "no-such-gpu"], "no-such-gpu"),
+    (["hbm_copy", "--set", "bytes=nan"], "--set: field 'bytes': parameter bytes='nan' is not an integer"),
+    (["gemm_bf16", "--set", "M=1", "--set", "N=1", "--set", "K=0"], "--set: field 'K'"),
 ])
 def test_bad_input_is_one_line_exit_2(cli, args, match):
     proc = cli("kernel-time", *args)
@@ -85,3 +87,20 @@ def test_corrupt_measurement_file_is_exit_2(cli, tmp_path):
     proc = cli("kernel-time", "hbm_copy", "--hardware", hw, "--set", "bytes=1024")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "hbm_copy.csv" in proc.stderr
+
+
+def test_damaged_fitted_yaml_is_exit_2_not_a_nan_time(cli, tmp_path):
+    """A hand-edited fit whose smoothing exponent leaves the model's domain (p <= 1) printed a null
+    (NaN) time with exit 0; it is refused, naming the file and the field."""
+    import yaml
+
+    hw, run = make_profile(tmp_path)
+    assert cli("calibrate", "fit", "--hardware", hw).returncode == 0
+    path = run.parent / "fitted.yaml"
+    d = yaml.safe_load(path.read_text())
+    d["ops"]["hbm_copy"]["params"]["smooth_p"] = 0.5
+    path.write_text(yaml.safe_dump(d))
+    proc = cli("kernel-time", "hbm_copy", "--hardware", hw, "--set", "bytes=1099511627776", "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fitted.yaml" in lines[0] and "smooth_p=0.5 must exceed 1" in lines[0]

@@ -95,6 +95,18 @@ def test_efficiency_exponent_on_head_dim_is_recovered():
     (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("launch_s", float("nan")), "launch_s=nan"),
     (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("eff_bytes", -0.5), "eff_bytes=-0.5"),
     (lambda d: d["ops"]["all_gather"]["by_gpus"][2].__setitem__("bus_bandwidth_bytes_per_s", 0.0), "bus_bandwidth"),
+    # values the model is not defined at: a p-norm needs p > 1 (p = 0.5 gave NaN seconds, exit 0)
+    (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("smooth_p", 0.5), "smooth_p=0.5 must exceed 1"),
+    (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("exp_bytes", 1.5), r"exp_bytes=1.5 outside \(0, 1\]"),
+    # a model that does not fit the op (each was a traceback at prediction time)
+    (lambda d: d["ops"]["hbm_copy"]["params"].__setitem__("eff_exponents", {"H": 0.1}), "eff_exponents names"),
+    (lambda d: d["ops"].__setitem__("all_gather", dict(d["ops"]["hbm_copy"])), "takes model alpha-beta"),
+    (lambda d: d["ops"].__setitem__("hbm_copy", dict(d["ops"]["all_gather"])), "takes model roofline"),
+    (lambda d: d["ops"]["all_gather"].__setitem__("by_gpus", {}), "by_gpus is empty"),
+    (lambda d: d["ops"]["all_gather"]["by_gpus"].__setitem__(1, d["ops"]["all_gather"]["by_gpus"][2]),
+     r"by_gpus has 1 GPUs, outside \[2, 65536\]"),
+    (lambda d: d["ops"]["hbm_copy"].__setitem__("model", "linear"), "model is 'linear'"),
+    (lambda d: d["ops"]["hbm_copy"].__setitem__("runs", "abc"), "runs must be a list"),
 ])
 def test_fitted_yaml_with_impossible_values_is_refused(tmp_path, edit, match):
     """A damaged or hand-edited fit must not turn into NaN or negative kernel times."""
@@ -117,6 +129,14 @@ TRUE_DECODE = RooflineFit(4e-6, 0.05, 1e9, 0.5, 0.85, 2e7, 0.9, 3.0, 1e15, 4.8e1
 def _decode_work(rows):
     spec = OPS["recurrent_kda_decode"]
     return (np.array([spec.flop(r) for r in rows]), np.array([spec.bytes(r) for r in rows]), spec.steps(rows))
+
+
+def _write_decode_csv(run):
+    """recurrent_kda_decode.csv in `run`: DECODE_ROWS timed by TRUE_DECODE (with its per-step latency)."""
+    flop, nbytes, steps = _decode_work(DECODE_ROWS)
+    lines = ["B,T,H,seconds,status"] + [f"{r['B']},{r['T']},{r['H']},{t:.9g},ok" for r, t in
+                                        zip(DECODE_ROWS, TRUE_DECODE.seconds(flop, nbytes, steps=steps))]
+    (run / "recurrent_kda_decode.csv").write_text("\n".join(lines) + "\n")
 
 
 def test_serial_step_latency_is_recovered_and_sets_small_batch_decode():
@@ -147,10 +167,7 @@ def test_step_latency_round_trips_through_theta_and_fitted_yaml(tmp_path):
     assert "step_s" not in RooflineFit(4e-6, 0.5, 1e10, 0.5, 0.8, 1e7, 0.7, 4.0, 1e15, 4e12).as_dict()
     root = tmp_path / "m"
     run = write_run(root, "a", {"hbm_copy": HBM_POINTS})
-    flop, nbytes, steps = _decode_work(DECODE_ROWS)
-    lines = ["B,T,H,seconds,status"] + [f"{r['B']},{r['T']},{r['H']},{t:.9g},ok" for r, t in
-                                        zip(DECODE_ROWS, TRUE_DECODE.seconds(flop, nbytes, steps=steps))]
-    (run / "recurrent_kda_decode.csv").write_text("\n".join(lines) + "\n")
+    _write_decode_csv(run)
     fp = fit_profile(load_store(root), hardware(root))
     assert fp.ops["recurrent_kda_decode"].roofline.step_s > 0 and fp.ops["hbm_copy"].roofline.step_s == 0
     got = read_fitted(write_fitted(root / FITTED_NAME, fp))
@@ -179,10 +196,7 @@ def test_fitted_yaml_step_latency_must_belong_to_the_op(tmp_path):
 
     root = tmp_path / "m"
     run = write_run(root, "a", {"hbm_copy": HBM_POINTS})
-    flop, nbytes, steps = _decode_work(DECODE_ROWS)
-    lines = ["B,T,H,seconds,status"] + [f"{r['B']},{r['T']},{r['H']},{t:.9g},ok" for r, t in
-                                        zip(DECODE_ROWS, TRUE_DECODE.seconds(flop, nbytes, steps=steps))]
-    (run / "recurrent_kda_decode.csv").write_text("\n".join(lines) + "\n")
+    _write_decode_csv(run)
     store = load_store(root)
     path = write_fitted(root / FITTED_NAME, fit_profile(store, hardware(root)))
     d = yaml.safe_load(path.read_text())

@@ -81,3 +81,7 @@ def test_line_nearest_at_a_corner(full_grid):
     assert method == "line-nearest"
     lo, hi = sorted([linear([1, 0]), linear([0, 1])])
     assert lo <= val <= hi  # the two held neighbours, weighted by the drift along each axis
+    # axis 1 drifts less per octave (0.2 against 0.3): its neighbour, linear([0, 1]) = 0.8, weighs more, so
+    # the estimate lies below the midpoint (equal or swapped roughness puts it above: 1.09, 1.23)
+    assert g.roughness == pytest.approx([0.301, 0.201])
+    assert val < (lo + hi) / 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from k3sim.errors import InputError
@@ -20,8 +22,12 @@ def test_gemm_counts():
 def test_moe_distinct_experts_limits():
     assert expected_distinct_experts(1, 896, 16) == pytest.approx(16)
     assert expected_distinct_experts(10 ** 6, 896, 16) == pytest.approx(896)
-    # B=64 tokens x top-16 of 896: 896 (1 - (1 - 16/896)^64) ~ 611 experts
-    assert expected_distinct_experts(64, 896, 16) == pytest.approx(896 * (1 - (1 - 16 / 896) ** 64))
+    # B=64 tokens x top-16 of 896: 896 (1 - (1 - 1/56)^64) = 613.2 experts (worked by hand)
+    assert expected_distinct_experts(64, 896, 16) == pytest.approx(613.2, abs=0.1)
+    # exact against enumeration: 2 tokens, each picking 2 of 4 experts; every pair of choices alike
+    picks = list(itertools.combinations(range(4), 2))
+    mean = sum(len(set(a) | set(b)) for a in picks for b in picks) / len(picks) ** 2
+    assert mean == 3.0 and expected_distinct_experts(2, 4, 2) == pytest.approx(mean)
     p = dict(B=1, E=896, K=3584, N=6144, topk=16)
     assert OPS["moe_grouped_bf16"].flop(p) == 2 * 16 * 3584 * 6144
     assert OPS["moe_grouped_bf16"].bytes(p) == pytest.approx(2 * (16 * 3584 * 6144 + 16 * (3584 + 6144)))

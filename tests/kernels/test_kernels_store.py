@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import GEMM_POINTS, HBM_POINTS, write_run
 
@@ -38,11 +40,20 @@ def test_latest_run_supersedes(tmp_path):
 
 
 def test_fingerprint_follows_content(tmp_path):
-    run = write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS})
-    f1 = load_store(tmp_path).fingerprint
-    text = (run / "hbm_copy.csv").read_text().replace(",ok,", ",ok, ", 0)
+    """Content, not file times: the same bytes rewritten keep the fingerprint; a changed file changes its
+    own op's fingerprint and the total, and leaves the other ops' (per-op fit staleness rests on it)."""
+    run = write_run(tmp_path, "a", {"hbm_copy": HBM_POINTS, "gemm_bf16": GEMM_POINTS[:4]})
+    s1 = load_store(tmp_path)
+    text = (run / "hbm_copy.csv").read_text()
+    (run / "hbm_copy.csv").write_text(text)  # same bytes, a later mtime (set: timestamps may be coarse)
+    st = (run / "hbm_copy.csv").stat()
+    os.utime(run / "hbm_copy.csv", ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    s2 = load_store(tmp_path)
+    assert s2 is not s1 and (s2.fingerprint, s2.op_fingerprints) == (s1.fingerprint, s1.op_fingerprints)
     (run / "hbm_copy.csv").write_text(text + "\n")
-    assert load_store(tmp_path).fingerprint != f1
+    s3 = load_store(tmp_path)
+    assert s3.fingerprint != s1.fingerprint and s3.op_fingerprints["hbm_copy"] != s1.op_fingerprints["hbm_copy"]
+    assert s3.op_fingerprints["gemm_bf16"] == s1.op_fingerprints["gemm_bf16"]
 
 
 @pytest.mark.parametrize("content,match", [
@@ -51,6 +62,7 @@ def test_fingerprint_follows_content(tmp_path):
     ("M,N,K,seconds,status\n1,2,3,1e-5,maybe\n", "status must be ok or failed"),
     ("M,N,K,seconds,status\n1,2,3,fast,ok\n", "seconds='fast' is not a positive number"),
     ("M,N,K,seconds,status\n1,2,3,-1,ok\n", "is not a positive"),
+    ("M,N,K,seconds,status\n1,2,3,inf,ok\n", "line 2: seconds=inf is not a positive number"),
     ("M,N,K,seconds,status\n1.5,2,3,1e-5,ok\n", "M=.* is not a positive integer"),
     ("M,N,K,seconds,status\n1,2,3,1e-5,ok\n1,33554432,3,1e-5,ok\n", "line 3: N=33554432 outside the op's allowed range"),
 ])
