@@ -104,10 +104,10 @@ def provenance(command: str, gpus_used: int, parts: list[str]) -> dict:
 
 def write_provenance(out_dir: Path, info: dict) -> None:
     """Flat YAML written by hand (the GPU image need not have pyyaml)."""
+    from k3sim.files import atomic_write_text
+
     lines = [f"{k}: {_yaml_scalar(v)}" for k, v in info.items()]
-    tmp = Path(out_dir) / "provenance.yaml.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(Path(out_dir) / "provenance.yaml")
+    atomic_write_text(Path(out_dir) / "provenance.yaml", "\n".join(lines) + "\n")
 
 
 def _yaml_scalar(v) -> str:

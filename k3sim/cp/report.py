@@ -19,7 +19,7 @@ MIB = 2 ** 20
 
 
 def _write(path: Path, text: str) -> None:
-    from k3sim.kernels.fit import atomic_write_text
+    from k3sim.files import atomic_write_text
 
     atomic_write_text(path, text)
 

@@ -86,14 +86,10 @@ def kcp_vs_ring_bytes_crossover(g: CPGeometry, P: int, state_bytes: float) -> fl
 def save_figure(fig, path: Path) -> Path:
     """Lay out, write the PNG beside `path` and rename it over `path` (no half-written plot), close `fig`.
     Every cp plot goes through here."""
-    import matplotlib.pyplot as plt
+    from k3sim.files import save_figure as save_atomically
 
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_atomically(fig, path, dpi=110)
 
 
 def plot_crossover(rows: list[dict], P: int, g: CPGeometry, path: Path, state_bytes: float) -> Path:

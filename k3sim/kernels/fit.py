@@ -8,8 +8,6 @@ rows and runs each fit used, and the fit's own RMS log error.
 from __future__ import annotations
 
 import datetime as _dt
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from k3sim.errors import InputError
+from k3sim.files import atomic_write_text
 from k3sim.kernels.hardware import peak_flops
 from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS, OpSpec
@@ -193,22 +192,6 @@ def write_fitted(path: Path, fp: FittedProfile) -> Path:
     atomic_write_text(path, text)
     return path
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to a temp file beside `path`, then rename it over `path`: a reader never sees a
-    half-written file, and a failed write (unwritable directory, disk full) leaves neither a partial
-    file nor a temp file, and is an InputError naming the path."""
-    path = Path(path)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise InputError(f"cannot write ({err.strerror or err.__class__.__name__})", source=str(path)) from None
 
 
 def read_fitted(path: Path) -> FittedProfile | None:

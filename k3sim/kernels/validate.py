@@ -214,7 +214,7 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
 def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[Path]:
     """`validation.md` (tables), `validation.csv` (LOO summary), `validation_points.csv` (every LOO
     point) and, when given, `validation_shapes.csv` (the leave-shape-out summary)."""
-    from k3sim.kernels.fit import atomic_write_text  # temp file, then rename
+    from k3sim.files import atomic_write_text  # temp file, then rename
 
     out_dir = ensure_out_dir(out_dir)
     # every file rendered before the first is written: a rendering error leaves the old report whole

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 POLICY_STYLE = {"coarse": ("tab:red", "o"), "decoupled": ("tab:blue", "s"), "full-attention": ("tab:green", "^")}
 
 
 def _save(fig, path: Path) -> None:
+    from k3sim.files import save_figure
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
 def plot_granularity(df, path: Path, title: str) -> None:

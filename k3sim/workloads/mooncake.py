@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -119,13 +117,14 @@ def write_mooncake(requests: Iterable[TraceRequest], path: str | Path, block_tok
     blocks, with the partial last block hashed too, as Mooncake does. Returns the number written."""
     from k3sim.workloads.request import _chain_token_blocks
 
+    from k3sim.files import atomic_path
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     remap: dict[int, int] = {}
     n = 0
-    try:
-        with os.fdopen(fd, "w") as out:
+    with atomic_path(p) as tmp:
+        with open(tmp, "w") as out:
             for r in requests:
                 if r.tokens is not None:
                     toks = list(r.tokens)
@@ -139,8 +138,4 @@ def write_mooncake(requests: Iterable[TraceRequest], path: str | Path, block_tok
                        "output_length": r.output_tokens, "hash_ids": ids}
                 out.write(json.dumps(rec) + "\n")
                 n += 1
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return n
