@@ -57,10 +57,7 @@ def fitted_intra(hardware: Any) -> Any:
     """Intra-device parameters fitted to the profile's measured chunk_kda_fwd, or None."""
     from k3sim.cp.validate import intra_device_check, measured_root
 
-    try:
-        check = intra_device_check(hardware, measured_root(hardware))
-    except (AttributeError, TypeError):
-        return None
+    check = intra_device_check(hardware, measured_root(hardware))
     return check["params"] if check else None
 
 
