@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from k3sim.cp.geometry import CPGeometry
 from k3sim.errors import InputError
+from k3sim.kernels.ops import wire_bytes  # nccl-tests bus factors: one formula for bytes and time
 
 # strategy -> (layer kinds it applies to, token layout, what it is)
 STRATEGIES: dict[str, tuple[frozenset[str], str, str]] = {
@@ -56,20 +57,6 @@ def check_strategy(strategy: str, layer_kind: str, seq_len: int, P: int, heads: 
             raise InputError(f"ulysses needs P to divide the {heads} {layer_kind.upper()} heads, P = {P}",
                              source="--cp")
     return layout
-
-
-def wire_bytes(op: str, shard: float, P: int) -> float:
-    """Bytes each rank puts on its link for one call, ring / pairwise algorithms (nccl-tests
-    doc/PERFORMANCE.md bus bandwidth factors); `shard` is the per-rank buffer as nccl-tests counts it."""
-    if op in ("all_gather", "reduce_scatter"):
-        return (P - 1) * shard
-    if op == "all_reduce":
-        return 2.0 * (P - 1) / P * shard
-    if op == "all_to_all":
-        return (P - 1) / P * shard
-    if op == "send_recv":
-        return float(shard)
-    raise KeyError(op)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,13 @@ from k3sim.cp.report import write_report
 from k3sim.errors import InputError
 
 
+def _dying(op, p, hw):
+    """A kernel clock that fails half-way through a report (at the 64-head KDA forward)."""
+    if op == "chunk_kda_fwd" and p["H"] == 64:
+        raise RuntimeError("boom")
+    return fake_kernel_time(op, p, hw)
+
+
 def test_report_with_measured_data(tmp_path):
     cal = tmp_path / "measured" / "run1"
     cal.mkdir(parents=True)
@@ -52,13 +59,8 @@ def test_report_failure_leaves_out_as_it_was(tmp_path):
     out.mkdir()
     (out / "sweep.csv").write_text("old\n")
 
-    def dying(op, p, hw):
-        if op == "chunk_kda_fwd" and p["H"] == 64:
-            raise RuntimeError("boom")
-        return fake_kernel_time(op, p, hw)
-
     with pytest.raises(RuntimeError, match="boom"):
-        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=dying)
+        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=_dying)
     assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
     assert (out / "sweep.csv").read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
@@ -68,13 +70,8 @@ def test_report_failure_creates_no_directory(tmp_path):
     """`out` (and its missing parents) did not exist: a failure half-way leaves none of them behind."""
     out = tmp_path / "new" / "rep"
 
-    def dying(op, p, hw):
-        if op == "chunk_kda_fwd" and p["H"] == 64:
-            raise RuntimeError("boom")
-        return fake_kernel_time(op, p, hw)
-
     with pytest.raises(RuntimeError, match="boom"):
-        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=dying)
+        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=_dying)
     assert list(tmp_path.iterdir()) == []
 
 
