@@ -18,6 +18,7 @@ from pathlib import Path
 from k3sim.calibration import grids
 
 SINGLE_GPU_PARTS = ["gemm_bf16", "gemm_fp8", "hbm", "moe", "sdpa", "kda_fwd", "kda_fwd_bwd", "kda_decode"]
+SINGLE_GPU_PARTS += ["kcp_parts"]  # fla KCP pre-process/merge kernels alone (calibration/kcp_parts.py)
 MULTI_GPU_PARTS = ["collectives", "kcp"]
 ALL_PARTS = SINGLE_GPU_PARTS + MULTI_GPU_PARTS
 # Multi-GPU runs keep NVLink multicast off (device tool KINDS.md: it can take a shared host's GPUs down).
@@ -58,6 +59,10 @@ def _single_part(part: str, out_dir: Path, deadline: float, heads: list[int] | N
     if part == "kda_decode":
         return kda_ops.recurrent_decode(out_dir, deadline, kda_heads, grids.KDA_DECODE_B,
                                         decode_tokens or grids.KDA_DECODE_T)
+    if part == "kcp_parts":
+        from k3sim.calibration import kcp_parts
+
+        return kcp_parts.measure_parts(out_dir, deadline, heads)
     raise ValueError(part)
 
 
