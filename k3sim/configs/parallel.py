@@ -93,6 +93,7 @@ class Scenario(BaseModel):
     cluster: Cluster
     parallelism: Parallelism
     workload: Workload
+    serving: ServingConfig | None = None  # k3sim serve: replicas, engine, router, P/D pools (configs/serving.py)
 
     @property
     def replicas(self) -> int:
@@ -106,3 +107,9 @@ class Scenario(BaseModel):
                 f"cluster.num_gpus={self.cluster.num_gpus} is not a multiple of "
                 f"tp*pp*cp*dp={self.parallelism.gpus}")
         return self
+
+
+# serving.py builds on Parallelism above, so it is imported once this module's classes exist
+from k3sim.configs.serving import ServingConfig  # noqa: E402
+
+Scenario.model_rebuild()

@@ -1,0 +1,96 @@
+"""The scenario's `serving:` section: replicas, engine settings, router, prefill/decode disaggregation, SLOs.
+
+Every default below is either a vLLM / SGLang default (named with where it lives) or a modelling choice
+(labelled as such). A scenario without a `serving:` section serves with these defaults on the scenario's own
+layout; `k3sim.serving.fleet.build_fleet` turns the section into replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from k3sim.configs.parallel import Parallelism
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+SCHEDULERS = ("vllm", "sarathi")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+CACHE_POLICIES = ("coarse", "decoupled", "full-attention")
+
+
+class EngineConfig(BaseModel):
+    """One replica's continuous-batching engine."""
+
+    model_config = _STRICT
+    # vLLM `max_num_seqs` default 256 (vllm/engine/arg_utils.py, V0 and the V1 default for most GPUs)
+    max_batch: PositiveInt = Field(256, description="most requests running at once (vLLM max_num_seqs)")
+    # vLLM V1 `max_num_batched_tokens` 8192 for the OpenAI server on large-memory GPUs (same source as
+    # memory/plan.py serve_plan's prefill chunk)
+    token_budget: PositiveInt = Field(8192, description="tokens per engine step (decodes + prefill chunks)")
+    chunk_tokens: Optional[PositiveInt] = Field(
+        None, description="most prefill tokens of one request per step (None: the token budget)")
+    scheduler: Literal["vllm", "sarathi"] = Field(
+        "vllm", description="vllm: decodes first, then prefill chunks up to the budget; sarathi: stall-free, "
+                            "the budget shrinks so a step with prefill stays within the TPOT SLO")
+    cache_policy: Literal["coarse", "decoupled", "full-attention"] = "decoupled"
+    hash_block_tokens: PositiveInt = Field(512, description="prefix-cache hash block (Mooncake trace ids: 512)")
+    physical_block_tokens: Optional[PositiveInt] = Field(
+        None, description="page size in tokens; None: the smallest multiple of the hash block whose page holds "
+                          "one KDA group state per GPU (vLLM's hybrid allocator sizes attention pages to the "
+                          "mamba state the same way)")
+    pool_bytes: Union[float, Literal["unbounded"], None] = Field(
+        None, description="per-GPU pool for MLA KV pages and KDA state slots; None: what the memory planner "
+                          "leaves free after weights, AttnRes blocks and workspace")
+    # vLLM V0 BlockSpaceManager watermark=0.01: admission keeps 1 % of the pool free to avoid instant preemption
+    watermark_fraction: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
+    reserve_output: bool = Field(False, description="reserve pages for the whole output at admission (no "
+                                                    "preemption); vLLM does not")
+
+    @field_validator("pool_bytes")
+    @classmethod
+    def _pool(cls, v):
+        if isinstance(v, float) and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"must be a finite positive number of bytes or 'unbounded', got {v}")
+        return v
+
+
+class PoolConfig(BaseModel):
+    """One pool of a disaggregated fleet: how many replicas and each one's layout."""
+
+    model_config = _STRICT
+    replicas: PositiveInt
+    parallelism: Optional[Parallelism] = Field(None, description="None: the scenario's layout")
+
+
+class DisaggregationConfig(BaseModel):
+    model_config = _STRICT
+    prefill: PoolConfig
+    decode: PoolConfig
+
+
+class ServingConfig(BaseModel):
+    """The `serving:` section of a scenario."""
+
+    model_config = _STRICT
+    replicas: Optional[PositiveInt] = Field(None, description="None: cluster GPUs / GPUs per replica")
+    engine: EngineConfig = EngineConfig()
+    router: Literal["round-robin", "least-loaded", "prefix-aware"] = "least-loaded"
+    # SGLang router `balance_abs_threshold` 32 (sgl-router): past this imbalance it routes to the least loaded
+    router_load_cap: PositiveInt = Field(32, description="prefix-aware: most extra requests in system a replica "
+                                                         "may have over the least loaded one")
+    disaggregation: Optional[DisaggregationConfig] = None
+    # modelling choices (interactive chat): first token within 2 s, at least 10 tokens/s per user
+    slo_ttft_s: float = Field(2.0, gt=0, allow_inf_nan=False)
+    slo_tpot_s: float = Field(0.1, gt=0, allow_inf_nan=False)
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _split(self) -> "ServingConfig":
+        d = self.disaggregation
+        if d is not None and self.replicas is not None and d.prefill.replicas + d.decode.replicas != self.replicas:
+            raise ValueError(f"disaggregation {d.prefill.replicas}:{d.decode.replicas} does not add up to "
+                             f"replicas={self.replicas}")
+        return self
