@@ -1,0 +1,43 @@
+"""How many distinct routed experts a batch touches: the bytes a memory-bound MoE step must stream.
+
+Uniform top-k routing: each token picks k of E experts; an expert is missed by one token with
+probability 1 - k/E, by B independent tokens with (1 - k/E)^B, so E[distinct] = E (1 - (1 - k/E)^B)
+(the issue's facts: K3 at B = 1 / 8 / 32 / 64 / 128 gives 16 / 120 / 393 / 613 / 807).
+
+Skewed routing: expert e is chosen by one token with probability q_e = k w_e (w a popularity
+distribution summing to 1, q capped at 1), missed by B tokens with (1 - q_e)^B. Uniform w = 1/E gives
+back the formula above. Real routers are skewed (hot experts), which lowers the distinct count and so
+the weight traffic at a given batch; a Zipf exponent s (w_e ∝ e^-s) is the usual one-parameter model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def expected_distinct_experts(tokens: float, experts: int, topk: float) -> float:
+    """E (1 - (1 - k/E)^B): uniform top-k routing (one formula: `kernels.ops`)."""
+    from k3sim.kernels.ops import expected_distinct_experts as f
+
+    return f(tokens, experts, topk)
+
+
+def zipf_weights(experts: int, exponent: float) -> list[float]:
+    """w_e ∝ (e+1)^-s, normalised; s = 0 is uniform."""
+    raw = [(e + 1) ** -exponent for e in range(experts)]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def expected_distinct_skewed(tokens: float, weights: Sequence[float], topk: float) -> float:
+    """Σ_e 1 - (1 - min(1, k w_e))^B over a popularity distribution `weights` (sums to 1)."""
+    return sum(1.0 - (1.0 - min(1.0, topk * w)) ** tokens for w in weights)
+
+
+def distinct_experts(tokens: float, experts: int, topk: float, zipf: float = 0.0) -> float:
+    """Expected distinct experts hit by `tokens` tokens, uniform (zipf 0) or Zipf-skewed routing."""
+    if tokens <= 0:
+        return 0.0
+    if zipf == 0.0:
+        return expected_distinct_experts(tokens, experts, topk)
+    return expected_distinct_skewed(tokens, zipf_weights(experts, zipf), topk)

@@ -1,0 +1,67 @@
+"""The layout one step runs under.
+
+Serving layouts (vLLM / SGLang style): attention heads split over `tp` ranks; routed experts split over
+`ep` ranks of the same stage; `attention_dp` replicas of attention each take their own batch (DP
+attention), their tokens meeting in the experts through all-to-all; `pp` stages in sequence. Which layers
+a stage holds, and how weights shard, come from the memory planner (`k3sim.memory.layout`), so the bytes a
+step streams are the bytes the memory plan places.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXPERT_KERNELS = ("auto", "mxfp4_token", "grouped_bf16", "grouped_fp8")
+CONVENTIONS = ("graph", "eager")
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Parallel degrees of one replica and the kernel choices of its step.
+
+    expert_kernel: "auto" takes the fastest routed-expert kernel the profile predicts for the model's
+    weight format (token-centric MXFP4 streaming, or a tile-centric grouped GEMM); the others force one.
+    convention: "graph" (a serving step is one CUDA graph: no host launch between kernels) or "eager"
+    (each kernel also pays its host launch time).
+    fuse_router: the latent down-projection and the router share one GEMM (same input x), as K3 does.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    attention_dp: int = 1
+    expert_kernel: str = "auto"
+    convention: str = "graph"
+    gpus_per_node: int = 8
+    fuse_router: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep", "attention_dp", "gpus_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.expert_kernel not in EXPERT_KERNELS:
+            raise ValueError(f"expert_kernel must be one of {', '.join(EXPERT_KERNELS)}")
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}")
+
+    @property
+    def stage_gpus(self) -> int:
+        """GPUs of one pipeline stage: attention TP x attention DP (experts spread over these)."""
+        return self.tp * self.attention_dp
+
+    @property
+    def gpus(self) -> int:
+        return self.stage_gpus * self.pp
+
+    def parallelism(self):
+        """The memory planner's view of this layout (attention DP is its `dp`)."""
+        from k3sim.configs.parallel import Parallelism
+
+        return Parallelism(tp=self.tp, pp=self.pp, ep=self.ep, dp=self.attention_dp)
+
+    def stage_layers(self, num_layers: int) -> list[list[int]]:
+        """0-based layers of each pipeline stage, split as the memory planner splits them."""
+        from k3sim.memory.layout import chunk_layers
+
+        return chunk_layers(num_layers, self.pp)
