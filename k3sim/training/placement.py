@@ -1,0 +1,91 @@
+"""Where each parallel group's GPUs sit, and the time of a collective on the link that placement gives.
+
+Rank order is Megatron-Core's default `tp-cp-ep-dp-pp` (megatron/core/parallel_state.py, `order`): TP is
+innermost (consecutive GPUs), then CP, then DP; PP outermost. Experts fold EP over the tp*cp*dp ranks of a
+stage with expert-TP 1, so an EP group is `ep` consecutive GPUs. A group whose GPUs span more than one
+scale-up domain (an NVLink node or rack) talks over the scale-out NICs.
+
+Collective times come from `k3sim.cp.comm.CommModel` (the one place that turns a collective into seconds
+for a group and its link): inside the scale-up domain the calibrated collective predictor answers; across
+it, alpha from the predictor plus wire bytes over the per-GPU NIC bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from k3sim.configs.parallel import Parallelism
+
+
+@dataclass(frozen=True)
+class Group:
+    """One communicator: its size and how many consecutive GPUs its members span (stride x size)."""
+
+    name: str
+    gpus: int
+    span_gpus: int
+
+
+def groups(par: Parallelism) -> dict[str, Group]:
+    """TP, CP, EP, dense-DP, expert-DP and PP groups under the `tp-cp-ep-dp-pp` order."""
+    tp, cp, dp, ep = par.tp, par.cp, par.dp, par.ep
+    stage = tp * cp * dp
+    return {
+        "tp": Group("tp", tp, tp),
+        "cp": Group("cp", cp, tp * cp),
+        "ep": Group("ep", ep, ep),
+        "dp": Group("dp", dp * cp, stage),            # distributed optimizer shards over DP x CP
+        "edp": Group("edp", stage // ep, stage),       # expert data-parallel replicas, stride ep
+        "pp": Group("pp", par.pp, stage * par.pp),     # adjacent stages are `stage` GPUs apart
+    }
+
+
+def link_of(group: Group, hw: Any) -> str:
+    if group.gpus <= 1:
+        return "none"
+    return "scale-up" if group.span_gpus <= int(hw.scaleup_domain_gpus) else "scale-out"
+
+
+def pp_hop_link(par: Parallelism, hw: Any) -> str:
+    """Link between adjacent pipeline stages: same scale-up domain if both stages fit in one."""
+    if par.pp <= 1:
+        return "none"
+    return "scale-up" if 2 * par.tp * par.cp * par.dp <= int(hw.scaleup_domain_gpus) else "scale-out"
+
+
+class Collectives:
+    """Memoised collective times for one hardware profile and kernel-time function."""
+
+    def __init__(self, hw: Any, kernel_time: Callable[..., Any]):
+        from k3sim.cp.comm import KernelClock
+
+        self.hw = hw
+        self.clock = KernelClock(hw, kernel_time)
+        self._memo: dict[tuple, tuple[float, str, str]] = {}
+
+    def time(self, op: str, shard_bytes: float, group: Group) -> tuple[float, str, str]:
+        """(seconds, source, link) of one `op` of `shard_bytes` per rank (nccl-tests convention)."""
+        if group.gpus <= 1 or shard_bytes <= 0:
+            return 0.0, "none", "none"
+        key = (op, int(round(shard_bytes)), group.gpus, group.span_gpus)
+        hit = self._memo.get(key)
+        if hit is None:
+            from k3sim.cp.comm import CommModel
+            from k3sim.cp.traffic import Collective
+
+            cm = CommModel(self.clock, group.gpus, group.span_gpus)
+            s, src = cm.time(Collective(op, max(1.0, float(shard_bytes))))
+            hit = self._memo[key] = (s, src, cm.link)
+        return hit
+
+    def p2p(self, nbytes: float, link: str) -> tuple[float, str]:
+        """One point-to-point send between pipeline stages on `link`."""
+        if link == "none" or nbytes <= 0:
+            return 0.0, "none"
+        span = 2 if link == "scale-up" else int(self.hw.scaleup_domain_gpus) + 1
+        s, src, _ = self.time("send_recv", nbytes, Group("pp-hop", 2, span))
+        return s, src
+
+    def kernel(self, op: str, **params: float) -> tuple[float, str]:
+        return self.clock(op, **params)

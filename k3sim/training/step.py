@@ -1,0 +1,496 @@
+"""One training step of a parallel layout on a cluster: step time with its breakdown, tokens/s, MFU, memory.
+
+Composition (each term's source is in its row):
+- per-layer compute (forward, input-gradient and weight-gradient backward) of one micro-batch on one GPU
+  comes from `k3sim.step.training_layer_costs` (calibrated kernels); full activation checkpointing
+  re-runs each layer's forward before its backward;
+- TP with sequence parallelism: every sublayer (attention, FFN/shared experts) opens with an all-gather
+  and closes with a reduce-scatter of the sequence-sharded activations (Korthikanti et al., MLSys'23;
+  MISSION sec. 3), forward, backward, and again in the recompute; exposed unless `tp_overlap` hides part;
+- EP: dispatch and combine all-to-alls of each MoE layer in the latent width (LatentMoE dispatches the
+  down-projected tokens), forward, backward and recompute, stretched by the EP load imbalance of the
+  routing distribution (k3sim.training.routing), which also stretches the routed-expert GEMMs; MoonEP
+  redundant experts (option) flatten the imbalance at the price of prefetching their weights;
+- CP: KCP on KDA layers, the chosen scheme on MLA layers (`k3sim.cp`): what CP adds on top of the local
+  attention kernel (exposed communication and the scheme's own compute: KCP pre-process and fold, latent
+  up-projection);
+- PP: the schedule (k3sim.training.schedule: the pipeline engine, or Megatron's closed form) over the
+  per-stage micro-batch costs gives the bubble; stage-to-stage sends are overlapped in steady state and
+  exposed along the fill and drain chains (2 (p v - 1) hops; modelling choice);
+- DP with ZeRO-1: gradient reduce-scatter after the last micro-batch's backward and parameter all-gather
+  before the next step's first forward, overlapped with that micro-batch's backward / forward (Megatron
+  `overlap_grad_reduce`, `overlap_param_gather`): only the part beyond that compute is exposed; the
+  optimizer update streams its shard of weights, grads and Adam states through HBM once.
+Memory comes from `k3sim.memory.plan.train_plan` (never re-derived here); MFU counts model FLOP (6 x
+active parameters per token, plus attention) against the bf16 peak of every GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from k3sim.configs.parallel import Parallelism
+from k3sim.errors import InputError
+from k3sim.training.placement import Collectives, groups, pp_hop_link
+from k3sim.training.routing import ep_imbalance
+from k3sim.training.schedule import pipeline_time
+
+BF16 = 2
+SUBLAYERS_PER_LAYER = 2   # attention block + FFN block, each AG in / RS out under sequence parallelism
+COMM_KINDS = ("tp", "ep", "cp", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Knobs of the step model that a scenario or sweep may set.
+
+    routing_skew: Zipf exponent of expert popularity (0 = uniform router; a modelling choice standing in
+    for a measured router histogram). redundant_experts: MoonEP redundant expert slots per EP rank (0 =
+    off). tp_overlap / ep_overlap: fraction of TP / EP communication hidden under compute (0 = none, the
+    conservative default; Megatron's TP-comm-overlap and K2.5's EP overlap under interleaved 1F1B can raise
+    it). kda_cp / mla_cp: CP schemes (k3sim.cp). use_pipeline_engine: None = the engine when present.
+    """
+
+    routing_skew: float = 0.0
+    redundant_experts: int = 0
+    tp_overlap: float = 0.0
+    ep_overlap: float = 0.0
+    kda_cp: str = "kcp"
+    mla_cp: str = "allgather-kv"
+    seed: int = 0
+    use_pipeline_engine: bool | None = None
+
+    def check(self, source: str | None = None) -> None:
+        for name in ("tp_overlap", "ep_overlap"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0 or math.isnan(v):
+                raise InputError(f"must be within [0, 1], got {v}", source=source, field=name)
+        if self.routing_skew < 0 or math.isnan(self.routing_skew):
+            raise InputError(f"must be >= 0, got {self.routing_skew}", source=source, field="routing_skew")
+        if self.redundant_experts < 0:
+            raise InputError(f"must be >= 0, got {self.redundant_experts}", source=source,
+                             field="redundant_experts")
+
+
+@dataclass
+class Row:
+    component: str
+    seconds: float
+    source: str
+    kind: str = "compute"      # compute | tp | ep | cp | pp | dp | bubble | optimizer
+
+
+@dataclass
+class StageCost:
+    """One pipeline rank, one micro-batch (all its virtual chunks)."""
+
+    stage: int
+    layers: list[int]
+    forward_s: float           # compute
+    backward_s: float          # input + weight gradients
+    recompute_s: float
+    comm_s: dict[str, float] = field(default_factory=dict)   # exposed, per kind, fwd+bwd+recompute
+    imbalance_s: float = 0.0   # extra routed-expert compute on the busiest EP rank
+
+    @property
+    def fwd_total(self) -> float:
+        return self.forward_s + self.comm_fwd
+
+    comm_fwd: float = 0.0
+    comm_bwd: float = 0.0
+
+    @property
+    def bwd_total(self) -> float:
+        return self.backward_s + self.recompute_s + self.comm_bwd + self.imbalance_s
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        return self.fwd_total + self.bwd_total
+
+
+@dataclass
+class TrainStepResult:
+    model: str
+    hardware: str
+    parallelism: dict
+    gpus: int
+    seq_len_tokens: int
+    micro_batch_size: int
+    num_micro_batches: int
+    tokens_per_step: int
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_flop_per_step: float
+    mfu: float
+    compute_s: float
+    exposed_comm_s: dict[str, float]
+    bubble_s: float
+    bubble_ratio: float
+    optimizer_s: float
+    fits: bool
+    verdict: str
+    memory: Any
+    ep_imbalance: float
+    pipeline_source: str
+    breakdown: list[Row]
+    stages: list[dict]
+    options: dict
+    assumptions: list[dict] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+class TrainingContext:
+    """Memoised pieces shared by every layout of one (model, hardware, kernel_time): a sweep evaluates
+    thousands of layouts that reuse the same layer costs, collectives and CP costs."""
+
+    def __init__(self, model, hw, kernel_time: Callable | None = None, layer_costs: Callable | None = None):
+        if kernel_time is None:
+            from k3sim.kernels import predict_kernel_time as kernel_time
+        if layer_costs is None:
+            from k3sim.step import training_layer_costs as layer_costs
+        self.model, self.hw = model, hw
+        self.kernel_time, self.layer_costs_fn = kernel_time, layer_costs
+        self.coll = Collectives(hw, kernel_time)
+        self._layers: dict[tuple, list] = {}
+        self._cp: dict[tuple, dict] = {}
+        self._experts: dict[tuple, tuple[float, str]] = {}
+        self._rank_params: dict[tuple, list[tuple[int, int]]] = {}
+        self._flop: dict[int, float] = {}
+
+    def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int) -> list:
+        key = (tp, ep, cp, tokens, seq_len)
+        if key not in self._layers:
+            self._layers[key] = list(self.layer_costs_fn(self.model, self.hw, tp=tp, ep=ep, cp=cp, tokens=tokens,
+                                                         seq_len=seq_len, kernel_time=self.kernel_time))
+        return self._layers[key]
+
+    def cp_overhead(self, tp: int, cp: int, seq_len: int, opts: TrainOptions, source: str | None) -> dict:
+        """Per layer kind: seconds CP adds per sequence beyond the local attention kernel, fwd and bwd,
+        split into exposed communication and the scheme's own compute."""
+        key = (tp, cp, seq_len, opts.kda_cp, opts.mla_cp)
+        if key in self._cp:
+            return self._cp[key]
+        from k3sim.cp import cp_step, geometry_from_model
+
+        g = geometry_from_model(self.model, tp)
+        try:
+            res = cp_step(g, self.hw, seq_len, cp, opts.kda_cp, opts.mla_cp, kernel_time=self.kernel_time,
+                          intra=None)
+        except InputError as err:
+            field_name = "kda_cp" if err.source == "--strategy" else "mla_cp" if err.source == "--mla-strategy" \
+                else "cp"
+            raise InputError(err.reason, source=source, field=field_name) from None
+        out = {}
+        for kind, lc in (("kda", res.kda), ("mla", res.mla)):
+            if lc is None:
+                continue
+            per = {}
+            for phase in ("fwd", "bwd"):
+                ph = getattr(lc, phase)
+                local = ph.rows[0]["seconds"] if ph.rows else 0.0
+                per[phase] = {"comm": ph.exposed_comm_s, "compute": max(0.0, ph.compute_s - local)}
+            per["scheme"] = lc.strategy
+            per["link"] = lc.link
+            out[kind] = per
+        self._cp[key] = out
+        return out
+
+    def expert_compute(self, tp: int, ep: int, tokens: int) -> tuple[float, str]:
+        """Forward seconds of the routed-expert GEMMs of one MoE layer on one rank (the step package's
+        calls, timed by its Timer): the part EP load imbalance stretches."""
+        key = (tp, ep, tokens)
+        if key not in self._experts:
+            from k3sim.step.batch import Batch
+            from k3sim.step.calls import Timer
+            from k3sim.step.layers import expert_calls
+            from k3sim.step.layout import StepLayout
+
+            lay = StepLayout(tp=tp, ep=ep, attention_dp=1)
+            timer = Timer(self.hw, self.kernel_time)
+            rows = [timer.row(c, 0) for c in expert_calls(self.model, lay, Batch(prefill=((tokens, 0),)),
+                                                          "grouped_bf16")]
+            self._experts[key] = (sum(r.seconds for r in rows), rows[0].source if rows else "none")
+        return self._experts[key]
+
+    def model_flop_per_token(self, seq_len: int) -> float:
+        """Training FLOP per token: 6 x active parameters (Kaplan et al. 2020; Megatron's MFU convention)
+        plus causal attention fwd+bwd at `seq_len` from the kernel registry's FLOP formulas."""
+        if seq_len not in self._flop:
+            from k3sim.kernels import ops
+            from k3sim.memory.params import count_params
+
+            m = self.model
+            f = 6.0 * count_params(m).active_params
+            if m.mla is not None and m.num_mla_layers:
+                D = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+                f += m.num_mla_layers * ops.SDPA_FWD_BWD_FLOP_FACTOR * ops.sdpa_flop(
+                    {"T": seq_len, "H": m.mla.num_heads, "D": D}) / seq_len
+            if m.kda is not None and m.num_kda_layers:
+                f += m.num_kda_layers * ops.KDA_FWD_BWD_FLOP_FACTOR * ops.chunk_kda_flop(
+                    {"T": seq_len, "H": m.kda.num_heads}) / seq_len
+            self._flop[seq_len] = f
+        return self._flop[seq_len]
+
+    def rank_params(self, par: Parallelism) -> list[tuple[int, int]]:
+        """(non-expert, routed-expert) parameters held by each pipeline rank before TP/EP sharding."""
+        key = (par.pp, par.virtual_stages)
+        if key not in self._rank_params:
+            from k3sim.memory.layout import rank_layers
+            from k3sim.memory.params import ROUTED
+            from k3sim.memory.plan import _rank_params
+
+            out = []
+            for r, layers in enumerate(rank_layers(self.model, par)):
+                p = _rank_params(self.model, layers, r, par.pp)
+                out.append((sum(v for k, v in p.items() if k != ROUTED), p.get(ROUTED, 0)))
+            self._rank_params[key] = out
+        return self._rank_params[key]
+
+
+def _kind_of(row) -> str:
+    return getattr(row, "kind", "")
+
+
+# ------------------------------------------------------------------------------------------- the model
+def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: int = 1,
+               num_micro_batches: int | None = None, activation_checkpointing: bool = True,
+               workspace_fraction: float = 0.10, options: TrainOptions | None = None,
+               kernel_time: Callable | None = None, layer_costs: Callable | None = None,
+               context: TrainingContext | None = None, source: str | None = None,
+               with_memory: bool = True) -> TrainStepResult:
+    """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout."""
+    from k3sim.memory.layout import rank_layers
+
+    opts = options or TrainOptions()
+    opts.check(source)
+    par.check_against(model, source=source)
+    if seq_len % par.cp:
+        raise InputError(f"cp={par.cp} does not divide the {seq_len}-token sequence", source=source, field="cp")
+    m = num_micro_batches or par.pp * par.virtual_stages
+    if par.virtual_stages > 1 and m % par.pp:
+        raise InputError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp={par.pp}",
+                         source=source, field="num_micro_batches")
+    ctx = context or TrainingContext(model, hw, kernel_time, layer_costs)
+    coll, g = ctx.coll, groups(par)
+    d = model.hidden_size
+    tokens_rank = micro_batch_size * seq_len // par.cp          # tokens of one micro-batch on a CP rank
+    sp_tokens = tokens_rank / par.tp                            # sequence-parallel shard
+    costs = ctx.layer_costs(par.tp, par.ep, par.cp, tokens_rank, seq_len)
+    by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
+    extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
+    recompute = 1 if activation_checkpointing else 0
+    rows_src: dict[str, str] = {}
+
+    # TP: one AG + one RS per sublayer, each of the SP shard (nccl-tests per-rank shard bytes).
+    t_ag, src_ag, link_tp = coll.time("all_gather", sp_tokens * d * BF16, g["tp"])
+    t_rs, src_rs, _ = coll.time("reduce_scatter", sp_tokens * d * BF16, g["tp"])
+    tp_layer_fwd = SUBLAYERS_PER_LAYER * (t_ag + t_rs) * (1 - opts.tp_overlap)
+    rows_src["tp"] = f"all_gather {src_ag} + reduce_scatter {src_rs} over tp={par.tp} ({link_tp})"
+
+    # EP: dispatch + combine of the latent tokens, x imbalance.
+    moe = model.moe
+    imb = 1.0
+    ep_layer_fwd = expert_fwd = 0.0
+    prefetch_s = 0.0
+    if moe is not None and par.ep > 1:
+        width = moe.latent_width or d
+        a2a_bytes = sp_tokens * moe.num_active_experts * width * BF16
+        t_a2a, src_a2a, link_ep = coll.time("all_to_all", a2a_bytes, g["ep"])
+        im = ep_imbalance(moe.num_routed_experts, par.ep, moe.num_active_experts,
+                          int(round(sp_tokens * par.ep)), skew=opts.routing_skew,
+                          redundant_per_rank=opts.redundant_experts, seed=opts.seed)
+        imb = im.max_over_mean
+        ep_layer_fwd = 2 * t_a2a * imb * (1 - opts.ep_overlap)
+        expert_fwd, src_exp = ctx.expert_compute(par.tp, par.ep, int(round(sp_tokens)))
+        rows_src["ep"] = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"
+        if opts.redundant_experts:
+            from k3sim.memory.params import routed_expert_params
+
+            # bf16 weights of the redundant experts, fetched from their home ranks once per micro-batch
+            wbytes = opts.redundant_experts * routed_expert_params(model) * BF16
+            prefetch_s, src_pf, _ = coll.time("all_to_all", wbytes, g["ep"])
+            rows_src["ep"] += f"; MoonEP prefetch {wbytes:.3g} B/layer ({src_pf}), overlapped with the layer"
+    # CP: per sequence of the micro-batch.
+    cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}
+
+    stages = []
+    for r, layers in enumerate(rank_layers(model, par)):
+        F = B = 0.0
+        comm_f = {k: 0.0 for k in COMM_KINDS}
+        comm_b = {k: 0.0 for k in COMM_KINDS}
+        imb_extra = 0.0
+        for i in layers:
+            c = by_layer[i]
+            F += c.forward_s
+            B += c.backward_input_s + c.backward_weight_s
+            comm_f["tp"] += tp_layer_fwd
+            comm_b["tp"] += tp_layer_fwd * (1 + recompute)
+            if model.ffn_kinds[i] == "moe" and par.ep > 1:
+                layer_compute = c.forward_s + c.backward_input_s + c.backward_weight_s
+                pf = max(0.0, prefetch_s - layer_compute)
+                comm_f["ep"] += ep_layer_fwd + pf
+                comm_b["ep"] += ep_layer_fwd * (1 + recompute)
+                # busiest rank: fwd, bwd (2x fwd: input + weight grads), recompute
+                imb_extra += (imb - 1.0) * expert_fwd * (1 + 2 + recompute)
+            kind = model.layer_kinds[i]
+            if kind in cp:
+                ov = cp[kind]
+                f_cp = micro_batch_size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
+                b_cp = micro_batch_size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
+                comm_f["cp"] += f_cp
+                comm_b["cp"] += b_cp + recompute * f_cp
+        if r == 0 and "embedding" in extra:
+            e = extra["embedding"]
+            F += e.forward_s
+            B += e.backward_input_s + e.backward_weight_s
+        if r == par.pp - 1 and "lm_head" in extra:
+            e = extra["lm_head"]
+            F += e.forward_s
+            B += e.backward_input_s + e.backward_weight_s
+        R = recompute * sum(by_layer[i].forward_s for i in layers)
+        st = StageCost(r, [i + 1 for i in layers], F, B, R,
+                       {k: comm_f[k] + comm_b[k] for k in COMM_KINDS}, imb_extra)
+        st.comm_fwd = sum(comm_f.values())
+        st.comm_bwd = sum(comm_b.values())
+        stages.append(st)
+
+    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
+                         virtual_stages=par.virtual_stages, micro_batches=m, use_engine=opts.use_pipeline_engine)
+    crit = max(stages, key=lambda s: s.per_micro_batch_s)
+
+    # PP sends: hidden shard + AttnRes blocks produced in the sending chunk (cache-based transport).
+    pp_exposed, pp_src = 0.0, "none"
+    if par.pp > 1:
+        chunk_layers = math.ceil(model.num_layers / (par.pp * par.virtual_stages))
+        blocks = math.ceil(chunk_layers / model.attn_res_block_size) if model.attn_res_block_size else 0
+        hop_bytes = micro_batch_size * seq_len / par.cp / par.tp * d * BF16 * (1 + blocks)
+        link = pp_hop_link(par, hw)
+        t_hop, src_hop = coll.p2p(hop_bytes, link)
+        hops = 2 * (par.pp * par.virtual_stages - 1)
+        pp_exposed = hops * t_hop
+        pp_src = (f"{hops} sends of {hop_bytes:.3g} B (hidden + {blocks} AttnRes block(s), SP shard) on the fill "
+                  f"and drain chains, {link}: {src_hop}")
+
+    # DP (ZeRO-1): grad reduce-scatter + param all-gather per stage, beyond the overlap window.
+    from k3sim.memory.plan import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+
+    dp_exposed, dp_src, opt_s, opt_src = 0.0, "none", 0.0, "none"
+    zero = par.zero_stage
+    for st, (dense, routed) in zip(stages, ctx.rank_params(par)):
+        dense_rank = dense / par.tp
+        routed_rank = routed / par.ep
+        gd, ge = g["dp"], g["edp"]
+        if zero == 0:
+            t_grad = coll.time("all_reduce", dense_rank * GRAD_BYTES, gd)[0] + \
+                coll.time("all_reduce", routed_rank * GRAD_BYTES, ge)[0]
+            t_par = 0.0
+        else:
+            t_grad = coll.time("reduce_scatter", dense_rank * GRAD_BYTES / gd.gpus, gd)[0] + \
+                coll.time("reduce_scatter", routed_rank * GRAD_BYTES / ge.gpus, ge)[0]
+            t_par = coll.time("all_gather", dense_rank * WEIGHT_BYTES / gd.gpus, gd)[0] + \
+                coll.time("all_gather", routed_rank * WEIGHT_BYTES / ge.gpus, ge)[0]
+        exposed = max(0.0, t_grad - st.bwd_total) + max(0.0, t_par - st.fwd_total)
+        if zero == 3:  # weights gathered again for every micro-batch's forward and backward
+            exposed += m * (max(0.0, t_par - st.fwd_total) + max(0.0, t_par - st.bwd_total))
+        if exposed >= dp_exposed:
+            dp_exposed = exposed
+            dp_src = (f"grads {'all-reduce' if zero == 0 else 'reduce-scatter'} {t_grad:.3g} s + params all-gather "
+                      f"{t_par:.3g} s over dp x cp={gd.gpus} (non-expert) and {ge.gpus} (expert) ranks, "
+                      f"overlapped with one micro-batch's backward / forward (stage {st.stage})")
+        shard = (dense_rank / (gd.gpus if zero >= 1 else 1) + routed_rank / (ge.gpus if zero >= 1 else 1))
+        t_opt, src_o = coll.kernel("hbm_copy", bytes=max(1, shard * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)))
+        if t_opt >= opt_s:
+            opt_s, opt_src = t_opt, f"hbm_copy of the optimizer shard's weights, grads, Adam states ({src_o})"
+
+    step = pipe.step_time_s + pp_exposed + dp_exposed + opt_s
+    breakdown = [
+        Row("compute: forward", m * crit.forward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
+        Row("compute: backward", m * crit.backward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
+        Row("compute: recompute (activation checkpointing)", m * crit.recompute_s, "forward again before backward"),
+    ]
+    if crit.imbalance_s:
+        breakdown.append(Row("compute: EP load imbalance (busiest rank's routed experts)", m * crit.imbalance_s,
+                             rows_src.get("ep", ""), "ep"))
+    labels = {"tp": "exposed comm: TP all-gather + reduce-scatter (SP)", "ep": "exposed comm: EP all-to-all",
+              "cp": "exposed comm + scheme compute: CP", "pp": "", "dp": ""}
+    cp_src = ", ".join(f"{k.upper()} {v['scheme']} ({v['link']})" for k, v in cp.items()) or "none"
+    rows_src["cp"] = f"k3sim.cp: {cp_src}; local attention compute excluded (in the layer costs)"
+    for k in ("tp", "ep", "cp"):
+        if crit.comm_s.get(k):
+            breakdown.append(Row(labels[k], m * crit.comm_s[k], rows_src.get(k, ""), k))
+    breakdown.append(Row("pipeline bubble", pipe.bubble_s, pipe.source, "bubble"))
+    if pp_exposed:
+        breakdown.append(Row("exposed comm: PP sends (fill/drain)", pp_exposed, pp_src, "pp"))
+    if dp_exposed:
+        breakdown.append(Row("exposed comm: DP grad reduce-scatter / param all-gather", dp_exposed, dp_src, "dp"))
+    breakdown.append(Row("optimizer step", opt_s, opt_src, "optimizer"))
+    breakdown = [r for r in breakdown if r.seconds or r.kind in ("bubble", "optimizer")]
+
+    exposed = {k: 0.0 for k in COMM_KINDS}
+    for r in breakdown:
+        if r.kind in exposed and not r.component.startswith("compute"):
+            exposed[r.kind] += r.seconds
+    compute = sum(r.seconds for r in breakdown if r.component.startswith("compute"))
+    tokens_step = m * micro_batch_size * seq_len * par.dp
+    flop = tokens_step * ctx.model_flop_per_token(seq_len)
+    peak = float(hw.peak_flops_per_s.get("bf16", 0.0)) * par.gpus
+    memory, fits, verdict = None, True, ""
+    if with_memory:
+        from k3sim.memory.plan import train_plan
+
+        memory = train_plan(model, hw, par, seq_len, micro_batch_size=micro_batch_size,
+                            activation_checkpointing=activation_checkpointing, num_micro_batches=m,
+                            workspace_fraction=workspace_fraction, source=source, allow_overflow=True)
+        fits = memory.fits
+        verdict = memory_verdict(memory)
+    return TrainStepResult(
+        model=model.name, hardware=hw.name, parallelism=par.model_dump(), gpus=par.gpus, seq_len_tokens=seq_len,
+        micro_batch_size=micro_batch_size, num_micro_batches=m, tokens_per_step=tokens_step, step_time_s=step,
+        tokens_per_s=tokens_step / step, tokens_per_s_per_gpu=tokens_step / step / par.gpus,
+        model_flop_per_step=flop, mfu=flop / (step * peak) if peak else 0.0, compute_s=compute,
+        exposed_comm_s=exposed, bubble_s=pipe.bubble_s, bubble_ratio=pipe.bubble_ratio, optimizer_s=opt_s,
+        fits=fits, verdict=verdict, memory=memory, ep_imbalance=imb, pipeline_source=pipe.source,
+        breakdown=breakdown,
+        stages=[{"stage": s.stage, "layers": s.layers, "forward_s": s.forward_s, "backward_s": s.backward_s,
+                 "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
+                 "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
+        options=opts.__dict__.copy(),
+        assumptions=ASSUMPTIONS)
+
+
+def memory_verdict(plan) -> str:
+    GB = 1e9
+    parts = ", ".join(f"{r.component} {r.bytes / GB:.1f}" for r in plan.breakdown)
+    total = plan.per_gpu_bytes["total"]
+    if plan.fits:
+        return (f"fits: pipeline stage {plan.worst_stage} uses {total / GB:.1f} GB of {plan.hbm_bytes / GB:.1f} GB "
+                f"per GPU ({parts} GB)")
+    return (f"does not fit: pipeline stage {plan.worst_stage} needs {total / GB:.1f} GB per GPU ({parts} GB) > "
+            f"{plan.hbm_bytes / GB:.1f} GB HBM of {plan.hardware}; raise pp, ep, dp (ZeRO shards optimizer states) "
+            f"or cp")
+
+
+ASSUMPTIONS = [
+    {"assumption": "rank order tp-cp-ep-dp-pp; EP folded over the stage's tp*cp*dp ranks with expert-TP 1",
+     "source": "Megatron-Core parallel_state default order"},
+    {"assumption": "sequence parallelism: 1 all-gather + 1 reduce-scatter per sublayer (2 per layer), "
+                   "forward, backward and recompute; not overlapped unless tp_overlap > 0",
+     "source": "Korthikanti et al. MLSys'23; MISSION sec. 3"},
+    {"assumption": "EP dispatch/combine in the latent width, bf16, per token x top-k (no dedup of same-rank picks)",
+     "source": "modelling choice; LatentMoE (MISSION sec. 4)"},
+    {"assumption": "backward of the routed-expert GEMMs = 2x forward (input + weight gradients) for the "
+                   "imbalance term", "source": "GEMM FLOP count (dgrad + wgrad)"},
+    {"assumption": "CP adds exposed communication and the scheme's own compute beyond the local attention kernel",
+     "source": "k3sim.cp (KCP: fla PR #691; MLA all-gather KV: torchtitan kimi_k3)"},
+    {"assumption": "PP sends overlap in steady state; 2 (p v - 1) hops exposed on fill and drain",
+     "source": "modelling choice"},
+    {"assumption": "ZeRO-1 grad reduce-scatter overlaps the last micro-batch's backward, param all-gather the "
+                   "first micro-batch's forward", "source": "Megatron overlap_grad_reduce / overlap_param_gather"},
+    {"assumption": "gradients reduced in fp32 (4 B), parameters gathered in bf16 (2 B)",
+     "source": "k3sim.memory.plan GRAD_BYTES / WEIGHT_BYTES (Megatron distributed optimizer)"},
+    {"assumption": "MFU = (6 x active params + attention FLOP) per token x tokens / (step time x GPUs x bf16 peak)",
+     "source": "Kaplan et al. 2020; Megatron MFU convention; attention FLOP from k3sim.kernels.ops"},
+]

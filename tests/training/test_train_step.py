@@ -1,0 +1,150 @@
+"""The step-time model on hand-checked small cases (constant kernel times, hand-set layer costs)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "memory"))
+
+from fakes import fake_kernel_time, fake_layer_costs  # noqa: E402
+from memory_toys import toy_model  # noqa: E402
+
+from k3sim.configs import load_hardware  # noqa: E402
+from k3sim.configs.parallel import Parallelism  # noqa: E402
+from k3sim.errors import InputError  # noqa: E402
+from k3sim.training import TrainOptions, train_step  # noqa: E402
+from k3sim.training.routing import ep_imbalance  # noqa: E402
+from k3sim.training.schedule import closed_form  # noqa: E402
+
+H200 = load_hardware("h200")
+
+
+def step(par, kt=None, costs=None, **kw):
+    kw.setdefault("activation_checkpointing", False)
+    kw.setdefault("options", TrainOptions(use_pipeline_engine=False))
+    return train_step(toy_model(), H200, par, seq_len=kw.pop("seq_len", 64), kernel_time=kt or fake_kernel_time(),
+                      layer_costs=costs or fake_layer_costs(), **kw)
+
+
+def test_one_gpu_no_comm_is_sum_of_layer_costs_times_micro_batches():
+    # 4 layers x (1 + 1 + 0.5) s + lm_head (0.25 fwd + 0.25 bwd) = 10.5 s per micro-batch; 3 micro-batches
+    r = step(Parallelism(), costs=fake_layer_costs(emb=0.0, head=0.25), num_micro_batches=3)
+    assert r.step_time_s == pytest.approx(3 * 10.5)
+    assert r.bubble_s == 0 and all(v == 0 for v in r.exposed_comm_s.values())
+    assert sum(x.seconds for x in r.breakdown) == pytest.approx(r.step_time_s)
+
+
+def test_recompute_adds_one_forward_per_layer():
+    r = step(Parallelism(), num_micro_batches=2, activation_checkpointing=True)
+    assert r.step_time_s == pytest.approx(2 * 4 * (2.5 + 1.0))
+
+
+def test_tp2_adds_exactly_the_rs_and_ag_times():
+    kt = fake_kernel_time({"all_gather": 0.01, "reduce_scatter": 0.02})
+    base = step(Parallelism(tp=1), kt=kt, num_micro_batches=2)
+    tp2 = step(Parallelism(tp=2), kt=kt, num_micro_batches=2)
+    # per layer: 2 sublayers x (AG + RS) forward and again backward; 4 layers; 2 micro-batches
+    extra = 2 * 4 * 2 * 2 * (0.01 + 0.02)
+    assert tp2.step_time_s - base.step_time_s == pytest.approx(extra)
+    assert tp2.exposed_comm_s["tp"] == pytest.approx(extra)
+    # with recompute the forward's AG+RS run a third time
+    tp2r = step(Parallelism(tp=2), kt=kt, num_micro_batches=2, activation_checkpointing=True)
+    base_r = step(Parallelism(tp=1), kt=kt, num_micro_batches=2, activation_checkpointing=True)
+    assert tp2r.step_time_s - base_r.step_time_s == pytest.approx(extra * 3 / 2)
+    half = step(Parallelism(tp=2), kt=kt, num_micro_batches=2,
+                options=TrainOptions(tp_overlap=0.5, use_pipeline_engine=False))
+    assert half.step_time_s - base.step_time_s == pytest.approx(extra / 2)
+
+
+@pytest.mark.parametrize("rs,expected", [(1.0, 0.0), (12.0, 12.0 - 10.0)])
+def test_dp_exposes_grad_reduce_scatter_only_beyond_overlap(rs, expected):
+    # per micro-batch backward on the single stage = 4 x 1.5 = 6 s; + lm_head 0 -> window 6 s ... here the
+    # model's two grad reduce-scatters (non-expert over dp=2, expert over edp=2) take `rs` s each.
+    kt = fake_kernel_time({"reduce_scatter": rs / 2, "all_gather": 0.0})
+    base = step(Parallelism(dp=1), kt=kt, num_micro_batches=1)
+    dp = step(Parallelism(dp=2), kt=kt, num_micro_batches=1)
+    window = 4 * 1.5
+    assert dp.step_time_s - base.step_time_s == pytest.approx(max(0.0, rs - window))
+    assert dp.exposed_comm_s["dp"] == pytest.approx(max(0.0, rs - window))
+    del expected
+
+
+def test_pipeline_bubble_matches_megatron_closed_form():
+    # pp=2, v=1, m=4: stage costs 2 layers x 2.5 s = 5 s per micro-batch -> bubble (p-1)/1 x 5 = 5 s
+    r = step(Parallelism(pp=2), num_micro_batches=4)
+    assert r.bubble_s == pytest.approx(5.0)
+    assert r.bubble_ratio == pytest.approx(1 / 4)
+    assert r.step_time_s == pytest.approx(4 * 5.0 + 5.0)
+    # interleaved v=2 halves the bubble; m must be a multiple of p
+    r2 = step(Parallelism(pp=2, virtual_stages=2), num_micro_batches=4)
+    assert r2.bubble_s == pytest.approx(2.5)
+    with pytest.raises(InputError, match="multiple of pp"):
+        step(Parallelism(pp=2, virtual_stages=2), num_micro_batches=3)
+
+
+def test_closed_form_uniform_interleaved():
+    pt = closed_form([1.0] * 8, [2.0] * 8, 2, 16)
+    assert pt.bubble_ratio == pytest.approx(7 / (2 * 16))
+
+
+def test_pp_sends_exposed_on_fill_and_drain():
+    kt = fake_kernel_time({"send_recv": 0.1})
+    r = step(Parallelism(pp=2), kt=kt, num_micro_batches=4)
+    assert r.exposed_comm_s["pp"] == pytest.approx(2 * (2 - 1) * 0.1)
+
+
+def test_ep_all_to_all_and_imbalance():
+    kt = fake_kernel_time({"all_to_all": 0.01})
+    base = step(Parallelism(dp=2), kt=kt, num_micro_batches=1)
+    ep = step(Parallelism(dp=2, ep=2), kt=kt, num_micro_batches=1)
+    # 3 MoE layers x (dispatch + combine) forward and backward, stretched by the sampled imbalance
+    imb = ep.ep_imbalance
+    assert imb >= 1.0
+    assert ep.exposed_comm_s["ep"] == pytest.approx(3 * 2 * 2 * 0.01 * imb)
+
+
+def test_imbalance_uniform_small_skew_large_moonep_flattens():
+    uni = ep_imbalance(896, 64, 16, 32768, seed=1)
+    skew = ep_imbalance(896, 64, 16, 32768, skew=1.0, seed=1)
+    moon = ep_imbalance(896, 64, 16, 32768, skew=1.0, redundant_per_rank=2, seed=1)
+    assert 1.0 < uni.max_over_mean < 1.1        # multinomial noise only
+    assert skew.max_over_mean > 2.0
+    assert moon.max_over_mean < 1.01            # replicas split the hot experts
+    assert ep_imbalance(896, 64, 16, 32768, seed=1) == uni  # seeded
+
+
+def test_mfu_from_model_flop():
+    r = step(Parallelism(), num_micro_batches=2)
+    peak = H200.peak_flops_per_s["bf16"]
+    assert r.mfu == pytest.approx(r.model_flop_per_step / (r.step_time_s * peak))
+    assert r.tokens_per_step == 2 * 64
+    assert r.tokens_per_s == pytest.approx(128 / r.step_time_s)
+
+
+def test_deterministic():
+    a = step(Parallelism(dp=2, ep=2), kt=fake_kernel_time({"all_to_all": 0.01}), num_micro_batches=2)
+    b = step(Parallelism(dp=2, ep=2), kt=fake_kernel_time({"all_to_all": 0.01}), num_micro_batches=2)
+    assert a.step_time_s == b.step_time_s and a.ep_imbalance == b.ep_imbalance
+
+
+def test_memory_verdict_when_it_does_not_fit():
+    from k3sim.configs import load_model
+
+    k3 = load_model(Path(__file__).parents[2] / "models" / "kimi-k3.yaml")
+    r = train_step(k3, H200, Parallelism(tp=8, ep=8), seq_len=4096, kernel_time=fake_kernel_time(),
+                   layer_costs=fake_layer_costs(), options=TrainOptions(use_pipeline_engine=False))
+    # 2.8 T parameters x 18 B (bf16 weight, fp32 grad, Adam) over 8 GPUs is far beyond 141 GB
+    assert not r.fits and r.verdict.startswith("does not fit: pipeline stage 0 needs")
+    assert "GB HBM of h200" in r.verdict and r.memory.per_gpu_bytes["total"] > 5e12 / 8
+
+
+def test_bad_options():
+    with pytest.raises(InputError, match="tp_overlap"):
+        step(Parallelism(), options=TrainOptions(tp_overlap=1.5))
+    with pytest.raises(InputError, match="cp=3"):
+        step(Parallelism(cp=3, dp=1), seq_len=64)
