@@ -10,57 +10,77 @@ assumes equal stages; the engine does not).
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class PipelineTime:
-    step_time_s: float              # compute + bubble of the pipeline (no DP/optimizer)
-    bubble_s: float                 # step_time_s - m x (F + B) of the slowest stage
+    step_time_s: float              # compute + bubble + exposed stage-to-stage sends (no DP/optimizer)
+    bubble_s: float                 # idle of the slowest stage with free sends: T(no sends) - m x (F + B)
     bubble_ratio: float             # bubble / ideal compute (Megatron's convention)
+    p2p_s: float                    # what the sends add to the step
     source: str
-    stage_idle_s: list[float] = field(default_factory=list)
-    engine: object | None = None    # the engine's own result, for the report's Gantt chart
+    timeline: object | None = None  # the engine's Timeline, for the report's Gantt chart
 
 
-def closed_form(fwd: list[float], bwd: list[float], v: int, m: int) -> PipelineTime:
+def closed_form(fwd: list[float], bwd: list[float], v: int, m: int, send_s: float = 0.0) -> PipelineTime:
+    """Megatron: m (F + B) of the slowest stage + (p - 1)/v (F + B); sends exposed on the fill and drain
+    chains only, 2 (p v - 1) hops (modelling choice: steady-state sends overlap compute)."""
     p = len(fwd)
     per_mb = max(f + b for f, b in zip(fwd, bwd))
     ideal = m * per_mb
     bubble = (p - 1) / v * per_mb
-    idle = [ideal + bubble - m * (f + b) for f, b in zip(fwd, bwd)]
-    return PipelineTime(ideal + bubble, bubble, bubble / ideal if ideal else 0.0,
-                        f"closed form (p-1)/(v m) (Narayanan et al. SC'21), p={p}, v={v}, m={m}", idle)
+    p2p = 2 * (p * v - 1) * send_s if p > 1 else 0.0
+    return PipelineTime(ideal + bubble + p2p, bubble, bubble / ideal if ideal else 0.0, p2p,
+                        f"closed form (p-1)/(v m) (Narayanan et al. SC'21), p={p}, v={v}, m={m}")
 
 
 def engine_available() -> bool:
-    return importlib.util.find_spec("k3sim.pipeline") is not None
+    try:
+        return importlib.util.find_spec("k3sim.pipeline.engine") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def pipeline_time(fwd: list[float], bwd: list[float], *, virtual_stages: int = 1, micro_batches: int = 1,
-                  use_engine: bool | None = None) -> PipelineTime:
+                  send_s: float = 0.0, use_engine: bool | None = None) -> PipelineTime:
     """Step time of the pipeline for forward/backward seconds of one micro-batch on each rank (all its
-    virtual chunks together). `use_engine` None: the engine when present and p > 1."""
+    virtual chunks together; each chunk costs 1/v of it) and one stage-to-stage send of `send_s`.
+    `use_engine` None: the discrete-event engine when present and p > 1."""
     p = len(fwd)
     if p == 1:
         t = micro_batches * (fwd[0] + bwd[0])
-        return PipelineTime(t, 0.0, 0.0, "no pipeline (pp=1)", [0.0])
+        return PipelineTime(t, 0.0, 0.0, 0.0, "no pipeline (pp=1)")
     if use_engine is None:
         use_engine = engine_available()
-    if use_engine:
-        run = _engine_time(fwd, bwd, virtual_stages, micro_batches)
-        if run is not None:
-            return run
-    return closed_form(fwd, bwd, virtual_stages, micro_batches)
+    if use_engine and engine_available():
+        return _engine_time(fwd, bwd, virtual_stages, micro_batches, send_s)
+    return closed_form(fwd, bwd, virtual_stages, micro_batches, send_s)
 
 
-def _engine_time(fwd, bwd, v, m) -> PipelineTime | None:
-    """Adapter to k3sim.pipeline; returns None where the engine cannot run this case."""
-    try:
-        from k3sim.pipeline import simulate_costs  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    res = simulate_costs(fwd=fwd, bwd=bwd, virtual_stages=v, micro_batches=m)
+def run_engine(fwd, bwd, v, m, send_s):
+    """The engine's timeline of (interleaved) 1F1B for these per-rank costs."""
+    from k3sim.pipeline.engine import simulate
+    from k3sim.pipeline.placement import text_program
+    from k3sim.pipeline.schedules import build_schedule
+    from k3sim.pipeline.stagecosts import StageCosts
+
+    p = len(fwd)
+    name = "interleaved-1f1b" if v > 1 else "1f1b"
+    sched = build_schedule(name, p, m, v)
+    n = p * v
+    f = tuple(fwd[s % p] / v for s in range(n))
+    b = tuple(bwd[s % p] / v for s in range(n))
+    costs = StageCosts(f, b, (0.0,) * n, (send_s,) * n, (send_s,) * n, source="k3sim.training")
+    return simulate(text_program(sched, costs).program)
+
+
+def _engine_time(fwd, bwd, v, m, send_s) -> PipelineTime:
     ideal = m * max(f + b for f, b in zip(fwd, bwd))
-    return PipelineTime(res.step_time_s, res.step_time_s - ideal, (res.step_time_s - ideal) / ideal,
-                        "k3sim.pipeline discrete-event engine", list(getattr(res, "idle_s", [])), res)
+    free = run_engine(fwd, bwd, v, m, 0.0)
+    full = run_engine(fwd, bwd, v, m, send_s) if send_s > 0 else free
+    bubble = free.step_time_s - ideal
+    return PipelineTime(full.step_time_s, bubble, bubble / ideal if ideal else 0.0,
+                        full.step_time_s - free.step_time_s,
+                        f"k3sim.pipeline discrete-event engine ({'interleaved-1f1b' if v > 1 else '1f1b'}, "
+                        f"p={len(fwd)}, v={v}, m={m})", full)

@@ -139,6 +139,7 @@ class TrainStepResult:
     stages: list[dict]
     options: dict
     assumptions: list[dict] = field(default_factory=list)
+    pipeline: Any = field(default=None, repr=False)   # PipelineTime (engine timeline for the Gantt chart)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -357,22 +358,21 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         st.comm_bwd = sum(comm_b.values())
         stages.append(st)
 
-    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
-                         virtual_stages=par.virtual_stages, micro_batches=m, use_engine=opts.use_pipeline_engine)
-    crit = max(stages, key=lambda s: s.per_micro_batch_s)
-
     # PP sends: hidden shard + AttnRes blocks produced in the sending chunk (cache-based transport).
-    pp_exposed, pp_src = 0.0, "none"
+    t_hop, pp_src = 0.0, "none"
     if par.pp > 1:
         chunk_layers = math.ceil(model.num_layers / (par.pp * par.virtual_stages))
         blocks = math.ceil(chunk_layers / model.attn_res_block_size) if model.attn_res_block_size else 0
         hop_bytes = micro_batch_size * seq_len / par.cp / par.tp * d * BF16 * (1 + blocks)
         link = pp_hop_link(par, hw)
         t_hop, src_hop = coll.p2p(hop_bytes, link)
-        hops = 2 * (par.pp * par.virtual_stages - 1)
-        pp_exposed = hops * t_hop
-        pp_src = (f"{hops} sends of {hop_bytes:.3g} B (hidden + {blocks} AttnRes block(s), SP shard) on the fill "
-                  f"and drain chains, {link}: {src_hop}")
+        pp_src = (f"send_recv of {hop_bytes:.3g} B per hop (hidden + {blocks} AttnRes block(s), SP shard), "
+                  f"{link}: {src_hop}")
+    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
+                         virtual_stages=par.virtual_stages, micro_batches=m, send_s=t_hop,
+                         use_engine=opts.use_pipeline_engine)
+    crit = max(stages, key=lambda s: s.per_micro_batch_s)
+    pp_exposed = pipe.p2p_s
 
     # DP (ZeRO-1): grad reduce-scatter + param all-gather per stage, beyond the overlap window.
     from k3sim.memory.plan import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
@@ -405,7 +405,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         if t_opt >= opt_s:
             opt_s, opt_src = t_opt, f"hbm_copy of the optimizer shard's weights, grads, Adam states ({src_o})"
 
-    step = pipe.step_time_s + pp_exposed + dp_exposed + opt_s
+    step = pipe.step_time_s + dp_exposed + opt_s
     breakdown = [
         Row("compute: forward", m * crit.forward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
         Row("compute: backward", m * crit.backward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
@@ -423,7 +423,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
             breakdown.append(Row(labels[k], m * crit.comm_s[k], rows_src.get(k, ""), k))
     breakdown.append(Row("pipeline bubble", pipe.bubble_s, pipe.source, "bubble"))
     if pp_exposed:
-        breakdown.append(Row("exposed comm: PP sends (fill/drain)", pp_exposed, pp_src, "pp"))
+        breakdown.append(Row("exposed comm: PP sends", pp_exposed, f"{pp_src}; {pipe.source}", "pp"))
     if dp_exposed:
         breakdown.append(Row("exposed comm: DP grad reduce-scatter / param all-gather", dp_exposed, dp_src, "dp"))
     breakdown.append(Row("optimizer step", opt_s, opt_src, "optimizer"))
@@ -457,7 +457,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         stages=[{"stage": s.stage, "layers": s.layers, "forward_s": s.forward_s, "backward_s": s.backward_s,
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
-        options=opts.__dict__.copy(),
+        options=opts.__dict__.copy(), pipeline=pipe,
         assumptions=ASSUMPTIONS)
 
 

@@ -148,3 +148,14 @@ def test_bad_options():
         step(Parallelism(), options=TrainOptions(tp_overlap=1.5))
     with pytest.raises(InputError, match="cp=3"):
         step(Parallelism(cp=3, dp=1), seq_len=64)
+
+
+def test_engine_agrees_with_closed_form_on_uniform_stages():
+    from k3sim.training.schedule import engine_available, pipeline_time
+
+    if not engine_available():
+        pytest.skip("k3sim.pipeline not present")
+    eng = pipeline_time([1.0] * 4, [2.0] * 4, virtual_stages=2, micro_batches=8, use_engine=True)
+    cf = pipeline_time([1.0] * 4, [2.0] * 4, virtual_stages=2, micro_batches=8, use_engine=False)
+    assert eng.step_time_s == pytest.approx(cf.step_time_s)
+    assert eng.bubble_ratio == pytest.approx(3 / (2 * 8))
