@@ -41,3 +41,20 @@ def distinct_experts(tokens: float, experts: int, topk: float, zipf: float = 0.0
     if zipf == 0.0:
         return expected_distinct_experts(tokens, experts, topk)
     return expected_distinct_skewed(tokens, zipf_weights(experts, zipf), topk)
+
+
+def routed_expert_bytes(model) -> float:
+    """Bytes of one routed expert in its stored format: gate, up, down over the latent (or hidden) width.
+    K3: 3 x 3584 x 3072 x 4.25 / 8 = 17.55 MB (MXFP4, one e8m0 scale per 32 e2m1 values)."""
+    from k3sim.configs.dtypes import bytes_per_element
+    from k3sim.memory.params import routed_expert_params
+
+    return routed_expert_params(model) * bytes_per_element(model.moe.routed_weight_format)
+
+
+def routed_bytes_per_step(model, tokens: float, zipf: float = 0.0) -> float:
+    """Routed-expert weight bytes one decode step streams over the whole model (all EP ranks): distinct
+    experts per MoE layer x bytes per expert x MoE layers. K3 at one token: 16 x 17.55 MB x 92 = 25.8 GB."""
+    moe = model.moe
+    per_layer = distinct_experts(tokens, moe.num_routed_experts, moe.num_active_experts, zipf)
+    return per_layer * routed_expert_bytes(model) * model.num_moe_layers

@@ -1,0 +1,66 @@
+"""Speculative decoding with MTP drafts: what verifying n drafts costs, and how the KDA state rolls back.
+
+A verify step feeds n + 1 tokens per sequence (the last accepted token and n drafts). Softmax-attention
+layers just append KV and truncate on rejection; a KDA layer's state has already advanced through the
+rejected tokens, so it must be restored (MISSION sec. 1):
+
+- snapshot: the verify kernel writes a copy of the state after every verified position (n + 1 states per
+  sequence and layer), and rollback points the sequence at the accepted one. State writes grow with n.
+- replay (K3, as ReplaySSM): only the drafts' projected inputs (q, k, v, gates, beta: a few KB per token
+  and layer) are cached; the next step's kernel loads the persisted state, replays the accepted tokens on
+  chip, persists that state once, then runs the new tokens without persisting. One state read and one
+  state write per step whatever n is, over a + n + 1 tokens (a accepted last step).
+
+Both verify kernels are the measured multi-token `recurrent_kda_decode` (T tokens per sequence walked in
+sequence); snapshot adds its extra state writes as HBM traffic. Verify latency against n is therefore a
+model output: sub-linear for replay (fixed state traffic, the per-token serial step grows), above it for
+snapshots.
+
+Acceptance: each draft is accepted with probability `acceptance` given all earlier ones were (the usual
+chain model); the bonus token from the verify is always kept, so a step yields
+E = sum_{i=0}^{n} a^i = (1 - a^{n+1}) / (1 - a) tokens (n + 1 at a = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ROLLBACKS = ("snapshot", "replay")
+
+
+def expected_tokens_per_step(depth: int, acceptance: float) -> float:
+    """Tokens a verify step emits per sequence: 1 + a + a^2 + ... + a^n."""
+    if depth < 0 or not 0.0 <= acceptance <= 1.0:
+        raise ValueError("depth >= 0 and acceptance in [0, 1]")
+    return float(depth + 1) if acceptance == 1.0 else (1.0 - acceptance ** (depth + 1)) / (1.0 - acceptance)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    depth: int  # n draft tokens per step
+    acceptance: float  # per-draft acceptance probability
+    rollback: str = "replay"
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError("MTP depth must be >= 1")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError("acceptance must be in [0, 1]")
+        if self.rollback not in ROLLBACKS:
+            raise ValueError(f"rollback must be one of {', '.join(ROLLBACKS)}")
+
+    @property
+    def tokens_per_step(self) -> float:
+        return expected_tokens_per_step(self.depth, self.acceptance)
+
+    def kda_tokens_per_sequence(self) -> int:
+        """Tokens the KDA verify kernel walks per sequence: n + 1, plus the replayed accepted tokens of
+        the previous step (rounded up) under replay."""
+        if self.rollback == "snapshot":
+            return self.depth + 1
+        return self.depth + 1 + max(0, math.ceil(self.tokens_per_step - 1.0))
+
+    def extra_state_writes(self) -> int:
+        """State copies written per sequence and layer beyond the one a plain step writes."""
+        return self.depth if self.rollback == "snapshot" else 0
