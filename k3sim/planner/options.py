@@ -1,0 +1,75 @@
+"""The scenario's optional `training:` and `sweep:` sections (validated here, one line per error).
+
+`training:` sets the step model's knobs (k3sim.training.TrainOptions); `sweep:` the layout grid of
+`k3sim sweep`. Both are optional: without them the step model's defaults and a grid derived from the
+scenario's own layout are used.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainingSection(BaseModel):
+    model_config = _STRICT
+    routing_skew: NonNegativeFloat = Field(0.0, description="Zipf exponent of expert popularity (0 uniform)")
+    redundant_experts: NonNegativeInt = Field(0, description="MoonEP redundant expert slots per EP rank")
+    tp_overlap: float = Field(0.0, ge=0, le=1, description="share of TP communication hidden")
+    ep_overlap: float = Field(0.0, ge=0, le=1, description="share of EP all-to-all hidden")
+    kda_cp: Literal["kcp", "lasp2", "ulysses"] = "kcp"
+    mla_cp: Literal["allgather-kv", "ring", "zigzag-ring", "ulysses"] = "allgather-kv"
+    seed: NonNegativeInt = 0
+
+    def options(self, use_pipeline_engine: bool | None = None):
+        from k3sim.training import TrainOptions
+
+        return TrainOptions(**self.model_dump(), use_pipeline_engine=use_pipeline_engine)
+
+
+class SweepSection(BaseModel):
+    """Values to try per dimension; None = derived from the scenario (see k3sim.planner.sweep.grid)."""
+
+    model_config = _STRICT
+    tp: list[PositiveInt] | None = None
+    pp: list[PositiveInt] | None = None
+    virtual_stages: list[PositiveInt] | None = None
+    ep: list[PositiveInt] | None = None
+    cp: list[PositiveInt] | None = None
+    dp: list[PositiveInt] | None = None
+    num_micro_batches: list[PositiveInt] | None = None
+    max_batch: list[PositiveInt] | None = Field(None, description="serving: engine batch limits")
+    replicas: list[PositiveInt] | None = Field(None, description="serving: replica counts / P:D splits")
+    use_all_gpus: bool = Field(True, description="training: keep only layouts that fill the cluster")
+
+
+def sections(data: dict, source: str):
+    """(TrainingSection, SweepSection) from a scenario mapping (missing sections: defaults)."""
+    from k3sim.configs.loaders import validate
+
+    tr = data.get("training") or {}
+    sw = data.get("sweep") or {}
+    if not isinstance(tr, dict):
+        from k3sim.errors import InputError
+
+        raise InputError("expected a mapping", source=source, field="training")
+    if not isinstance(sw, dict):
+        from k3sim.errors import InputError
+
+        raise InputError("expected a mapping", source=source, field="sweep")
+    t = _prefixed(lambda: validate(TrainingSection, tr, source), "training")
+    s = _prefixed(lambda: validate(SweepSection, sw, source), "sweep")
+    return t, s
+
+
+def _prefixed(fn, prefix: str):
+    from k3sim.errors import InputError
+
+    try:
+        return fn()
+    except InputError as err:
+        field = f"{prefix}.{err.field}" if err.field else prefix
+        raise InputError(err.reason, source=err.source, field=field) from None

@@ -1,0 +1,346 @@
+"""`plan`: one scenario in, every section of the planning report out, as data (the report renders it).
+
+Training scenarios run the training step model (k3sim.training) with the memory planner's verdict;
+serving scenarios run the serving simulator (k3sim.serving) and the decode model (k3sim.decode) where
+they are installed, and say "not available" where not. Every scenario also gets the CP crossover
+(k3sim.cp), the calibration error table of the kernels it called and its assumptions with sources.
+Sections run in order and a section that cannot apply (a decode roofline for a training run) says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from k3sim.errors import DoesNotFit, InputError
+
+SECTIONS = ("memory", "step", "serving", "decode", "cp", "prefix_cache", "pipeline", "calibration")
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Prefix-cache section: a short seeded synthetic multi-turn chat replay (k3sim.workloads.synthetic)
+# through each cache policy, unbounded pool: how much of the traffic's prefix reuse each policy can
+# catch. Request count is a modelling choice keeping the section under a few seconds.
+PREFIX_CACHE_REQUESTS = 200
+PREFIX_CACHE_WORKLOAD = "chat"
+
+
+class RecordingKernelTime:
+    """Wraps the kernel-time function and counts calls by (op, source): the report's calibration table
+    lists the kernels the plan used and how each time was obtained (measured, interpolated, model)."""
+
+    def __init__(self, inner: Callable | None = None):
+        if inner is None:
+            from k3sim.kernels import predict_kernel_time as inner
+        self.inner = inner
+        try:
+            self._conv = "convention" in inspect.signature(inner).parameters
+        except (TypeError, ValueError):
+            self._conv = False
+        self.calls: Counter = Counter()
+        if self._conv:
+            self.__call__ = self._call_conv  # type: ignore[method-assign]
+
+    def __call__(self, op, params, hardware=None):
+        r = self.inner(op, params, hardware=hardware)
+        self.calls[(op, str(r.source))] += 1
+        return r
+
+    def _call_conv(self, op, params, hardware=None, convention="graph"):
+        r = self.inner(op, params, hardware=hardware, convention=convention)
+        self.calls[(op, str(r.source))] += 1
+        return r
+
+    def ops(self) -> list[str]:
+        return sorted({op for op, _ in self.calls})
+
+
+@dataclass
+class PlanResult:
+    scenario: str
+    scenario_file: str
+    description: str
+    mode: str
+    model: str
+    hardware: str
+    cluster: dict
+    parallelism: dict
+    replicas: int
+    fits: bool
+    verdict: str
+    memory: Any = None                 # ServePlan | TrainPlan | None (does not fit a serving plan)
+    training: Any = None               # TrainStepResult
+    serving: dict | None = None
+    decode: Any = None                 # pandas DataFrame (k3sim.decode.sweep.sweep_table)
+    decode_layout: dict | None = None
+    cp_rows: list[dict] | None = None
+    cp_degree: int = 0
+    cp_crossovers: dict | None = None
+    cp_geometry: Any = None
+    prefix_cache: list[dict] | None = None
+    calibration: list[dict] = field(default_factory=list)
+    kernel_calls: list[dict] = field(default_factory=list)
+    assumptions: list[dict] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)   # section -> why it is absent / what it sampled
+    timings_s: dict[str, float] = field(default_factory=dict)
+    hw: Any = field(default=None, repr=False)
+    model_path: str = ""
+
+    def to_json(self) -> dict:
+        """Stable keys, SI units: for training `step_time_s`, `tokens_per_s`, `mfu`, the breakdown and the
+        memory plan; for serving the keys of `k3sim serve` (when available) and the memory plan."""
+        from k3sim.output import to_jsonable
+
+        out: dict = {"scenario": self.scenario, "scenario_file": self.scenario_file, "mode": self.mode,
+                     "model": self.model, "hardware": self.hardware, "cluster": self.cluster,
+                     "parallelism": self.parallelism, "replicas": self.replicas, "fits": self.fits,
+                     "verdict": self.verdict}
+        if self.training is not None:
+            t = self.training
+            out.update({"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
+                        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu, "mfu": t.mfu,
+                        "tokens_per_step": t.tokens_per_step, "num_micro_batches": t.num_micro_batches,
+                        "bubble_ratio": t.bubble_ratio, "ep_imbalance": t.ep_imbalance,
+                        "compute_s": t.compute_s, "exposed_comm_s": t.exposed_comm_s, "bubble_s": t.bubble_s,
+                        "breakdown": [{"component": r.component, "seconds": r.seconds, "source": r.source,
+                                       "kind": r.kind} for r in t.breakdown],
+                        "stages": t.stages, "pipeline_source": t.pipeline_source})
+        if self.serving is not None:
+            out.update({k: v for k, v in self.serving.items() if k not in out})
+        if self.decode is not None:
+            out["decode"] = self.decode.to_dict(orient="records")
+        out["memory"] = self.memory
+        out["notes"] = self.notes
+        out["kernel_calls"] = self.kernel_calls
+        return to_jsonable(out)
+
+
+def _section(res: PlanResult, name: str, fn: Callable[[], None], progress: Callable | None) -> None:
+    t = time.perf_counter()
+    if progress:
+        progress(name)
+    fn()
+    res.timings_s[name] = time.perf_counter() - t
+
+
+def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Callable | None = None,
+         sections: tuple[str, ...] = SECTIONS, serving_requests: int | None = None) -> PlanResult:
+    """Every section of the report for the scenario at `path` (bad input raises InputError)."""
+    from k3sim.planner.inputs import load
+
+    inp = load(path)
+    sc, model, hw = inp.scenario, inp.model, inp.hw
+    kt = RecordingKernelTime(kernel_time)
+    res = PlanResult(scenario=sc.name, scenario_file=str(path), description=sc.description or "", mode=inp.mode,
+                     model=model.name, hardware=hw.name, cluster=sc.cluster.model_dump(),
+                     parallelism=sc.parallelism.model_dump(), replicas=sc.replicas, fits=True, verdict="", hw=hw)
+    from k3sim.configs.loaders import resolve_relative
+
+    res.model_path = str(resolve_relative(sc.model, Path(path).resolve().parent))
+    if "memory" in sections:
+        _section(res, "memory", lambda: _memory(res, inp), progress)
+    if inp.mode == "train":
+        if "step" in sections:
+            _section(res, "step", lambda: _training(res, inp, kt), progress)
+        for s in ("serving", "decode", "prefix_cache"):
+            res.notes[s] = "not applicable to a training scenario"
+        if "pipeline" in sections and sc.parallelism.pp == 1:
+            res.notes["pipeline"] = "pp=1: no pipeline"
+    else:
+        res.notes["step"] = "serving scenario: see the serving-latency breakdown"
+        res.notes["pipeline"] = ("not applicable to a serving scenario (serving stages run micro-batches in "
+                                 "sequence, not a 1F1B schedule)")
+        if "serving" in sections:
+            _section(res, "serving", lambda: _serving(res, inp, kt, serving_requests), progress)
+        if "decode" in sections:
+            _section(res, "decode", lambda: _decode(res, inp, kt), progress)
+        if "prefix_cache" in sections:
+            _section(res, "prefix_cache", lambda: _prefix_cache(res, inp), progress)
+    if "cp" in sections:
+        _section(res, "cp", lambda: _cp(res, inp, kt), progress)
+    if "calibration" in sections:
+        _section(res, "calibration", lambda: _calibration(res, inp, kt), progress)
+    res.assumptions = _assumptions(res, inp)
+    return res
+
+
+# ------------------------------------------------------------------------------------------ sections
+def _memory(res: PlanResult, inp) -> None:
+    from k3sim.memory.plan import serve_plan, train_plan
+
+    sc, w = inp.scenario, inp.scenario.workload
+    src = str(inp.path)
+    if inp.mode == "serve":
+        try:
+            res.memory = serve_plan(inp.model, inp.hw, sc.parallelism, w.context_tokens,
+                                    prefill_chunk_tokens=w.prefill_chunk_tokens,
+                                    workspace_fraction=w.workspace_fraction, source=src)
+        except DoesNotFit as err:
+            res.fits, res.verdict = False, err.reason
+            return
+        p = res.memory
+        res.verdict = (f"fits: {p.max_concurrent_requests} concurrent {w.context_tokens}-token requests per replica "
+                       f"(pipeline stage {p.worst_stage} is the fullest: {p.per_gpu_bytes['total'] / 1e9:.1f} of "
+                       f"{p.hbm_bytes / 1e9:.1f} GB per GPU)")
+    else:
+        from k3sim.training import memory_verdict
+
+        res.memory = train_plan(inp.model, inp.hw, sc.parallelism, w.context_tokens,
+                                micro_batch_size=w.micro_batch_size,
+                                activation_checkpointing=w.activation_checkpointing,
+                                num_micro_batches=w.num_micro_batches or sc.parallelism.pp * sc.parallelism.virtual_stages,
+                                workspace_fraction=w.workspace_fraction, source=src, allow_overflow=True)
+        res.fits, res.verdict = res.memory.fits, memory_verdict(res.memory)
+
+
+def _training(res: PlanResult, inp, kt) -> None:
+    from k3sim.training import train_step
+
+    sc, w = inp.scenario, inp.scenario.workload
+    res.training = train_step(inp.model, inp.hw, sc.parallelism, seq_len=w.context_tokens,
+                              micro_batch_size=w.micro_batch_size, num_micro_batches=w.num_micro_batches,
+                              activation_checkpointing=w.activation_checkpointing,
+                              workspace_fraction=w.workspace_fraction, options=inp.training.options(None),
+                              kernel_time=kt, source=str(inp.path))
+    if res.memory is None:
+        res.memory = res.training.memory
+        res.fits, res.verdict = res.training.fits, res.training.verdict
+    if not res.fits:
+        res.notes["step"] = ("the layout does not fit in memory: the step time below is what it would take if "
+                             "it did, not a runnable configuration")
+
+
+def _serving(res: PlanResult, inp, kt, requests: int | None) -> None:
+    """The serving simulator's answer for the scenario (k3sim.serving), when installed."""
+    if not res.fits:
+        res.notes["serving"] = f"not simulated: {res.verdict}"
+        return
+    if importlib.util.find_spec("k3sim.serving") is None:
+        res.notes["serving"] = "not available: k3sim.serving is not installed in this checkout"
+        return
+    import k3sim.serving as serving
+
+    fn = getattr(serving, "serve_scenario", None)
+    if fn is None:
+        res.notes["serving"] = "not available: k3sim.serving has no serve_scenario() yet"
+        return
+    kw = {"kernel_time": kt}
+    if requests is not None:
+        kw["requests"] = requests
+    out = fn(inp.path, **kw)
+    res.serving = out if isinstance(out, dict) else out.to_json()
+    res.notes.setdefault("serving", str(res.serving.get("note", "")) if isinstance(res.serving, dict) else "")
+
+
+def _decode(res: PlanResult, inp, kt) -> None:
+    if not res.fits:
+        res.notes["decode"] = f"not computed: {res.verdict}"
+        return
+    if importlib.util.find_spec("k3sim.decode.sweep") is None:
+        res.notes["decode"] = "not available: k3sim.decode is not installed in this checkout"
+        return
+    from k3sim.decode.sweep import sweep_batches, sweep_table
+    from k3sim.step import StepLayout
+
+    par = inp.scenario.parallelism
+    layout = StepLayout(tp=par.tp, pp=par.pp, ep=par.ep, attention_dp=par.dp,
+                        gpus_per_node=inp.scenario.cluster.gpus_per_node)
+    ctx = inp.scenario.workload.context_tokens
+    results = sweep_batches(inp.model, inp.hw, layout, ctx, batches=DECODE_BATCHES, kernel_time=kt)
+    res.decode = sweep_table(results, inp.hw)
+    res.decode_layout = {"tp": par.tp, "pp": par.pp, "ep": par.ep, "attention_dp": par.dp, "context_tokens": ctx}
+
+
+def _prefix_cache(res: PlanResult, inp) -> None:
+    from k3sim.prefix_cache.run import make_config, simulate
+
+    rows = []
+    tp = inp.scenario.parallelism.tp
+    for policy, hb, pb in (("coarse", 512, 4096), ("decoupled", 512, 4096), ("full-attention", 512, 512)):
+        try:
+            cfg = make_config(res.model_path, policy, hb, pb, None, tp=tp)
+            r = simulate(None, cfg, workload=PREFIX_CACHE_WORKLOAD, requests=PREFIX_CACHE_REQUESTS, seed=0)
+        except InputError as err:
+            rows.append({"policy": policy, "note": err.reason})
+            continue
+        rows.append({"policy": policy, "hash_block_tokens": r.hash_block_tokens,
+                     "physical_block_tokens": r.physical_block_tokens, "token_hit_rate": r.token_hit_rate,
+                     "request_hit_rate": r.request_hit_rate, "requests": r.requests, "note": ""})
+    res.prefix_cache = rows
+    res.notes["prefix_cache"] = (f"seeded synthetic '{PREFIX_CACHE_WORKLOAD}' workload, {PREFIX_CACHE_REQUESTS} "
+                                 "requests, unbounded pool (k3sim.prefix_cache): the reuse each policy can catch; "
+                                 "'full-attention' is the reference a model without KDA state would get")
+
+
+def _cp(res: PlanResult, inp, kt) -> None:
+    from k3sim.cp import geometry_from_model
+    from k3sim.cp.sweep import crossovers, sweep
+
+    model, par = inp.model, inp.scenario.parallelism
+    if model.kda is None and model.mla is None:
+        res.notes["cp"] = "model has no attention layers to split"
+        return
+    g = geometry_from_model(model, par.tp)
+    P = par.cp if par.cp > 1 else 8
+    ctx = inp.scenario.workload.context_tokens
+    top = max(ctx, 2 ** 20)
+    seq = [2 ** k for k in range(13, 31) if 2 ** k <= top]
+    res.cp_rows = sweep(g, inp.hw, seq, [P], kernel_time=kt)
+    res.cp_degree, res.cp_geometry = P, g
+    res.cp_crossovers = {k: crossovers(res.cp_rows, P, k) for k in ("kda", "mla")}
+    if par.cp == 1:
+        res.notes["cp"] = f"the scenario uses no CP; shown at P={P} for what CP would cost at long context"
+
+
+def _calibration(res: PlanResult, inp, kt: RecordingKernelTime) -> None:
+    """Validation error of the ops this plan called (reports/calibration/validation.csv, written by
+    `k3sim calibrate validate` for the profile), and how many calls each source answered."""
+    import csv
+
+    from k3sim.configs.loaders import REPO_ROOT
+
+    used = kt.ops()
+    res.kernel_calls = [{"op": op, "source": src, "calls": n} for (op, src), n in sorted(kt.calls.items())]
+    if not getattr(inp.hw, "calibration_dir", None):
+        res.notes["calibration"] = (f"profile {inp.hw.name} is uncalibrated: kernel times are datasheet rooflines "
+                                    "(lower bounds); no error table")
+        return
+    path = REPO_ROOT / "reports" / "calibration" / "validation.csv"
+    if inp.hw.name != "h200" or not path.exists():
+        res.notes["calibration"] = f"no committed validation table for {inp.hw.name}"
+        return
+    with open(path) as f:
+        rows = [r for r in csv.DictReader(f) if r["level"] == "op" and r["op"] in used]
+    res.calibration = [{"op": r["op"], "family": r["family"], "points": int(r["count"]),
+                        "mape": float(r["mape"]), "p90_abs_err": float(r["p90_abs_err"]),
+                        "max_abs_err": float(r["max_abs_err"]), "meets_goal": r["meets_goal"] == "True"}
+                       for r in rows]
+    res.notes["calibration"] = ("leave-one-out error against the H200 measurements (reports/calibration/"
+                                "validation.csv); ops the plan called without a row are predicted from fits "
+                                "outside their measured range (see kernel calls by source)")
+
+
+def _assumptions(res: PlanResult, inp) -> list[dict]:
+    out = []
+    hw = inp.hw
+    for k, v in (getattr(hw, "sources", None) or {}).items():
+        out.append({"assumption": f"{hw.name} {k} = {getattr(hw, k, '')}", "source": v})
+    src = getattr(inp.model, "source", None)
+    out.append({"assumption": f"model {inp.model.name}", "source": src or res.model_path})
+    if res.training is not None:
+        out += res.training.assumptions
+        o = res.training.options
+        out.append({"assumption": f"routing skew {o['routing_skew']}, MoonEP redundant experts {o['redundant_experts']}, "
+                                  f"TP overlap {o['tp_overlap']}, EP overlap {o['ep_overlap']}",
+                    "source": "scenario training: section (defaults: modelling choices)"})
+    mem = res.memory
+    if mem is not None:
+        doc = "k3sim.memory.plan." + ("serve_plan" if inp.mode == "serve" else "train_plan")
+        out.append({"assumption": "sharding, workspace reserve, activation checkpointing as in the memory planner",
+                    "source": doc})
+    if res.prefix_cache is not None:
+        out.append({"assumption": res.notes.get("prefix_cache", ""), "source": "modelling choice (k3sim.planner.plan)"})
+    return out
