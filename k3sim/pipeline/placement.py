@@ -1,0 +1,273 @@
+"""Turn a schedule + stage costs (+ encoder work and a placement policy) into an engine program.
+
+Encoder policies (the vision tower's work per micro-batch: forward EF, backward EB):
+- none: text only.
+- serial: all encoder forwards on device 0 before its first text forward, all encoder backwards after
+  its last text op (the tower is a stage ahead of text stage 0 on device 0, as in torchtitan's
+  kimi_k3 PR #4381).
+- decoupled: Kimi K2.5's Decoupled Encoder Process as we read it (recalled, unverified; see
+  domain-facts sec. 4): phase 1 encodes all micro-batches balanced over the p devices (micro-batch j on
+  device j % p) and no text op starts before every encode has reached device 0; phase 3, after each
+  device's text work, re-runs the encoder forward (no activations were kept) and its backward.
+- bubble: Kimi K3 (report sec. 5.2.3; torchtitan `dep_bubble_plan.py`): on device 0 the first
+  `upfront` micro-batches (default p) are encoded up front; the others go into device 0's idle gaps of
+  the text-only timeline, each in a gap that precedes its consumer (text stage-0 forward of that
+  micro-batch), earliest pending micro-batch first, as long as the gap's remaining budget covers its
+  cost; what fits nowhere runs just before its consumer. Backwards likewise go into gaps after their
+  producer (text stage-0 backward), the rest after the last text op. The engine then runs the
+  resulting program, so the step time is simulated, not assumed from the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from k3sim.errors import InputError
+from k3sim.pipeline.engine import Program, Timeline, simulate
+from k3sim.pipeline.schedules import B, KIND_NAMES, F, W, Schedule, op_dependencies
+from k3sim.pipeline.stagecosts import StageCosts
+
+POLICIES = ("none", "serial", "decoupled", "bubble")
+
+
+@dataclass(frozen=True)
+class EncoderWork:
+    """Seconds of encoder work per micro-batch on one device, and the transfer of its output to (and
+    of its gradient from) device 0 when it runs elsewhere (decoupled only)."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    send_s: float = 0.0
+
+    @classmethod
+    def uniform(cls, m: int, forward_s: float, backward_factor: float = 2.0) -> "EncoderWork":
+        """`backward_factor` x forward: a modelling choice (backward = 2x the forward GEMM FLOPs)."""
+        if forward_s < 0:
+            raise InputError(f"encoder cost must be >= 0, got {forward_s}", source="--encoder-cost")
+        return cls((forward_s,) * m, (backward_factor * forward_s,) * m)
+
+
+@dataclass
+class Placed:
+    """A program plus where its ops are, for metrics."""
+
+    program: Program
+    schedule: Schedule
+    policy: str
+    text_ids: dict[tuple[int, int, int], int]
+    enc_forward_ids: list[int] = field(default_factory=list)
+    enc_backward_ids: list[int] = field(default_factory=list)
+    upfront: int = 0
+    placed_forward: int = 0
+    placed_backward: int = 0
+
+
+class _Builder:
+    def __init__(self, p: int):
+        self.p = p
+        self.cost: list[float] = []
+        self.deps: list[list[tuple[int, bool]]] = []
+        self.out_link: list[int] = []
+        self.out_seconds: list[float] = []
+        self.labels: list[tuple[str, int, int, int]] = []
+        self.links: dict[tuple[int, int, str], int] = {}
+
+    def op(self, cost: float, label: tuple[str, int, int, int]) -> int:
+        self.cost.append(cost)
+        self.deps.append([])
+        self.out_link.append(-1)
+        self.out_seconds.append(0.0)
+        self.labels.append(label)
+        return len(self.cost) - 1
+
+    def link(self, src: int, dst: int, tag: str) -> int:
+        key = (src, dst, tag)
+        if key not in self.links:
+            self.links[key] = len(self.links)
+        return self.links[key]
+
+    def program(self, orders: list[list[int]]) -> Program:
+        names = [f"{tag} {s}->{d}" for (s, d, tag) in sorted(self.links, key=self.links.get)]
+        return Program(self.p, orders, self.cost, [tuple(d) for d in self.deps], self.out_link,
+                       self.out_seconds, self.labels, names)
+
+
+def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], dict]:
+    S, p, m = schedule.num_stages, schedule.p, schedule.m
+    if costs.num_stages != S:
+        raise ValueError(f"costs for {costs.num_stages} virtual stages, schedule has {S}")
+    split = schedule.split_backward
+    ids: dict[tuple[int, int, int], int] = {}
+    orders = []
+    for order in schedule.orders:
+        row = []
+        for kind, s, mb in order:
+            if kind == F:
+                c = costs.forward_s[s]
+            elif kind == B:
+                c = costs.backward_input_s[s] + (0.0 if split else costs.backward_weight_s[s])
+            else:
+                c = costs.backward_weight_s[s]
+            i = bld.op(c, (KIND_NAMES[kind], s, s // p, mb))
+            ids[(kind, s, mb)] = i
+            row.append(i)
+        orders.append(row)
+    for (kind, s, mb), i in ids.items():
+        dev = s % p
+        bld.deps[i] = [(ids[d], d[1] % p != dev) for d in op_dependencies(kind, s, mb, S, split)]
+        if kind == F and s < S - 1 and (s + 1) % p != dev:
+            bld.out_link[i] = bld.link(dev, (s + 1) % p, "act")
+            bld.out_seconds[i] = costs.send_forward_s[s]
+        elif kind == B and s > 0 and (s - 1) % p != dev:
+            bld.out_link[i] = bld.link(dev, (s - 1) % p, "grad")
+            bld.out_seconds[i] = costs.send_backward_s[s]
+    return orders, ids
+
+
+def text_program(schedule: Schedule, costs: StageCosts) -> Placed:
+    bld = _Builder(schedule.p)
+    orders, ids = _text(schedule, costs, bld)
+    return Placed(bld.program(orders), schedule, "none", ids)
+
+
+def _gaps(timeline: Timeline, order: list[int]) -> list[tuple[int, float, float]]:
+    """Idle gaps of one device: (index in order after which it opens, start, length), in time order."""
+    out = []
+    for i in range(1, len(order)):
+        a, b = timeline.finish[order[i - 1]], timeline.start[order[i]]
+        if b > a:
+            out.append((i - 1, a, b - a))
+    return out
+
+
+def place(schedule: Schedule, costs: StageCosts, encoder: EncoderWork | None, policy: str,
+          *, upfront: int | None = None) -> Placed:
+    """Build the program of `policy` (see module docstring)."""
+    if policy not in POLICIES:
+        raise InputError(f"unknown encoder policy {policy!r}; one of {', '.join(POLICIES)}",
+                         source="--encoder-policy")
+    if policy == "none" or encoder is None:
+        return text_program(schedule, costs)
+    m, p = schedule.m, schedule.p
+    if len(encoder.forward_s) != m or len(encoder.backward_s) != m:
+        raise ValueError(f"encoder work for {len(encoder.forward_s)} micro-batches, schedule has {m}")
+    bld = _Builder(p)
+    orders, ids = _text(schedule, costs, bld)
+    ef = [bld.op(encoder.forward_s[j], ("EF", -1, -1, j)) for j in range(m)]
+    eb_cost = [encoder.backward_s[j] + (encoder.forward_s[j] if policy == "decoupled" else 0.0) for j in range(m)]
+    eb = [bld.op(eb_cost[j], ("EB", -1, -1, j)) for j in range(m)]
+    placed = Placed(None, schedule, policy, ids, ef, eb)  # type: ignore[arg-type]
+    if policy == "serial":
+        for j in range(m):
+            bld.deps[ids[(F, 0, j)]].append((ef[j], False))
+            bld.deps[eb[j]].append((ids[(B, 0, j)], False))
+        orders[0] = ef + orders[0] + eb
+    elif policy == "decoupled":
+        _link_encoder(bld, ids, ef, eb, [j % p for j in range(m)], encoder.send_s)
+        first = ids[(F, 0, 0)]
+        for j in range(m):                             # phase barrier: text starts after every encode
+            bld.deps[first].append((ef[j], j % p != 0))
+        for d in range(p):
+            mine = list(range(d, m, p))
+            orders[d] = [ef[j] for j in mine] + orders[d] + [eb[j] for j in mine]
+    else:
+        _bubble(schedule, costs, encoder, bld, orders, ids, ef, eb, eb_cost, placed,
+                p if upfront is None else upfront)
+    placed.program = bld.program(orders)
+    return placed
+
+
+def _link_encoder(bld: _Builder, ids: dict, ef: list[int], eb: list[int], dev: list[int],
+                  send_s: float) -> None:
+    """Encoder output j feeds text stage 0's forward of j; its gradient comes back from stage 0's
+    backward of j; both travel over a link when the encode ran off device 0."""
+    for j, d in enumerate(dev):
+        remote = d != 0
+        bld.deps[ids[(F, 0, j)]].append((ef[j], remote))
+        bld.deps[eb[j]].append((ids[(B, 0, j)], remote))
+        if remote:
+            bld.out_link[ef[j]] = bld.link(d, 0, "enc")
+            bld.out_seconds[ef[j]] = send_s
+            bld.out_link[ids[(B, 0, j)]] = bld.link(0, d, "enc-grad")
+            bld.out_seconds[ids[(B, 0, j)]] = send_s
+
+
+def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _Builder,
+            orders: list[list[int]], ids: dict, ef: list[int], eb: list[int], eb_cost: list[float],
+            placed: Placed, upfront: int) -> None:
+    """K3 placement over every device's gaps (each PP rank holds a vision replica, as in DEP).
+
+    1. The first `upfront` encodes run up front, balanced (micro-batch j on device j % p).
+    2. Simulate text + upfront encodes; walk all devices' idle gaps in time order and put each pending
+       encode (earliest micro-batch first) where it finishes, and its output arrives at device 0,
+       before its consumer starts; encodes that fit nowhere run on device 0 just before the consumer.
+    3. Each encoder backward runs on the device that holds its forward's activations, in a gap that
+       opens after its gradient arrives, else after that device's last text op.
+    """
+    p, m = schedule.p, schedule.m
+    if upfront < 0:
+        raise InputError(f"upfront encodes must be >= 0, got {upfront}", source="--encoder-upfront")
+    u = min(upfront, m)
+    send = encoder.send_s
+    # step 1-2: timeline of text + upfront encodes
+    probe = _Builder(p)
+    porders, pids = _text(schedule, costs, probe)
+    pef = [probe.op(encoder.forward_s[j], ("EF", -1, -1, j)) for j in range(u)]
+    peb = [probe.op(0.0, ("EB", -1, -1, j)) for j in range(u)]
+    _link_encoder(probe, pids, pef, peb, [j % p for j in range(u)], send)
+    for j in range(u):
+        porders[j % p].insert(0, pef[j])
+        porders[j % p].append(peb[j])
+    tl = simulate(probe.program(porders))
+    consumer = [tl.start[pids[(F, 0, j)]] for j in range(m)]
+    producer = [tl.finish[pids[(B, 0, j)]] for j in range(m)]
+    gaps = sorted((g_start, d, idx, g_len) for d in range(p)
+                  for idx, g_start, g_len in _gaps(tl, porders[d]))
+    used = [0.0] * len(gaps)
+    dev = [j % p for j in range(u)] + [-1] * (m - u)
+    after: dict[tuple[int, int], list[int]] = {}
+    pend = list(range(u, m))
+    for gi, (g_start, d, idx, g_len) in enumerate(gaps):
+        i = 0
+        while i < len(pend):
+            j = pend[i]
+            c = encoder.forward_s[j]
+            end = g_start + used[gi] + c
+            if used[gi] + c <= g_len and end + (send if d else 0.0) <= consumer[j]:
+                after.setdefault((d, idx), []).append(ef[j])
+                used[gi] += c
+                dev[j] = d
+                pend.pop(i)
+                placed.placed_forward += 1
+            else:
+                i += 1
+    sync = set(pend)
+    for j in sync:
+        dev[j] = 0
+    pend_b = list(range(m))
+    for gi, (g_start, d, idx, g_len) in enumerate(gaps):
+        i = 0
+        while i < len(pend_b):
+            j = pend_b[i]
+            c = eb_cost[j]
+            ready = producer[j] + (send if d else 0.0)
+            if dev[j] == d and ready <= g_start + used[gi] and used[gi] + c <= g_len:
+                after.setdefault((d, idx), []).append(eb[j])
+                used[gi] += c
+                pend_b.pop(i)
+                placed.placed_backward += 1
+            else:
+                i += 1
+    # assemble orders: upfront first, gap placements after the op that opens the gap
+    before0 = {ids[(F, 0, j)]: ef[j] for j in sync}
+    for d in range(p):
+        new = [ef[j] for j in range(u) if j % p == d]
+        for i, op in enumerate(orders[d]):
+            if d == 0 and op in before0:
+                new.append(before0[op])
+            new.append(op)
+            new.extend(after.get((d, i), ()))
+        new.extend(eb[j] for j in pend_b if dev[j] == d)
+        orders[d] = new
+    _link_encoder(bld, ids, ef, eb, dev, send)
+    placed.upfront = u

@@ -1,0 +1,128 @@
+"""One call from options to a PipelineResult: schedule, costs (uniform or model-derived), encoder work
+(from `--encoder-cost` or the model's ViT with encoder CP) and the placement policy. The CLI and the
+report call this; it does no printing."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from k3sim.errors import InputError
+from k3sim.pipeline.placement import POLICIES, EncoderWork
+from k3sim.pipeline.result import PipelineResult, run_pipeline
+from k3sim.pipeline.schedules import build_schedule
+from k3sim.pipeline.stagecosts import uniform_costs
+
+ENCODER_BACKWARD_FACTOR = 2.0   # uniform encoder: backward = 2 x forward (2x the GEMM FLOPs), modelling choice
+MERGE = 4                       # MoonViT 2x2 patch merger: LLM tokens = patches / 4 (K2.5 report), for the send size
+
+
+@dataclass
+class LayoutSpec:
+    schedule: str = "1f1b"
+    stages: int = 8
+    virtual: int = 1
+    microbatches: int = 16
+    uniform: tuple[float, float, float | None] | None = None
+    encoder_policy: str = "bubble"
+    encoder_cost: float | None = None
+    encoder_cp: str = "dynamic"
+    images_per_microbatch: float = 2.0
+    seed: int = 0
+    tp: int = 8
+    ep: int = 8
+    cp: int = 1
+    microbatch_tokens: int = 4096
+    seq_len: int = 4096
+    attn_res_cache: bool = True
+    upfront: int | None = None
+
+
+def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
+                    kernel_time: Callable | None = None, layer_costs: Callable | None = None,
+                    keep_timeline: bool = True) -> PipelineResult:
+    """`model`/`hw` are needed unless costs are uniform and the encoder cost is given (or no encoder)."""
+    if spec.encoder_policy not in POLICIES:
+        raise InputError(f"unknown encoder policy {spec.encoder_policy!r}; one of {', '.join(POLICIES)}",
+                         source="--encoder-policy")
+    if spec.encoder_cost is not None and not (spec.encoder_cost >= 0 and spec.encoder_cost < float("inf")):
+        raise InputError(f"encoder cost must be a finite number >= 0, got {spec.encoder_cost}", source="--encoder-cost")
+    for name, val in (("--tp", spec.tp), ("--ep", spec.ep), ("--cp", spec.cp),
+                      ("--microbatch-tokens", spec.microbatch_tokens), ("--seq-len", spec.seq_len)):
+        if val < 1:
+            raise InputError(f"must be >= 1, got {val}", source=name)
+    sched = build_schedule(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
+    p, v, m = spec.stages, spec.virtual, spec.microbatches
+    need_encoder = spec.encoder_policy != "none"
+    need_model = spec.uniform is None or (need_encoder and spec.encoder_cost is None)
+    extra: dict = {}
+    msc = None
+    if need_model:
+        if model is None or hw is None:
+            raise InputError("model-derived costs need --model and --hardware", source="--model")
+        if p * v > model.num_layers:
+            raise InputError(f"stages x virtual = {p * v} exceeds the {model.num_layers} layers of {model.name}",
+                             source="--stages")
+        from k3sim.pipeline.costs import model_stage_costs
+
+        msc = model_stage_costs(model, hw, p, v, tp=spec.tp, ep=spec.ep, cp=spec.cp,
+                                tokens=spec.microbatch_tokens, seq_len=spec.seq_len,
+                                attn_res_cache=spec.attn_res_cache, kernel_time=kernel_time,
+                                layer_costs=layer_costs)
+        extra["model_stage_forward_s"] = msc.stage_forward_s
+        extra["hop_bytes"] = msc.hop_bytes[:-1]
+        extra["hop_cross_node"] = msc.hop_cross_node[:-1]
+        if msc.attn_res is not None:
+            a = msc.attn_res
+            extra["attn_res"] = {"block_bytes": a.block_bytes, "cache_used": spec.attn_res_cache,
+                                 "resend_all_bytes_per_microbatch": a.resend_all_bytes,
+                                 "cached_bytes_per_microbatch": a.cached_bytes,
+                                 "saved_bytes_per_microbatch": a.saved_bytes,
+                                 "hop_blocks_resend_all": list(a.hop_blocks_resend_all),
+                                 "hop_blocks_cached": list(a.hop_blocks_cached)}
+    if spec.uniform is not None:
+        f, b, w = spec.uniform
+        costs = uniform_costs(p, v, f, b, w)
+        stage_fwd = f
+    else:
+        costs = msc.costs
+        stage_fwd = msc.stage_forward_s
+    encoder = None
+    if need_encoder:
+        if spec.encoder_cost is not None:
+            fw = [spec.encoder_cost * stage_fwd] * m
+            bw = [ENCODER_BACKWARD_FACTOR * x for x in fw]
+            send = 0.0
+            extra["encoder"] = {"cost_ratio": spec.encoder_cost, "source": "--encoder-cost"}
+        else:
+            from k3sim.pipeline.costs import p2p_seconds
+            from k3sim.pipeline.encoder import encoder_steps
+
+            steps = encoder_steps(model, hw, m, gpus=spec.tp * spec.cp, mode=spec.encoder_cp, seed=spec.seed,
+                                  mean_images=spec.images_per_microbatch, kernel_time=kernel_time)
+            scale = stage_fwd / msc.stage_forward_s      # uniform text costs: keep the model's ratio
+            fw = [s.forward_s * scale for s in steps]
+            bw = [s.backward_s * scale for s in steps]
+            from k3sim.kernels import predict_kernel_time
+
+            kt = kernel_time or predict_kernel_time
+            tokens_out = max(s.image_tokens for s in steps) / MERGE
+            nbytes = tokens_out * model.hidden_size * 2 / spec.tp
+            send = p2p_seconds(nbytes, hw, p * spec.tp * spec.cp > int(hw.scaleup_domain_gpus), kt)[0] * scale
+            extra["encoder"] = {
+                "cost_ratio": statistics.mean(fw) / stage_fwd if stage_fwd else None,
+                "source": f"ViT from the kernel predictor, {spec.encoder_cp} encoder CP over {spec.tp * spec.cp} GPUs",
+                "cp_mode": spec.encoder_cp, "gpus": spec.tp * spec.cp,
+                "mean_forward_s": statistics.mean(s.forward_s for s in steps),
+                "mean_backward_s": statistics.mean(s.backward_s for s in steps),
+                "mean_imbalance": statistics.mean(s.imbalance for s in steps),
+                "mean_comm_share": statistics.mean(s.comm_share for s in steps),
+                "mean_image_patches": statistics.mean(s.image_tokens for s in steps),
+                "images_per_microbatch": spec.images_per_microbatch, "seed": spec.seed,
+                "send_s": send}
+        encoder = EncoderWork(tuple(fw), tuple(bw), send)
+    res = run_pipeline(sched, costs, encoder, spec.encoder_policy, upfront=spec.upfront,
+                       keep_timeline=keep_timeline)
+    res.extra.update(extra)
+    return res

@@ -1,0 +1,75 @@
+"""Per-virtual-stage costs the engine needs, and the uniform-cost form used to check the formulas."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from k3sim.errors import InputError
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Seconds per micro-batch for each virtual stage s = chunk * p + device (length p * v).
+
+    backward_input_s + backward_weight_s is the whole backward; schedules without a split backward
+    run them as one op. send_forward_s[s]: activation transfer s -> s+1 (last entry unused);
+    send_backward_s[s]: gradient transfer s -> s-1 (first entry unused). activation_bytes[s]: bytes a
+    micro-batch keeps on its device between its forward and backward on stage s (None: unknown)."""
+
+    forward_s: tuple[float, ...]
+    backward_input_s: tuple[float, ...]
+    backward_weight_s: tuple[float, ...]
+    send_forward_s: tuple[float, ...]
+    send_backward_s: tuple[float, ...]
+    activation_bytes: tuple[float, ...] | None = None
+    source: str = ""
+    rows: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.forward_s)
+        for name in ("backward_input_s", "backward_weight_s", "send_forward_s", "send_backward_s"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, forward_s {n}")
+        for name in ("forward_s", "backward_input_s", "backward_weight_s", "send_forward_s", "send_backward_s"):
+            for x in getattr(self, name):
+                if not (math.isfinite(x) and x >= 0):
+                    raise InputError(f"costs must be finite and >= 0, got {x!r}", field=name)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_s)
+
+
+def uniform_costs(p: int, v: int, forward_s: float, backward_s: float, weight_s: float | None = None,
+                  *, send_s: float = 0.0, source: str = "--uniform-costs") -> StageCosts:
+    """One micro-batch costs `forward_s` / `backward_s` on one device (all its chunks together), so a
+    chunk costs 1/v of it (Megatron's convention behind (p-1)/(v m)). `weight_s` None: the backward
+    is split into equal input- and weight-gradient halves (used only by ZB-H1); given: backward_s is
+    the input gradient alone and the whole backward is backward_s + weight_s."""
+    vals = [forward_s, backward_s] + ([] if weight_s is None else [weight_s]) + [send_s]
+    if any(not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0) for x in vals):
+        raise InputError(f"costs must be finite and >= 0, got {vals}", source=source)
+    if weight_s is None:
+        bi = bw = backward_s / 2
+    else:
+        bi, bw = backward_s, weight_s
+    n = p * v
+    return StageCosts((forward_s / v,) * n, (bi / v,) * n, (bw / v,) * n, (send_s,) * n, (send_s,) * n,
+                      source=f"uniform ({source})")
+
+
+def parse_uniform_costs(text: str, source: str = "--uniform-costs") -> tuple[float, float, float | None]:
+    """'F,B' or 'F,B,W' seconds -> (F, B, W or None); anything else is one InputError line."""
+    parts = [x.strip() for x in str(text).split(",")]
+    if len(parts) not in (2, 3) or any(not x for x in parts):
+        raise InputError(f"expected F,B or F,B,W seconds, got {text!r}", source=source)
+    try:
+        vals = [float(x) for x in parts]
+    except ValueError:
+        raise InputError(f"expected F,B or F,B,W seconds, got {text!r}", source=source) from None
+    if any(not math.isfinite(x) or x < 0 for x in vals):
+        raise InputError(f"costs must be finite and >= 0 seconds, got {text!r}", source=source)
+    if vals[0] == 0 and vals[1] == 0:
+        raise InputError(f"forward and backward cannot both be 0, got {text!r}", source=source)
+    return vals[0], vals[1], (vals[2] if len(vals) == 3 else None)
