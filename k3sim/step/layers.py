@@ -5,10 +5,10 @@ experts, latent projections and router split over TP; routed experts over EP, th
 so the weight bytes a step streams are the bytes the plan places. The sequence of calls is the vLLM-style
 decode path of a K3 layer (MISSION sec. 1, 3, 4):
 
-KDA: RMSNorm -> fused q/k/v/gate/beta projection -> low-rank gate up-projections -> short conv (+ conv
-state) -> recurrent KDA (decode; `recurrent_kda_decode`, state read+write in the kernel) or chunkwise KDA
+KDA: RMSNorm -> merged q/k/v projection -> short conv (+ conv state) -> decay-gate and beta projections
+-> recurrent KDA (decode; `recurrent_kda_decode`, state read+write in the kernel) or chunkwise KDA
 from the cached state (prefill; `chunk_kda_fwd`) -> gated output norm -> o_proj -> TP all-reduce.
-MLA (absorbed decode): RMSNorm -> q_a/kv_a down-projection (+ all-gather of its sharded output) -> norms
+MLA (absorbed decode): RMSNorm -> q_a/kv_a down-projection (whole, or sharded + all-gathered) -> norms
 -> q_b -> q_nope x W_UK absorption -> latent attention over the cache (`mla_decode`) -> x W_UV -> output
 gate -> o_proj -> TP all-reduce. Prefill chunks expand the cached latent of prefix + chunk into K/V
 (kv_b GEMM) and run causal attention of the chunk's queries against it.
@@ -30,8 +30,9 @@ from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call
 from k3sim.step.layout import StepLayout
 
-# Small kernels of a step, by the op name the calibration harness measures them under.
-RMSNORM, SWIGLU, ROUTER_TOPK, SHORT_CONV = "rmsnorm_bf16", "swiglu_bf16", "router_topk", "short_conv_bf16"
+# Small kernels of a step, by the op names the calibration harness measures them under
+# (`k3sim/calibration/decode_ops.py`, `k3sim/kernels/ops_decode.py`).
+RMSNORM, SILU_MUL, ROUTER_TOPK, RESIDUAL = "rmsnorm", "silu_mul", "router_topk", "residual_add"
 
 
 def _c(x: float) -> int:
@@ -39,12 +40,21 @@ def _c(x: float) -> int:
 
 
 def rmsnorm(component: str, M: int, N: int) -> Call:
-    return Call(component, RMSNORM, {"M": M, "N": N}, proxy_bytes=2 * M * N * BF16)
+    return Call(component, RMSNORM, {"T": M, "D": _c(N)}, proxy_bytes=2 * M * N * BF16)
 
 
 def swiglu(component: str, M: int, N: int) -> Call:
     """silu(gate) * up over N outputs: reads 2N, writes N per token."""
-    return Call(component, SWIGLU, {"M": M, "N": N}, proxy_bytes=3 * M * N * BF16)
+    return Call(component, SILU_MUL, {"T": M, "N": _c(N)}, proxy_bytes=3 * M * N * BF16)
+
+
+def residual(component: str, M: int, d: int) -> Call:
+    return Call(component, RESIDUAL, {"T": M, "D": d}, proxy_bytes=3 * M * d * BF16)
+
+
+def elementwise(component: str, op: str, M: int, N: float, streams: float = 2.0) -> Call:
+    """An elementwise kernel over M x N bf16 values reading and writing `streams` tensors in all."""
+    return Call(component, op, {"T": M, "D": _c(N)}, proxy_bytes=streams * M * N * BF16)
 
 
 def gemm(component: str, M: int, N: int, K: int, dtype: str = "bf16") -> Call:
@@ -55,60 +65,71 @@ def collective(component: str, op: str, nbytes: float, gpus: int, **kw) -> Call:
     return Call(component, op, {"bytes": _c(nbytes), "gpus": gpus}, **kw)
 
 
+def _low_rank_or_full(prefix: str, M: int, out: float, d: int, rank: int | None) -> list[Call]:
+    """A gate projection d -> out: one GEMM (full rank) or d -> rank (replicated) then rank -> out."""
+    if rank is None:
+        return [gemm(prefix, M, out, d)]
+    return [gemm(prefix + "_a", M, rank, d), gemm(prefix + "_b", M, out, rank)]
+
+
 def kda_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
+    """vLLM's KimiDeltaAttention path: merged q/k/v projection, decay gate (low rank a/b or full), beta,
+    short conv, the KDA kernel, sigmoid-gated output RMSNorm, o_proj."""
     kda, d, t, M = model.kda, model.hidden_size, layout.tp, batch.tokens
     h = kda.num_heads / t
     dk, dv = kda.head_dim_k, kda.head_dim_v
-    ga, go = kda.alpha_gate_rank, kda.output_gate_rank
-    n_in = h * (2 * dk + dv) + h  # q, k, v, beta
-    n_in += h * dk if ga is None else ga / t
-    n_in += h * dv if go is None else go / t
-    yield rmsnorm("attn_norm", M, d)
-    yield gemm("kda_in_proj", M, n_in, d)
-    if ga is not None:
-        yield gemm("kda_alpha_gate_up", M, h * dk, ga)
-    if go is not None:
-        yield gemm("kda_out_gate_up", M, h * dv, go)
-    channels = _c(h * (2 * dk + dv))
-    conv_state = batch.num_decode * (kda.conv_kernel_size - 1) * channels * BF16 * 2  # read + write
-    yield Call("kda_short_conv", SHORT_CONV, {"M": M, "N": channels},
-               proxy_bytes=2 * M * channels * BF16 + conv_state)
     H = _c(h)
+    yield rmsnorm("attn_norm", M, d)
+    yield gemm("kda_qkv_proj", M, h * (2 * dk + dv), d)
+    channels = _c(h * (2 * dk + dv))
+    w = kda.conv_kernel_size
+    if batch.num_decode:
+        B = batch.num_decode
+        state = B * (w - 1) * channels * BF16 * 2  # read + write
+        yield Call("kda_short_conv", "conv1d_update", {"B": B, "D": channels, "W": w},
+                   proxy_bytes=2 * batch.decode_tokens * channels * BF16 + state)
+    for chunk, _prefix in batch.prefill:
+        yield Call("kda_short_conv", "causal_conv1d_fwd", {"B": 1, "T": chunk, "D": channels, "W": w},
+                   proxy_bytes=2 * chunk * channels * BF16)
+    yield from _low_rank_or_full("kda_decay_gate", M, h * dk, d, kda.alpha_gate_rank)
+    yield gemm("kda_beta_proj", M, h, d)
     if batch.num_decode:
         yield Call("kda_recurrent", "recurrent_kda_decode",
                    {"B": batch.num_decode, "T": batch.tokens_per_decode, "H": H})
     for chunk, _prefix in batch.prefill:
         yield Call("kda_chunk_prefill", "chunk_kda_fwd", {"T": chunk, "H": H})
-    yield rmsnorm("kda_out_norm", M, _c(h * dv))
+    yield from _low_rank_or_full("kda_out_gate", M, h * dv, d, kda.output_gate_rank)
+    yield Call("kda_out_norm", "gated_rmsnorm", {"T": M * H, "D": dv}, proxy_bytes=3 * M * h * dv * BF16)
     yield gemm("kda_o_proj", M, d, h * dv)
+    yield residual("attn_residual", M, d)
     if t > 1:
         yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
 
 
 def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
+    """DeepSeek-V3-style MLA as vLLM serves it: q_a/kv_a down-projection (whole on every rank, or sharded
+    and all-gathered), latent norms, q_b, then absorbed decode (q_nope x W_UK, attention over the latent
+    cache, x W_UV) or expanded prefill (kv_b over prefix + chunk, causal attention); K3's sigmoid output
+    gate; o_proj."""
     mla, d, t, M = model.mla, model.hidden_size, layout.tp, batch.tokens
     h = mla.num_heads / t
     qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     lat = mla.kv_lora_rank + mla.qk_rope_head_dim
     yield rmsnorm("attn_norm", M, d)
+    shard = 1 if layout.replicated_down_proj else t
     if mla.q_lora_rank is None:
         yield gemm("mla_q_proj", M, h * qk, d)
         down = lat
     else:
         down = mla.q_lora_rank + lat
-    yield gemm("mla_qkv_a_proj", M, down / t, d)
-    if t > 1:  # column-sharded down-projection: every rank needs the whole latent
-        yield collective("mla_qkv_a_all_gather", "all_gather", M * down / t * BF16, t)
-    yield rmsnorm("mla_latent_norms", M, down)
+    yield gemm("mla_qkv_a_proj", M, down / shard, d)
+    if shard > 1:  # column-sharded down-projection: every rank needs the whole latent
+        yield collective("mla_qkv_a_all_gather", "all_gather", M * down / shard * BF16, shard)
     if mla.q_lora_rank is not None:
+        yield rmsnorm("mla_q_a_norm", M, mla.q_lora_rank)
         yield gemm("mla_q_b_proj", M, h * qk, mla.q_lora_rank)
-    if batch.num_decode:
-        Bt = batch.decode_tokens
-        yield gemm("mla_q_absorb", Bt, h * mla.kv_lora_rank, mla.qk_nope_head_dim)
-        ctx = _c(batch.mean_decode_context + batch.tokens_per_decode)
-        yield Call("mla_decode_attention", "mla_decode", {"B": Bt, "C": ctx, "H": _c(h)},
-                   proxy_bytes=Bt * ctx * lat * BF16)
-        yield gemm("mla_v_up", Bt, h * mla.v_head_dim, mla.kv_lora_rank)
+    yield rmsnorm("mla_kv_a_norm", M, mla.kv_lora_rank)
+    yield Call("mla_kv_cache_write", "kv_cache_write", {"T": M, "D": lat}, proxy_bytes=2 * M * lat * BF16)
     for chunk, prefix in batch.prefill:
         yield gemm("mla_kv_b_expand", prefix + chunk, h * (mla.qk_nope_head_dim + mla.v_head_dim),
                    mla.kv_lora_rank)
@@ -116,9 +137,19 @@ def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[
         # pairs of a causal square of side sqrt(c (2p + c)) (FLOP-equivalent shape of the measured op)
         side = _c(math.sqrt(chunk * (2 * prefix + chunk)))
         yield Call("mla_prefill_attention", "sdpa_causal_fwd", {"T": side, "H": _c(h), "D": qk})
+    if batch.num_decode:
+        Bt = batch.decode_tokens
+        # per-head batched products, as GEMMs of equal FLOP and weight bytes
+        yield gemm("mla_q_absorb", Bt, h * mla.kv_lora_rank, mla.qk_nope_head_dim)
+        ctx = _c(batch.mean_decode_context + batch.tokens_per_decode)
+        yield Call("mla_decode_attention", "mla_decode", {"B": Bt, "C": ctx, "H": _c(h)},
+                   proxy_bytes=Bt * ctx * lat * BF16)
+        yield gemm("mla_v_up", Bt, h * mla.v_head_dim, mla.kv_lora_rank)
     if mla.output_gate:
         yield gemm("mla_out_gate", M, h * mla.v_head_dim, d)
+        yield elementwise("mla_out_gate_mul", "sigmoid_mul", M, h * mla.v_head_dim, streams=3)
     yield gemm("mla_o_proj", M, d, h * mla.v_head_dim)
+    yield residual("attn_residual", M, d)
     if t > 1:
         yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
 
@@ -129,6 +160,7 @@ def dense_ffn_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Ite
     yield gemm("dense_gate_up", M, 2 * w / t, d)
     yield swiglu("dense_swiglu", M, _c(w / t))
     yield gemm("dense_down", M, d, w / t)
+    yield residual("ffn_residual", M, d)
     if t > 1:
         yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
 
@@ -167,9 +199,14 @@ def expert_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: s
         yield Call("routed_experts", "moe_mxfp4_decode", s)
         return
     op = "moe_grouped_bf16" if kernel == "grouped_bf16" else "moe_grouped_fp8"
+    # sort the (token, expert) pairs by local expert, gather the rows; weighted scatter-sum after
+    yield Call("routed_experts_permute", "moe_permute", {"T": B, "topk": k, "D": K},
+               proxy_bytes=2 * B * k * K * BF16)
     yield Call("routed_experts_gate_up", op, {"B": B, "E": E, "K": K, "N": 2 * N, "topk": k})
     yield swiglu("routed_experts_swiglu", B * k, N)
     yield Call("routed_experts_down", op, {"B": B, "E": E, "K": N, "N": K, "topk": k})
+    yield Call("routed_experts_combine", "moe_combine", {"T": B, "topk": k, "D": K},
+               proxy_bytes=2 * B * k * K * BF16)
 
 
 def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kernel: str) -> Iterator[Call]:
@@ -182,14 +219,15 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
         shared = [gemm("shared_experts_gate_up", M, 2 * shared_w / t, d),
                   swiglu("shared_experts_swiglu", M, _c(shared_w / t)),
                   gemm("shared_experts_down", M, d, shared_w / t)]
+    shard = 1 if layout.replicated_down_proj else t
     if L:
         if layout.fuse_router:
-            yield gemm("moe_latent_down+router", M, (L + E) / t, d)
+            yield gemm("moe_latent_down+router", M, (L + E) / shard, d)
         else:
-            yield gemm("moe_latent_down", M, L / t, d)
-            yield gemm("moe_router", M, E / t, d)
+            yield gemm("moe_latent_down", M, L / shard, d)
+            yield gemm("moe_router", M, E / shard, d)
         yield from shared
-        if t > 1:  # sharded latent + logits gathered while the shared experts run
+        if shard > 1:  # sharded latent + logits gathered while the shared experts run
             yield collective("moe_latent_all_gather", "all_gather", M * (L + E) / t * BF16, t,
                              overlap_with="shared_experts")
         if moe.latent_norm:
@@ -197,7 +235,7 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
     else:
         yield gemm("moe_router", M, E / t, d)
         yield from shared
-    yield Call("moe_router_topk", ROUTER_TOPK, {"M": M, "E": E, "topk": moe.num_active_experts},
+    yield Call("moe_router_topk", ROUTER_TOPK, {"T": M, "E": E, "topk": moe.num_active_experts},
                proxy_bytes=M * E * 4)
     width = L or d
     if layout.attention_dp > 1:  # tokens of every DP rank meet in the experts
@@ -207,9 +245,10 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
     if layout.attention_dp > 1:
         yield collective("ep_combine_all_to_all", "all_to_all", a2a, layout.stage_gpus)
     if L:
-        if t > 1:  # each rank summed its local experts in latent space; the up-projection is sharded
-            yield collective("moe_latent_reduce_scatter", "reduce_scatter", M * L / t * BF16, t)
-        yield gemm("moe_latent_up", M, d, L / t)
+        if shard > 1:  # each rank summed its local experts in latent space; the up-projection is sharded
+            yield collective("moe_latent_reduce_scatter", "reduce_scatter", M * L / shard * BF16, shard)
+        yield gemm("moe_latent_up", M, d, L / shard)
+    yield residual("ffn_residual", M, d)
     if t > 1:
         yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
 
@@ -242,7 +281,7 @@ def layer_calls(model: ModelConfig, layer: int, layout: StepLayout, batch: Batch
 
 def embedding_calls(model: ModelConfig, batch: Batch) -> list[Call]:
     M, d = batch.tokens, model.hidden_size
-    return [Call("embedding", "embedding_gather", {}, proxy_bytes=2 * M * d * BF16)]
+    return [Call("embedding", "embedding", {"T": M, "D": d}, proxy_bytes=2 * M * d * BF16)]
 
 
 def lm_head_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> list[Call]:

@@ -24,6 +24,9 @@ class StepLayout:
     convention: "graph" (a serving step is one CUDA graph: no host launch between kernels) or "eager"
     (each kernel also pays its host launch time).
     fuse_router: the latent down-projection and the router share one GEMM (same input x), as K3 does.
+    replicated_down_proj: MLA's q_a/kv_a and LatentMoE's down/up projections whole on every TP rank
+    (vLLM's ReplicatedLinear: no gather, more weight bytes) instead of sharded with their all-gather /
+    reduce-scatter (K3's design, MISSION sec. 4, and the memory planner's placement).
     """
 
     tp: int = 1
@@ -34,6 +37,7 @@ class StepLayout:
     convention: str = "graph"
     gpus_per_node: int = 8
     fuse_router: bool = True
+    replicated_down_proj: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep", "attention_dp", "gpus_per_node"):
