@@ -160,6 +160,7 @@ class TrainingContext:
         self._experts: dict[tuple, tuple[float, str]] = {}
         self._rank_params: dict[tuple, list[tuple[int, int]]] = {}
         self._flop: dict[int, float] = {}
+        self._stages: dict[tuple, list] = {}
 
     def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int) -> list:
         key = (tp, ep, cp, tokens, seq_len)
@@ -199,17 +200,18 @@ class TrainingContext:
         self._cp[key] = out
         return out
 
-    def expert_compute(self, tp: int, ep: int, tokens: int) -> tuple[float, str]:
-        """Forward seconds of the routed-expert GEMMs of one MoE layer on one rank (the step package's
-        calls, timed by its Timer): the part EP load imbalance stretches."""
-        key = (tp, ep, tokens)
+    def expert_compute(self, tp: int, ep: int, tokens: int, fold: int = 1) -> tuple[float, str]:
+        """Forward seconds of the routed-expert GEMMs of one MoE layer on one rank for a micro-batch of
+        `tokens` per TP group (the step package's calls, timed by its Timer): the part EP load imbalance
+        stretches. `fold`: how many TP groups' tokens meet in one EP group (the step layout's attention DP)."""
+        key = (tp, ep, tokens, fold)
         if key not in self._experts:
             from k3sim.step.batch import Batch
             from k3sim.step.calls import Timer
             from k3sim.step.layers import expert_calls
             from k3sim.step.layout import StepLayout
 
-            lay = StepLayout(tp=tp, ep=ep, attention_dp=1)
+            lay = StepLayout(tp=tp, ep=ep, attention_dp=fold)
             timer = Timer(self.hw, self.kernel_time)
             rows = [timer.row(c, 0) for c in expert_calls(self.model, lay, Batch(prefill=((tokens, 0),)),
                                                           "grouped_bf16")]
@@ -234,6 +236,40 @@ class TrainingContext:
                     {"T": seq_len, "H": m.kda.num_heads}) / seq_len
             self._flop[seq_len] = f
         return self._flop[seq_len]
+
+    def stage_sums(self, par: Parallelism, tokens: int, seq_len: int) -> list[tuple[list[int], dict]]:
+        """Per pipeline rank: its layers and the sums a step needs (compute of its layers, the embedding
+        on the first rank and the LM head on the last; layer counts by kind), memoised per layout shape."""
+        key = (par.tp, par.ep, par.cp, par.pp, par.virtual_stages, tokens, seq_len)
+        hit = self._stages.get(key)
+        if hit is None:
+            from k3sim.memory.layout import rank_layers
+
+            costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len)
+            by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
+            extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
+            kinds, ffn = self.model.layer_kinds, self.model.ffn_kinds
+            hit = []
+            for r, layers in enumerate(rank_layers(self.model, par)):
+                agg = {"forward_s": 0.0, "backward_s": 0.0, "layer_forward_s": 0.0, "moe": 0, "kda": 0, "mla": 0,
+                       "moe_layer_compute_s": []}
+                for i in layers:
+                    c = by_layer[i]
+                    agg["forward_s"] += c.forward_s
+                    agg["layer_forward_s"] += c.forward_s
+                    agg["backward_s"] += c.backward_input_s + c.backward_weight_s
+                    agg[kinds[i]] += 1
+                    if ffn[i] == "moe":
+                        agg["moe"] += 1
+                        agg["moe_layer_compute_s"].append(c.forward_s + c.backward_input_s + c.backward_weight_s)
+                for kind, first in (("embedding", r == 0), ("lm_head", r == par.pp - 1)):
+                    if first and kind in extra:
+                        e = extra[kind]
+                        agg["forward_s"] += e.forward_s
+                        agg["backward_s"] += e.backward_input_s + e.backward_weight_s
+                hit.append((layers, agg))
+            self._stages[key] = hit
+        return hit
 
     def rank_params(self, par: Parallelism) -> list[tuple[int, int]]:
         """(non-expert, routed-expert) parameters held by each pipeline rank before TP/EP sharding."""
@@ -263,7 +299,6 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                context: TrainingContext | None = None, source: str | None = None,
                with_memory: bool = True) -> TrainStepResult:
     """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout."""
-    from k3sim.memory.layout import rank_layers
 
     opts = options or TrainOptions()
     opts.check(source)
@@ -277,11 +312,9 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     ctx = context or TrainingContext(model, hw, kernel_time, layer_costs)
     coll, g = ctx.coll, groups(par)
     d = model.hidden_size
-    tokens_rank = micro_batch_size * seq_len // par.cp          # tokens of one micro-batch on a CP rank
+    tokens_mb = micro_batch_size * seq_len                     # tokens of one micro-batch
+    tokens_rank = tokens_mb // par.cp                           # ... on one CP rank (one TP group)
     sp_tokens = tokens_rank / par.tp                            # sequence-parallel shard
-    costs = ctx.layer_costs(par.tp, par.ep, par.cp, tokens_rank, seq_len)
-    by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
-    extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
     recompute = 1 if activation_checkpointing else 0
     rows_src: dict[str, str] = {}
 
@@ -295,6 +328,15 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     moe = model.moe
     imb = 1.0
     ep_layer_fwd = expert_fwd = 0.0
+    # Training folds EP over the stage's ranks: an EP group wider than TP gathers the tokens of ep/tp TP
+    # groups (data-parallel or CP ranks), so each rank's experts see tokens x k / tp pairs. The step
+    # package's layer costs assume the tokens of one TP group (k / ep pairs each): add the difference.
+    fold = max(1, par.ep // par.tp)
+    fold_fix_f = 0.0
+    if moe is not None and fold > 1:
+        e_true, _ = ctx.expert_compute(par.tp, par.ep, tokens_rank, fold)
+        e_step, _ = ctx.expert_compute(par.tp, par.ep, tokens_rank, 1)
+        fold_fix_f = e_true - e_step
     prefetch_s = 0.0
     if moe is not None and par.ep > 1:
         width = moe.latent_width or d
@@ -305,7 +347,8 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                           redundant_per_rank=opts.redundant_experts, seed=opts.seed)
         imb = im.max_over_mean
         ep_layer_fwd = 2 * t_a2a * imb * (1 - opts.ep_overlap)
-        expert_fwd, src_exp = ctx.expert_compute(par.tp, par.ep, int(round(sp_tokens)))
+        expert_fwd, src_exp = ctx.expert_compute(par.tp, par.ep, tokens_rank, fold)
+        rows_src["imbalance"] = f"{im.describe()}; routed-expert GEMMs: {src_exp}"
         rows_src["ep"] = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"
         if opts.redundant_experts:
             from k3sim.memory.params import routed_expert_params
@@ -318,40 +361,28 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}
 
     stages = []
-    for r, layers in enumerate(rank_layers(model, par)):
-        F = B = 0.0
+    for r, (layers, agg) in enumerate(ctx.stage_sums(par, tokens_mb, seq_len)):
+        F, B, Rf = agg["forward_s"], agg["backward_s"], agg["layer_forward_s"]
+        n, n_moe = len(layers), agg["moe"]
+        F += fold_fix_f * n_moe
+        B += 2 * fold_fix_f * n_moe            # input grad (transposed GEMM) + weight grad, each ~ the forward
         comm_f = {k: 0.0 for k in COMM_KINDS}
         comm_b = {k: 0.0 for k in COMM_KINDS}
+        comm_f["tp"] = n * tp_layer_fwd
+        comm_b["tp"] = n * tp_layer_fwd * (1 + recompute)
         imb_extra = 0.0
-        for i in layers:
-            c = by_layer[i]
-            F += c.forward_s
-            B += c.backward_input_s + c.backward_weight_s
-            comm_f["tp"] += tp_layer_fwd
-            comm_b["tp"] += tp_layer_fwd * (1 + recompute)
-            if model.ffn_kinds[i] == "moe" and par.ep > 1:
-                layer_compute = c.forward_s + c.backward_input_s + c.backward_weight_s
-                pf = max(0.0, prefetch_s - layer_compute)
-                comm_f["ep"] += ep_layer_fwd + pf
-                comm_b["ep"] += ep_layer_fwd * (1 + recompute)
-                # busiest rank: fwd, bwd (2x fwd: input + weight grads), recompute
-                imb_extra += (imb - 1.0) * expert_fwd * (1 + 2 + recompute)
-            kind = model.layer_kinds[i]
-            if kind in cp:
-                ov = cp[kind]
-                f_cp = micro_batch_size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
-                b_cp = micro_batch_size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
-                comm_f["cp"] += f_cp
-                comm_b["cp"] += b_cp + recompute * f_cp
-        if r == 0 and "embedding" in extra:
-            e = extra["embedding"]
-            F += e.forward_s
-            B += e.backward_input_s + e.backward_weight_s
-        if r == par.pp - 1 and "lm_head" in extra:
-            e = extra["lm_head"]
-            F += e.forward_s
-            B += e.backward_input_s + e.backward_weight_s
-        R = recompute * sum(by_layer[i].forward_s for i in layers)
+        if par.ep > 1 and n_moe:
+            pf = sum(max(0.0, prefetch_s - t) for t in agg["moe_layer_compute_s"]) if prefetch_s else 0.0
+            comm_f["ep"] = n_moe * ep_layer_fwd + pf
+            comm_b["ep"] = n_moe * ep_layer_fwd * (1 + recompute)
+            # busiest rank: fwd, bwd (2x fwd: input + weight grads), recompute
+            imb_extra = n_moe * (imb - 1.0) * expert_fwd * (1 + 2 + recompute)
+        for kind, ov in cp.items():
+            f_cp = micro_batch_size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
+            b_cp = micro_batch_size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
+            comm_f["cp"] += agg[kind] * f_cp
+            comm_b["cp"] += agg[kind] * (b_cp + recompute * f_cp)
+        R = recompute * (Rf + fold_fix_f * n_moe)
         st = StageCost(r, [i + 1 for i in layers], F, B, R,
                        {k: comm_f[k] + comm_b[k] for k in COMM_KINDS}, imb_extra)
         st.comm_fwd = sum(comm_f.values())
@@ -412,8 +443,8 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         Row("compute: recompute (activation checkpointing)", m * crit.recompute_s, "forward again before backward"),
     ]
     if crit.imbalance_s:
-        breakdown.append(Row("compute: EP load imbalance (busiest rank's routed experts)", m * crit.imbalance_s,
-                             rows_src.get("ep", ""), "ep"))
+        breakdown.append(Row("compute: EP imbalance (busiest rank)", m * crit.imbalance_s,
+                             rows_src.get("imbalance", ""), "ep"))
     labels = {"tp": "exposed comm: TP all-gather + reduce-scatter (SP)", "ep": "exposed comm: EP all-to-all",
               "cp": "exposed comm + scheme compute: CP", "pp": "", "dp": ""}
     cp_src = ", ".join(f"{k.upper()} {v['scheme']} ({v['link']})" for k, v in cp.items()) or "none"

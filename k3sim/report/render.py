@@ -1,0 +1,210 @@
+"""Render a plan into `report.md`, `report.html`, `plan.json` and `figures/*.png` in one directory.
+
+The whole directory is built in a temporary sibling and renamed into place at the end, so a failed run
+(bad input, a crash while drawing, Ctrl-C) leaves the previous report untouched and no half report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from k3sim.errors import InputError
+
+GB = 1e9
+
+
+@contextmanager
+def atomic_dir(out: str | Path, source: str = "--out") -> Iterator[Path]:
+    """Yield an empty temp directory beside `out`; on success it replaces `out` whole."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", source=f"{source} {out}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise InputError(f"cannot write the report directory ({err.strerror or err.__class__.__name__})",
+                         source=f"{source} {out}") from None
+    old = None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rmdir(old)
+            os.rename(out, old)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _s(x: float) -> str:
+    from k3sim.output import human_seconds
+
+    return human_seconds(x)
+
+
+def _gb(b: float) -> str:
+    return f"{b / GB:.2f} GB"
+
+
+def _layout(p: dict) -> str:
+    keys = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "zero_stage")
+    return ", ".join(f"{k}={p[k]}" for k in keys if k in p and (p[k] != 1 or k in ("tp", "pp")))
+
+
+def build_context(res, fig_dir: Path) -> dict:
+    """Tables and figures of every section (figures drawn into `fig_dir`)."""
+    from k3sim.report import figures as F
+
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    sections: list[dict] = []
+
+    def section(id_, title, note="", table=None, figs=(), extra=()):
+        sections.append({"id": id_, "title": title, "note": note, "table": table,
+                         "figures": [{"path": f"figures/{Path(p).name}", "alt": a} for p, a in figs],
+                         "extra": list(extra)})
+
+    summary: list[tuple[str, str]] = []
+    t = res.training
+    if t is not None:
+        summary += [("step time", _s(t.step_time_s)), ("tokens per step", f"{t.tokens_per_step:,}"),
+                    ("tokens/s", f"{t.tokens_per_s:,.0f}"), ("tokens/s per GPU", f"{t.tokens_per_s_per_gpu:,.1f}"),
+                    ("MFU", f"{100 * t.mfu:.1f} %"), ("micro-batches", str(t.num_micro_batches)),
+                    ("bubble ratio", f"{t.bubble_ratio:.3f}"), ("EP load imbalance (max/mean)", f"{t.ep_imbalance:.3f}")]
+    if res.serving:
+        for k in ("goodput_requests_per_s", "throughput_tokens_per_s", "ttft_p99_s", "tpot_p99_s"):
+            if k in res.serving:
+                v = res.serving[k]
+                summary.append((k, _s(v) if k.endswith("_s") and isinstance(v, float) else str(v)))
+
+    # memory
+    mem = res.memory
+    if mem is not None:
+        rows = [(r.component, r.bytes) for r in mem.breakdown]
+        p = F.memory_figure(rows, mem.hbm_bytes, f"{res.model} on {res.hardware}: per-GPU memory, pipeline stage "
+                            f"{mem.worst_stage}", fig_dir / "memory.png")
+        section("memory", "Memory per GPU", res.verdict,
+                {"header": ["component", "bytes per GPU", "source"],
+                 "rows": [[r.component, _gb(r.bytes), r.source] for r in mem.breakdown]},
+                [(p, "memory breakdown")])
+    else:
+        section("memory", "Memory per GPU", res.verdict)
+
+    # step / serving breakdown
+    if t is not None:
+        rows = [(r.component, r.seconds) for r in t.breakdown]
+        p = F.breakdown_figure(rows, f"training step {t.step_time_s:.3g} s ({res.model}, {_layout(res.parallelism)})",
+                               fig_dir / "step_breakdown.png")
+        section("step", "Training step-time breakdown", res.notes.get("step", ""),
+                {"header": ["component", "seconds", "share", "source"],
+                 "rows": [[r.component, f"{r.seconds:.4g}", f"{100 * r.seconds / t.step_time_s:.1f} %", r.source]
+                          for r in t.breakdown]},
+                [(p, "step time breakdown")],
+                [f"Pipeline: {t.pipeline_source}."])
+    if res.mode == "serve":
+        srv = res.serving
+        if srv:
+            lat = [(k, v) for k, v in srv.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            section("serving", "Serving latency and goodput", res.notes.get("serving", ""),
+                    {"header": ["quantity", "value"], "rows": [[k, f"{v:.4g}"] for k, v in lat]})
+        else:
+            section("serving", "Serving latency and goodput", res.notes.get("serving", "not available"))
+
+    # decode roofline
+    if res.decode is not None:
+        from k3sim.decode.sweep import roofline_plot
+
+        p = fig_dir / "decode_roofline.png"
+        lay = res.decode_layout
+        roofline_plot(res.decode, res.hw, p, f"{res.model} decode at {lay['context_tokens']} tokens, TP{lay['tp']} "
+                                             f"PP{lay['pp']} EP{lay['ep']} on {res.hardware}")
+        df = res.decode
+        section("decode", "Decode roofline", res.notes.get("decode", "k3sim.decode (step model, CUDA-graph convention)"),
+                {"header": ["batch", "TPOT", "tokens/s per GPU", "roofline", "fits memory"],
+                 "rows": [[int(r.batch), _s(r.tpot_s), f"{r.tokens_per_s_per_gpu:,.1f}", r.roofline, str(r.fits_memory)]
+                          for r in df.itertuples()]},
+                [(p, "decode roofline")])
+    elif "decode" in res.notes:
+        section("decode", "Decode roofline", res.notes["decode"])
+
+    # prefix cache
+    if res.prefix_cache is not None:
+        p = F.prefix_cache_figure(res.prefix_cache, f"{res.model}: prefix-cache hit rate by policy",
+                                  fig_dir / "prefix_cache.png")
+        section("prefix_cache", "Prefix-cache hit rate", res.notes.get("prefix_cache", ""),
+                {"header": ["policy", "hash block", "physical block", "token hit rate", "request hit rate", "note"],
+                 "rows": [[r["policy"], r.get("hash_block_tokens", ""), r.get("physical_block_tokens", ""),
+                           f"{r['token_hit_rate']:.3f}" if "token_hit_rate" in r else "",
+                           f"{r['request_hit_rate']:.3f}" if "request_hit_rate" in r else "", r.get("note", "")]
+                          for r in res.prefix_cache]},
+                [(p, "prefix cache hit rate")])
+    elif "prefix_cache" in res.notes:
+        section("prefix_cache", "Prefix-cache hit rate", res.notes["prefix_cache"])
+
+    # CP crossover
+    if res.cp_rows:
+        from k3sim.configs.dtypes import bytes_per_element
+        from k3sim.cp.sweep import plot_crossover
+
+        p = fig_dir / "cp_crossover.png"
+        plot_crossover(res.cp_rows, res.cp_degree, res.cp_geometry, p, bytes_per_element("fp32"))
+        rows = [[k.upper(), f"{c['a']} / {c['b']}", f"{c['seq_len']:,.0f}", c["faster_above"]]
+                for k, cs in (res.cp_crossovers or {}).items() for c in cs]
+        section("cp", f"Context parallelism crossover (P={res.cp_degree})", res.notes.get("cp", ""),
+                {"header": ["layer", "strategies", "crossover length (tokens)", "faster above"], "rows": rows} if rows else None,
+                [(p, "CP crossover")],
+                [] if rows else ["No crossover within the lengths swept: one strategy wins throughout."])
+
+    # pipeline Gantt
+    tl = getattr(getattr(t, "pipeline", None), "timeline", None) if t is not None else None
+    if tl is not None:
+        p = F.gantt_figure(tl, f"{_layout(res.parallelism)}: {t.num_micro_batches} micro-batches "
+                               f"({t.pipeline_source})", fig_dir / "pipeline_gantt.png")
+        section("pipeline", "Pipeline schedule (Gantt)", f"bubble ratio {t.bubble_ratio:.3f}; step {_s(t.step_time_s)}",
+                None, [(p, "pipeline Gantt chart")])
+    else:
+        section("pipeline", "Pipeline schedule (Gantt)", res.notes.get("pipeline", "closed form used: no timeline"))
+
+    # calibration
+    section("calibration", "Calibration error of the kernels used", res.notes.get("calibration", ""),
+            {"header": ["op", "points", "MAPE", "p90 |err|", "max |err|", "meets 5 % goal"],
+             "rows": [[c["op"], c["points"], f"{100 * c['mape']:.1f} %", f"{100 * c['p90_abs_err']:.1f} %",
+                       f"{100 * c['max_abs_err']:.1f} %", str(c["meets_goal"])] for c in res.calibration]}
+            if res.calibration else None,
+            extra=["Kernel calls by source: " + "; ".join(f"{k['op']} {k['source']} x{k['calls']}"
+                                                          for k in res.kernel_calls)] if res.kernel_calls else [])
+    section("assumptions", "Assumptions and their sources", "",
+            {"header": ["assumption", "source"], "rows": [[a["assumption"], a["source"]] for a in res.assumptions]})
+    timings = ", ".join(f"{k} {v:.2f} s" for k, v in res.timings_s.items())
+    return {"r": res, "layout": _layout(res.parallelism), "summary": summary, "sections": sections,
+            "timings": timings}
+
+
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("k3sim.report", "templates"),
+                              autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True,
+                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+def write_report(res, out: str | Path, source: str = "--out") -> list[Path]:
+    """Write the report directory atomically; returns the paths written (final locations)."""
+    out = Path(out)
+    with atomic_dir(out, source) as tmp:
+        ctx = build_context(res, tmp / "figures")
+        env = _env()
+        (tmp / "report.md").write_text(env.get_template("report.md.j2").render(**ctx))
+        (tmp / "report.html").write_text(env.get_template("report.html.j2").render(**ctx))
+        (tmp / "plan.json").write_text(json.dumps(res.to_json(), indent=2) + "\n")
+        names = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
+    return [out / n for n in names]
