@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -43,14 +43,20 @@ def print_plan(plan: Any, json_out: bool) -> None:
 
 # Workload fields and the options that set them (layout fields map to --tp, --virtual-stages, ...).
 WORKLOAD_OPTIONS = {"mode": "--mode", "context_tokens": "--context", "micro_batch_size": "--micro-batch",
-                    "prefill_chunk_tokens": "--prefill-chunk", "workspace_fraction": "--workspace-fraction"}
+                    "prefill_chunk_tokens": "--prefill-chunk", "workspace_fraction": "--workspace-fraction",
+                    "activation_checkpointing": "--recompute/--no-recompute",
+                    "num_micro_batches": "--num-micro-batches"}
 
 
 def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, context: int,
-               micro_batch: int = 1, recompute: bool = True, num_micro_batches: int | None = None,
-               prefill_chunk: int = 8192, workspace_fraction: float = 0.10, source: str = "command line"):
-    """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit."""
-    from k3sim.configs import Parallelism, Workload, load_hardware, load_model
+               micro_batch: int | None = None, recompute: bool | None = None, num_micro_batches: int | None = None,
+               prefill_chunk: int | None = None, workspace_fraction: float = 0.10, source: str = "command line"):
+    """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit.
+
+    Options left as None were not given: a mode-specific option given in the other mode is refused by the
+    Workload schema (e.g. --micro-batch with --mode serve), and so is a layout field that has no effect
+    (`--zero-stage` with --mode serve), by `check_layout`."""
+    from k3sim.configs import Parallelism, Workload, check_layout, load_hardware, load_model
     from k3sim.configs.loaders import validate
     from k3sim.errors import DoesNotFit, InputError
     from k3sim.memory.plan import workload_plan
@@ -59,25 +65,28 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
         """An error about a field the command line set names the option (--tp, --context), not the field."""
         if isinstance(err, DoesNotFit) or err.field is None:
             return err
-        if err.field in WORKLOAD_OPTIONS:
-            return InputError(err.reason, source=WORKLOAD_OPTIONS[err.field])
-        if err.field in layout:
-            return InputError(err.reason, source="--" + err.field.replace("_", "-"))
+        name = err.field.split(".")[-1]
+        if name in WORKLOAD_OPTIONS:
+            return InputError(err.reason, source=WORKLOAD_OPTIONS[name])
+        if name in layout or name in Parallelism.model_fields:
+            return InputError(err.reason, source="--" + name.replace("_", "-"))
         return err
 
     if mode not in ("serve", "train"):
         raise InputError(f"unknown mode '{mode}' (serve or train)", source="--mode")
+    given = dict(micro_batch_size=micro_batch, num_micro_batches=num_micro_batches,
+                 activation_checkpointing=recompute, prefill_chunk_tokens=prefill_chunk)
     try:
-        workload = validate(Workload, dict(
-            mode=mode, context_tokens=context, prefill_chunk_tokens=prefill_chunk,
-            micro_batch_size=micro_batch, num_micro_batches=num_micro_batches,
-            activation_checkpointing=recompute, workspace_fraction=workspace_fraction), source)
+        workload = validate(Workload, dict(mode=mode, context_tokens=context, workspace_fraction=workspace_fraction,
+                                           **{k: v for k, v in given.items() if v is not None}), source)
     except InputError as err:
         raise from_option(err) from None
     model = load_model(model_path)
     hw = load_hardware(hardware)
     try:
-        return workload_plan(model, hw, validate(Parallelism, layout, source), workload)
+        par = validate(Parallelism, {k: v for k, v in layout.items() if v is not None}, source)
+        check_layout(model, par, mode=mode, source=source)
+        return workload_plan(model, hw, par, workload)
     except InputError as err:
         raise from_option(err) from None
 
@@ -94,11 +103,15 @@ def register(app: typer.Typer) -> None:
         cp: int = typer.Option(1, "--cp"),
         dp: int = typer.Option(1, "--dp"),
         virtual_stages: int = typer.Option(1, "--virtual-stages", help="model chunks per pipeline rank"),
-        zero_stage: int = typer.Option(1, "--zero-stage", help="0-3; shards over data-parallel replicas"),
+        zero_stage: Optional[int] = typer.Option(
+            None, "--zero-stage", help="train: 0-3, shards over data-parallel replicas [default: 1]"),
         context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence"),
-        micro_batch: int = typer.Option(1, "--micro-batch", help="train: sequences per micro-batch"),
-        recompute: bool = typer.Option(True, "--recompute/--no-recompute", help="train: activation ckpt"),
-        prefill_chunk: int = typer.Option(8192, "--prefill-chunk", help="serve: chunked-prefill tokens"),
+        micro_batch: Optional[int] = typer.Option(
+            None, "--micro-batch", help="train: sequences per micro-batch [default: 1]"),
+        recompute: Optional[bool] = typer.Option(
+            None, "--recompute/--no-recompute", help="train: activation checkpointing [default: recompute]"),
+        prefill_chunk: Optional[int] = typer.Option(
+            None, "--prefill-chunk", help="serve: chunked-prefill tokens [default: 8192]"),
         workspace_fraction: float = typer.Option(0.10, "--workspace-fraction", help="HBM held back"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:

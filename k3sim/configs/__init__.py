@@ -9,10 +9,11 @@ from k3sim.configs.loaders import (
     resolve_scenario,
 )
 from k3sim.configs.model import KDAConfig, MLAConfig, ModelConfig, MoEConfig, VisionConfig
-from k3sim.configs.parallel import Cluster, Parallelism, Scenario, Workload
+from k3sim.configs.bounds import BOUNDS, check_range
+from k3sim.configs.parallel import Cluster, Parallelism, Scenario, Workload, check_layout
 
 __all__ = [
-    "Cluster", "HardwareProfile", "KDAConfig", "MLAConfig", "ModelConfig", "MoEConfig", "Parallelism",
-    "Scenario", "VisionConfig", "Workload", "bytes_per_element", "load_hardware", "load_model",
+    "BOUNDS", "Cluster", "HardwareProfile", "KDAConfig", "MLAConfig", "ModelConfig", "MoEConfig", "Parallelism",
+    "Scenario", "VisionConfig", "Workload", "bytes_per_element", "check_layout", "check_range", "load_hardware", "load_model",
     "load_scenario", "resolve_scenario",
 ]

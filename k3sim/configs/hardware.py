@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from k3sim.configs.bounds import bounded_float, bounded_int
 from k3sim.configs.dtypes import check_dtype
+
+# Documented ranges (k3sim/configs/bounds.py): an HBM of 1e30 bytes or a bandwidth of 1 B/s is refused.
+HBMBytes = bounded_float("hbm_bytes")
+Bandwidth = bounded_float("bandwidth")
+Flops = bounded_float("flops")
+GPUs = bounded_int("gpus")
+SMs = bounded_int("sms")
 
 # Fields that hold a datasheet number and therefore need an entry in `sources`.
 DATASHEET_FIELDS = (
@@ -28,13 +36,13 @@ class HardwareProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # datasheet figures: finite
     name: str
     description: str | None = None
-    hbm_bytes: PositiveFloat = Field(description="HBM capacity per GPU, bytes")
-    hbm_bandwidth_bytes_per_s: PositiveFloat
-    peak_flops_per_s: dict[str, PositiveFloat] = Field(description="dense peak per dtype, FLOP/s")
-    scaleup_bandwidth_bytes_per_s: PositiveFloat = Field(description="NVLink per GPU, one direction")
-    scaleup_domain_gpus: PositiveInt = Field(description="GPUs in one NVLink domain")
-    scaleout_bandwidth_bytes_per_s: PositiveFloat = Field(description="NIC per GPU, one direction")
-    num_sms: PositiveInt
+    hbm_bytes: HBMBytes = Field(description="HBM capacity per GPU, bytes")
+    hbm_bandwidth_bytes_per_s: Bandwidth
+    peak_flops_per_s: dict[str, Flops] = Field(description="dense peak per dtype, FLOP/s")
+    scaleup_bandwidth_bytes_per_s: Bandwidth = Field(description="NVLink per GPU, one direction")
+    scaleup_domain_gpus: GPUs = Field(description="GPUs in one NVLink domain")
+    scaleout_bandwidth_bytes_per_s: Bandwidth = Field(description="NIC per GPU, one direction")
+    num_sms: SMs
     sources: dict[str, str]
     calibration_dir: str | None = None
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.hf import hf_to_model_fields, is_hf_config
 from k3sim.configs.model import ModelConfig
-from k3sim.configs.parallel import Scenario
+from k3sim.configs.parallel import Scenario, check_layout
 from k3sim.errors import InputError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -21,13 +21,43 @@ HARDWARE_DIR = REPO_ROOT / "hardware_profiles"
 T = TypeVar("T", bound=BaseModel)
 
 
+# Largest config file read (bytes). A modelling choice: our configs and HF config.json files are a few KiB;
+# 16 MiB leaves room for any real one while a multi-gigabyte file is refused before it is parsed.
+MAX_CONFIG_BYTES = 16 * 2 ** 20
+
+
+def _yaml_loader():
+    """A SafeLoader that refuses aliases (`*name`) while composing, before any object is built: an alias bomb
+    (a billion-laughs document) would otherwise expand to gigabytes. Our configs use no aliases."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise _AliasRefused(event.start_mark.line + 1)
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
+class _AliasRefused(Exception):
+    def __init__(self, line: int):
+        self.line = line
+
+
 def read_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold a mapping."""
     import yaml
 
     p = Path(path)
+    if p.is_dir():
+        raise InputError("is a directory, expected a file", source=str(path))
     if not p.is_file():
         raise InputError("file not found", source=str(path))
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise InputError(f"{p.stat().st_size:,} bytes is too large for a config file (at most "
+                         f"{MAX_CONFIG_BYTES:,})", source=str(path))
     try:
         text = p.read_text()
     except UnicodeDecodeError:
@@ -35,14 +65,26 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     except OSError as err:
         raise InputError(f"cannot read: {err.strerror or err}", source=str(path)) from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_yaml_loader())  # noqa: S506
+    except _AliasRefused as err:
+        raise InputError(f"line {err.line}: YAML aliases (*name) are not accepted; write the value out",
+                         source=str(path)) from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         kind = "JSON" if p.suffix == ".json" else "YAML"
         first = " ".join(str(err).split())
-        raise InputError(f"malformed {kind}: {first}", source=str(path)) from None
+        raise InputError(f"malformed {kind}: {_short(first, 160)}", source=str(path)) from None
+    except (RecursionError, ValueError) as err:  # nested too deeply; an integer past Python's digit limit
+        raise InputError(f"malformed {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                         f"{'nested too deeply' if isinstance(err, RecursionError) else _short(str(err), 120)}",
+                         source=str(path)) from None
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping at top level, got {type(data).__name__}", source=str(path))
     return data
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """An echoed input value cut to `limit` characters: the error line stays one readable line."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _schema_fields() -> set[str]:
@@ -73,7 +115,7 @@ def validation_error_line(err: ValidationError) -> tuple[str | None, str]:
     else:
         reason = first["msg"].removeprefix("Value error, ")
         if first["type"] not in ("missing", "value_error") and "input" in first:
-            reason += f" (got {first['input']!r})"
+            reason += f" (got {_short(repr(first['input']))})"
     more = len(err.errors()) - 1
     if more:
         reason += f" (+{more} more error{'s' if more > 1 else ''})"
@@ -90,7 +132,11 @@ def validate(cls: type[T], data: dict[str, Any], source: str) -> T:
 
 def load_model(path: str | Path) -> ModelConfig:
     """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat),
-    or a Hugging Face model folder holding one."""
+    or a Hugging Face model folder holding one. A relative path missing from the working directory is looked
+    up in the project (`models/kimi-k3.yaml` works from any directory)."""
+    from k3sim.files import project_path
+
+    path = project_path(path)
     if Path(path).is_dir() and (Path(path) / "config.json").is_file():
         path = Path(path) / "config.json"
     data = read_mapping(path)
@@ -107,7 +153,9 @@ def hardware_names() -> list[str]:
 
 def hardware_path(name_or_path: str | Path) -> Path:
     """A path as given if it exists or looks like a file, else `hardware_profiles/<name>.yaml`."""
-    p = Path(name_or_path)
+    from k3sim.files import project_path
+
+    p = project_path(name_or_path)
     if p.is_file() or p.suffix in (".yaml", ".yml", ".json"):
         return p
     candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
@@ -118,9 +166,19 @@ def hardware_path(name_or_path: str | Path) -> Path:
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """A profile name in hardware_profiles/ (e.g. "h200") or a path to a profile YAML."""
+    """A profile name in hardware_profiles/ (e.g. "h200") or a path to a profile YAML.
+
+    A `calibration_dir` that names a missing directory is an error here, wherever the profile is used: a
+    typo would otherwise silently turn measured kernel times into datasheet ones."""
     path = hardware_path(name_or_path)
-    return validate(HardwareProfile, read_mapping(path), str(path))
+    hw = validate(HardwareProfile, read_mapping(path), str(path))
+    if hw.calibration_dir:
+        from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
+
+        if measured_dir(hw) is None:
+            raise InputError(f"{uncalibrated_reason(hw)}; fix the path or remove the field (datasheet times)",
+                             source=str(path), field="calibration_dir")
+    return hw
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -157,5 +215,6 @@ def resolve_scenario(path: str | Path):
     if not hw_file.exists():
         raise InputError(f"file not found: {hw_ref}", source=str(path), field="hardware")
     hardware = load_hardware(hw_file)
-    scenario.parallelism.check_against(model, source=str(path))
+    check_layout(model, scenario.parallelism, cluster=scenario.cluster, mode=scenario.workload.mode,
+                 source=str(path), hardware=hardware)
     return scenario, model, hardware

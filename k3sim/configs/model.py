@@ -9,9 +9,20 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from k3sim.configs.bounds import bounded_int
 from k3sim.configs.dtypes import check_dtype
+
+# Every count and width has a documented range (k3sim/configs/bounds.py); booleans are not numbers.
+Layers = bounded_int("layers")
+LayerCount = bounded_int("layers", lo=0)
+Heads = bounded_int("heads")
+Experts = bounded_int("experts")
+ExpertCount = bounded_int("experts", lo=0)
+Vocab = bounded_int("vocab")
+Width = bounded_int("width")
+Taps = bounded_int("kernel")
 
 DType = Annotated[str, AfterValidator(check_dtype)]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -21,16 +32,16 @@ class KDAConfig(BaseModel):
     """Kimi Delta Attention (linear attention with a per-head d_k x d_v recurrent state)."""
 
     model_config = _STRICT
-    num_heads: PositiveInt
-    head_dim_k: PositiveInt
-    head_dim_v: PositiveInt
-    conv_kernel_size: PositiveInt = Field(4, description="short causal conv width (tokens) on q, k, v")
+    num_heads: Heads
+    head_dim_k: Width
+    head_dim_v: Width
+    conv_kernel_size: Taps = Field(4, description="short causal conv width (tokens) on q, k, v")
     state_dtype: DType = Field("fp32", description="recurrent state dtype (fla keeps it in fp32)")
     conv_state_dtype: DType = Field("bf16", description="dtype of the cached last (kernel-1) conv inputs")
-    alpha_gate_rank: PositiveInt | None = Field(
+    alpha_gate_rank: Width | None = Field(
         None, description="low-rank width of the per-channel decay gate projection; None = full rank "
         "(K3 `use_full_rank_gate: true`; Kimi-Linear f_a/f_b use head_dim)")
-    output_gate_rank: PositiveInt | None = Field(
+    output_gate_rank: Width | None = Field(
         None, description="low-rank width of the output gate projection (g_a/g_b); None = full rank")
 
 
@@ -38,12 +49,12 @@ class MLAConfig(BaseModel):
     """Multi-head latent attention (DeepSeek-V2 style); the KV cache holds kv_lora + rope per token."""
 
     model_config = _STRICT
-    num_heads: PositiveInt
-    q_lora_rank: PositiveInt | None = Field(None, description="None = direct q projection")
-    kv_lora_rank: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    num_heads: Heads
+    q_lora_rank: Width | None = Field(None, description="None = direct q projection")
+    kv_lora_rank: Width
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
     kv_cache_dtype: DType = "bf16"
     output_gate: bool = Field(False, description="K3 gated MLA: sigmoid gate d -> heads*v_head_dim")
 
@@ -52,13 +63,13 @@ class MoEConfig(BaseModel):
     """(Latent) MoE FFN. With `latent_width` the routed experts run in a down-projected latent space."""
 
     model_config = _STRICT
-    num_routed_experts: PositiveInt
-    num_active_experts: PositiveInt = Field(description="routed experts per token (top-k)")
-    num_shared_experts: int = Field(0, ge=0)
-    expert_ffn_width: PositiveInt = Field(description="intermediate width of one routed expert")
-    shared_expert_ffn_width: PositiveInt | None = Field(
+    num_routed_experts: Experts
+    num_active_experts: Experts = Field(description="routed experts per token (top-k)")
+    num_shared_experts: ExpertCount = 0
+    expert_ffn_width: Width = Field(description="intermediate width of one routed expert")
+    shared_expert_ffn_width: Width | None = Field(
         None, description="intermediate width of one shared expert; None = expert_ffn_width")
-    latent_width: PositiveInt | None = Field(None, description="None = no latent projection")
+    latent_width: Width | None = Field(None, description="None = no latent projection")
     latent_norm: bool = Field(False, description="RMSNorm on the latent (K3 latent_moe_use_norm)")
     router_bias: bool = Field(True, description="per-expert score-correction bias (noaux_tc)")
     routed_weight_format: DType = "bf16"
@@ -74,12 +85,12 @@ class VisionConfig(BaseModel):
     """ViT encoder tower (MoonViT). Parameter count covers patch embedding + transformer layers."""
 
     model_config = _STRICT
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    intermediate_size: PositiveInt
-    num_heads: PositiveInt
-    patch_size: PositiveInt
-    num_channels: PositiveInt = 3
+    num_layers: Layers
+    hidden_size: Width
+    intermediate_size: Width
+    num_heads: Heads
+    patch_size: Taps
+    num_channels: Taps = 3
     mlp_gated: bool = False
 
 
@@ -94,20 +105,22 @@ class ModelConfig(BaseModel):
     model_config = _STRICT
     name: str
     source: str | None = Field(None, description="where the numbers come from")
-    hidden_size: PositiveInt
-    num_layers: PositiveInt
-    vocab_size: PositiveInt
+    hidden_size: Width
+    num_layers: Layers
+    vocab_size: Vocab
+    max_context_tokens: bounded_int("tokens") | None = Field(
+        None, description="longest context the model supports (HF max_position_embeddings); None = unchecked")
     tie_word_embeddings: bool = False
-    full_attn_layers: list[PositiveInt] | None = None
-    first_k_dense: int = Field(0, ge=0)
-    dense_ffn_width: PositiveInt | None = None
+    full_attn_layers: list[Layers] | None = None
+    first_k_dense: LayerCount = 0
+    dense_ffn_width: Width | None = None
     weight_format: DType = Field("bf16", description="non-routed linear weights")
     embedding_format: DType = "bf16"
     activation_dtype: DType = "bf16"
     kda: KDAConfig | None = None
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
-    attn_res_block_size: PositiveInt | None = Field(None, description="layers per Block-AttnRes block")
+    attn_res_block_size: Layers | None = Field(None, description="layers per Block-AttnRes block")
     vision: VisionConfig | None = None
 
     @model_validator(mode="after")
@@ -132,36 +145,53 @@ class ModelConfig(BaseModel):
             raise ValueError("moe section missing but there are MoE layers")
         return self
 
+    def _pattern(self) -> dict:
+        """Layer and FFN kinds, built once per model (O(layers)) and reused: building them per call made
+        every per-layer loop quadratic (a 10,000-layer model took minutes). The cache sits in the instance
+        dict keyed by the fields it derives from, so a `model_copy(update=...)` cannot see a stale one.
+        Callers must not mutate the lists."""
+        key = (self.num_layers, id(self.full_attn_layers), self.first_k_dense, self.moe is None)
+        cached = self.__dict__.get("_k3sim_pattern")
+        if cached is None or cached["key"] != key:
+            L = self.num_layers
+            if self.full_attn_layers is None:
+                kinds = ["mla"] * L
+            else:
+                kinds = ["kda"] * L
+                for i in self.full_attn_layers:
+                    if 1 <= i <= L:
+                        kinds[i - 1] = "mla"
+            ffn = ["dense"] * L if self.moe is None else (
+                ["dense"] * min(self.first_k_dense, L) + ["moe"] * max(L - self.first_k_dense, 0))
+            cached = {"key": key, "layer": kinds, "ffn": ffn, "mla": kinds.count("mla"), "moe": ffn.count("moe")}
+            self.__dict__["_k3sim_pattern"] = cached  # frozen model: bypass __setattr__ for a derived cache
+        return cached
+
     @property
     def layer_kinds(self) -> list[Literal["kda", "mla"]]:
-        """Attention kind of each layer, 0-based list."""
-        if self.full_attn_layers is None:
-            return ["mla"] * self.num_layers
-        mla = set(self.full_attn_layers)
-        return ["mla" if i + 1 in mla else "kda" for i in range(self.num_layers)]
+        """Attention kind of each layer, 0-based list (shared: do not mutate)."""
+        return self._pattern()["layer"]
 
     @property
     def ffn_kinds(self) -> list[Literal["dense", "moe"]]:
         """FFN kind of each layer: the first `first_k_dense` are dense (HF first_k_dense_replace)."""
-        if self.moe is None:
-            return ["dense"] * self.num_layers
-        return ["dense" if i < self.first_k_dense else "moe" for i in range(self.num_layers)]
+        return self._pattern()["ffn"]
 
     @property
     def num_kda_layers(self) -> int:
-        return self.layer_kinds.count("kda")
+        return self.num_layers - self._pattern()["mla"]
 
     @property
     def num_mla_layers(self) -> int:
-        return self.layer_kinds.count("mla")
+        return self._pattern()["mla"]
 
     @property
     def num_moe_layers(self) -> int:
-        return self.ffn_kinds.count("moe")
+        return self._pattern()["moe"]
 
     @property
     def num_dense_layers(self) -> int:
-        return self.ffn_kinds.count("dense")
+        return self.num_layers - self._pattern()["moe"]
 
     @property
     def num_attn_res_blocks(self) -> int:

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+from typing_extensions import Annotated
 
+from k3sim.configs.bounds import _finite, _not_bool, bounded_int
 from k3sim.configs.model import ModelConfig
 from k3sim.errors import InputError
+
+# Documented ranges (k3sim/configs/bounds.py); `tp: true` is refused, not read as 1.
+Degree = bounded_int("parallel")
+GPUs = bounded_int("gpus")
+Tokens = bounded_int("tokens")
+Batch = bounded_int("batch")
+Fraction = Annotated[float, BeforeValidator(_finite), Field(ge=0, lt=1, allow_inf_nan=False)]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -20,13 +29,13 @@ class Parallelism(BaseModel):
     """
 
     model_config = _STRICT
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
-    ep: PositiveInt = 1
-    cp: PositiveInt = 1
-    dp: PositiveInt = 1
-    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="0 none, 1 optimizer, 2 +grads, 3 +weights over DP")
+    tp: Degree = 1
+    pp: Degree = 1
+    virtual_stages: Degree = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    ep: Degree = 1
+    cp: Degree = 1
+    dp: Degree = 1
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_not_bool)] = Field(1, description="0 none, 1 optimizer, 2 +grads, 3 +weights over DP")
 
     @property
     def gpus(self) -> int:
@@ -38,7 +47,7 @@ class Parallelism(BaseModel):
         return self.tp * self.cp * self.dp
 
     def check_against(self, model: ModelConfig, source: str | None = None) -> None:
-        """Raise InputError if this layout does not divide `model`."""
+        """Raise InputError if this layout does not divide `model` (the model part of `check_layout`)."""
 
         def fail(field: str, reason: str) -> None:
             raise InputError(reason, source=source, field=field)
@@ -63,8 +72,13 @@ class Cluster(BaseModel):
     """The GPUs available (their kind is the scenario's `hardware`)."""
 
     model_config = _STRICT
-    num_gpus: PositiveInt
-    gpus_per_node: PositiveInt = 8
+    num_gpus: GPUs
+    gpus_per_node: GPUs = 8
+
+
+# Workload fields that only one mode reads; setting one in the other mode is refused, not ignored.
+MODE_FIELDS = {"serve": ("prefill_chunk_tokens",),
+               "train": ("micro_batch_size", "num_micro_batches", "activation_checkpointing")}
 
 
 class Workload(BaseModel):
@@ -72,14 +86,22 @@ class Workload(BaseModel):
 
     model_config = _STRICT
     mode: Literal["serve", "train"]
-    context_tokens: PositiveInt = Field(description="serve: context per request; train: sequence length")
-    prefill_chunk_tokens: PositiveInt = Field(8192, description="serve: tokens per chunked-prefill step")
-    micro_batch_size: PositiveInt = Field(1, description="train: sequences per micro-batch")
-    num_micro_batches: PositiveInt | None = Field(None, description="train: per step; None = pp*virtual")
-    activation_checkpointing: bool = Field(True, description="train: full per-layer recompute")
-    workspace_fraction: float = Field(
-        0.10, ge=0, lt=1, allow_inf_nan=False,
-        description="HBM share reserved for CUDA context, NCCL buffers, temporaries")
+    context_tokens: Tokens = Field(description="serve: context per request; train: sequence length")
+    prefill_chunk_tokens: Tokens = Field(8192, description="serve: tokens per chunked-prefill step")
+    micro_batch_size: Batch = Field(1, description="train: sequences per micro-batch")
+    num_micro_batches: Batch | None = Field(None, description="train: per step; None = pp*virtual")
+    activation_checkpointing: StrictBool = Field(True, description="train: full per-layer recompute")
+    workspace_fraction: Fraction = Field(
+        0.10, description="HBM share reserved for CUDA context, NCCL buffers, temporaries")
+
+    @model_validator(mode="after")
+    def _fields_of_this_mode(self) -> "Workload":
+        other = "train" if self.mode == "serve" else "serve"
+        stray = [f for f in MODE_FIELDS[other] if f in self.model_fields_set]
+        if stray:
+            raise ValueError(f"{stray[0]} applies to mode {other} only and has no effect in mode {self.mode}; "
+                             "remove it")
+        return self
 
 
 class Scenario(BaseModel):
@@ -107,6 +129,51 @@ class Scenario(BaseModel):
                 f"cluster.num_gpus={self.cluster.num_gpus} is not a multiple of "
                 f"tp*pp*cp*dp={self.parallelism.gpus}")
         return self
+
+
+def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Cluster | None = None,
+                 mode: str | None = None, source: str | None = None, hardware=None) -> None:
+    """The one layout check every command and planner calls: raise InputError (one line naming the field)
+    if `parallelism` cannot run `model` in `mode` on `cluster` / `hardware`.
+
+    - model: tp divides the KDA and MLA heads, ep divides the routed experts and the tp*cp*dp GPUs of a
+      stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
+    - mode "serve": `zero_stage` (optimizer/gradient sharding) has no effect and is refused if given;
+    - cluster: num_gpus is a multiple of the replica's tp*pp*cp*dp GPUs; with `hardware`, gpus_per_node
+      tiles the NVLink domain (`scaleup_domain_gpus`: a node holds whole domains or a domain whole nodes)
+      and a TP group fits inside one domain (tensor parallelism needs the scale-up fabric); without
+      `hardware`, a TP group fits inside one node.
+    Field names are the scenario's (`parallelism.tp`, `cluster.gpus_per_node`); a command that sets them from
+    options maps them to its option names.
+    """
+
+    def fail(field: str, reason: str) -> None:
+        raise InputError(reason, source=source, field=field)
+
+    parallelism.check_against(model, source=source)
+    if mode is not None and mode not in ("serve", "train"):
+        fail("workload.mode", f"unknown mode '{mode}' (serve or train)")
+    if mode == "serve" and "zero_stage" in parallelism.model_fields_set:
+        fail("parallelism.zero_stage", "ZeRO shards optimizer states and gradients of training; it has no "
+             "effect in mode serve; remove it")
+    if cluster is None:
+        return
+    par = parallelism
+    if cluster.num_gpus % par.gpus:
+        fail("cluster.num_gpus", f"{cluster.num_gpus} GPUs is not a multiple of tp*pp*cp*dp={par.gpus} "
+             "(the GPUs of one replica)")
+    node = cluster.gpus_per_node
+    if hardware is not None:
+        domain = int(hardware.scaleup_domain_gpus)
+        if domain % node and node % domain:
+            fail("cluster.gpus_per_node", f"{node} GPUs per node does not tile the {domain}-GPU NVLink domain "
+                 f"of {hardware.name} (use a divisor or a multiple of {domain})")
+        if par.tp > domain or domain % par.tp:
+            fail("parallelism.tp", f"tp={par.tp} does not fit evenly in the {domain}-GPU NVLink domain of "
+                 f"{hardware.name} (tensor parallelism needs the scale-up fabric; use a divisor of {domain})")
+    elif par.tp > node or node % par.tp:
+        fail("parallelism.tp", f"tp={par.tp} does not fit evenly in a node of {node} GPUs "
+             f"(cluster.gpus_per_node; use a divisor of {node})")
 
 
 # serving.py builds on Parallelism above, so it is imported once this module's classes exist

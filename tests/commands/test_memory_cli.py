@@ -52,7 +52,7 @@ def test_train_mode_table(cli):
 @pytest.mark.parametrize("args, words", [
     (["--tp", "5"], ["tp=5", "96 KDA heads"]),
     (["--pp", "200"], ["pp", "93 layers"]),
-    (["--tp", "0"], ["tp", "greater than 0"]),
+    (["--tp", "0"], ["tp", "greater than or equal to 1"]),
     (["--mode", "fly"], ["--mode", "serve or train"]),
     (["--hardware", "h300"], ["h300", "unknown hardware"]),
     # A layout error names the option it came from.
@@ -60,15 +60,15 @@ def test_train_mode_table(cli):
     (["--tp", "1", "--dp", "3", "--ep", "3", "--pp", "2"], ["--ep: ep=3", "896 routed experts"]),
     (["--tp", "8", "--ep", "8", "--pp", "4", "--virtual-stages", "30"], ["--pp:", "120", "93 layers"]),
     (["--zero-stage", "5"], ["--zero-stage:", "0, 1, 2 or 3"]),
-    (["--dp", "0"], ["--dp:", "greater than 0"]),
+    (["--dp", "0"], ["--dp:", "greater than or equal to 1"]),
     (["--mode", "train", "--tp", "8", "--pp", "2", "--ep", "8", "--cp", "3", "--context", "131072"],
      ["--cp: cp=3 does not divide the 131072-token training sequence"]),
     # Workload options are checked by the Workload schema and named by option.
     (["--workspace-fraction", "nan"], ["--workspace-fraction:", "finite number"]),
     (["--workspace-fraction", "1"], ["--workspace-fraction:", "less than 1"]),
-    (["--context", "-5"], ["--context:", "greater than 0"]),
-    (["--prefill-chunk", "0"], ["--prefill-chunk:", "greater than 0"]),
-    (["--mode", "train", "--micro-batch", "0"], ["--micro-batch:", "greater than 0"]),
+    (["--context", "-5"], ["--context:", "greater than or equal to 1"]),
+    (["--prefill-chunk", "0"], ["--prefill-chunk:", "greater than or equal to 1"]),
+    (["--mode", "train", "--micro-batch", "0"], ["--micro-batch:", "greater than or equal to 1"]),
 ])
 def test_bad_input_one_line_exit_2(cli, args, words):
     proc = cli("memory", "--model", "models/kimi-k3.yaml", *args)

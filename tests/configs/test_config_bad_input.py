@@ -28,8 +28,8 @@ def _err(fn, *args) -> InputError:
 
 @pytest.mark.parametrize("edit, field, reason", [
     (lambda d: d.update(colour="red"), "colour", "unknown field"),
-    (lambda d: d["kda"].update(num_heads=-96), "kda.num_heads", "greater than 0"),
-    (lambda d: d.update(hidden_size=0), "hidden_size", "greater than 0"),
+    (lambda d: d["kda"].update(num_heads=-96), "kda.num_heads", "greater than or equal to 1"),
+    (lambda d: d.update(hidden_size=0), "hidden_size", "greater than or equal to 1"),
     (lambda d: d["mla"].update(kv_cache_dtype="fp5"), "mla.kv_cache_dtype", "unknown dtype"),
     (lambda d: d.update(full_attn_layers=[4, 94]), "full_attn_layers", "beyond num_layers"),
     (lambda d: d.pop("kda"), "kda", "missing"),

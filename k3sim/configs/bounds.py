@@ -1,0 +1,141 @@
+"""Documented ranges for every numeric input, and the helpers that enforce them.
+
+One table (`BOUNDS`) serves the config schemas (pydantic types `bounded_int`, `bounded_float`) and the CLI
+options (`check_range`, `option_range`), so a YAML field and the option that sets the same quantity accept the
+same values. A value outside its range is refused in one line that names the field or option, the range and
+why it exists.
+
+The upper ends are modelling choices, not physical limits: each sits one or more orders of magnitude above
+the largest published figure (named in `why`), so every real configuration passes while a typo or a hostile
+value (10**30, 1e15) is refused before it costs minutes or gigabytes. Booleans are refused where a number is
+expected: YAML's `true` would otherwise be read as 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+from k3sim.errors import InputError
+
+
+@dataclass(frozen=True)
+class Range:
+    """Closed range [lo, hi] of one kind of quantity, with its unit and the reason for the upper end."""
+
+    lo: float
+    hi: float
+    unit: str
+    why: str
+
+    def text(self) -> str:
+        return f"[{_fmt(self.lo)}, {_fmt(self.hi)}] {self.unit}".rstrip()
+
+
+def _fmt(v: float) -> str:
+    if float(v).is_integer() and abs(v) < 1e7:
+        return f"{int(v):,}"
+    return f"{v:.3g}"
+
+
+# Upper ends: modelling choices (see the module docstring); the published figure each clears is named.
+BOUNDS: dict[str, Range] = {
+    "layers": Range(1, 10_000, "layers", "~100x the deepest published LLMs (K3 93, DeepSeek-V3 61 layers)"),
+    "heads": Range(1, 4_096, "heads", "~30x the most heads published (K3 96 KDA heads, DeepSeek-V3 128)"),
+    "experts": Range(1, 65_536, "experts", "~70x the most routed experts published (K3 896, K2 384)"),
+    "vocab": Range(1, 10_000_000, "tokens", "~40x the largest published vocabulary (Gemma 3 262,144)"),
+    "width": Range(1, 1_048_576, "elements", "widths, head dims and ranks: ~30x the widest published (K3 dense "
+                   "FFN 33,792, hidden 7,168)"),
+    "kernel": Range(1, 1_024, "taps", "short-conv width (KDA uses 4) and ViT patch size (14)"),
+    "tokens": Range(1, 2 ** 30, "tokens", "context, sequence and chunk lengths: ~1000x K3's 1M-token context"),
+    "request_tokens": Range(0, 2 ** 24, "tokens", "one request's input or output in a replayed trace: 16x K3's "
+                            "1M context (a replay steps through every output token)"),
+    "batch": Range(1, 1_048_576, "sequences", "micro-batches and micro-batch sizes"),
+    "requests": Range(1, 100_000, "requests", "synthetic workloads are held in memory (chat: ~10 KiB of token "
+                      "ids per request, ~1 GiB at the top); replay a Mooncake trace for more, it streams"),
+    "gpus": Range(1, 1_048_576, "GPUs", "~10x the largest announced clusters (~100k GPUs)"),
+    "parallel": Range(1, 65_536, "ranks", "one parallel degree (tp, pp, ep, cp, dp, virtual stages)"),
+    "hbm_bytes": Range(1, 2 ** 46, "bytes", "up to 64 TiB per GPU: B300 has 288 GB"),
+    "capacity_bytes": Range(1, 2 ** 60, "bytes", "a cache pool: 1 EiB, far beyond any cluster's memory"),
+    "bandwidth": Range(1e6, 1e15, "bytes/s", "1 MB/s to 1 PB/s per GPU: GB200 HBM is 8 TB/s, NVLink 5 0.9 TB/s"),
+    "flops": Range(1e9, 1e18, "FLOP/s", "1 GFLOP/s to 1 EFLOP/s per GPU: B200 dense FP4 is ~9 PFLOP/s"),
+    "sms": Range(1, 100_000, "SMs", "~600x the most SMs on one GPU (B200 148)"),
+    "fraction": Range(0, 1, "", "a share of a whole"),
+    "seconds": Range(0, 1e9, "s", "~30 years"),
+    "rate": Range(1e-9, 1e12, "per second", "tokens or requests per second"),
+    "seed": Range(0, 2 ** 63 - 1, "", "numpy seeds are non-negative 64-bit integers"),
+}
+
+
+def check_range(value: Any, name: str, option: str | None = None, *, field: str | None = None,
+                integer: bool | None = None) -> Any:
+    """Return `value` if it is a number inside `BOUNDS[name]`, else raise InputError naming `option`/`field`.
+
+    `integer=True` also refuses fractions; booleans and NaN are always refused."""
+    r = BOUNDS[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"expected a number, got {_short(value)}", source=option, field=field)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"must be a finite number in {r.text()}, got {value}", source=option, field=field)
+    if integer and value != int(value):
+        raise InputError(f"must be a whole number in {r.text()}, got {_short(value)}", source=option, field=field)
+    if not r.lo <= value <= r.hi:
+        raise InputError(f"{_short(value)} is outside {r.text()} ({r.why})", source=option, field=field)
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def option_range(name: str, option: str, *, integer: bool = True):
+    """A typer/click `callback=` that checks an option against `BOUNDS[name]` (None passes: not given)."""
+
+    def callback(value):
+        if value is None:
+            return value
+        if isinstance(value, (list, tuple)):
+            return type(value)(check_range(v, name, option, integer=integer) for v in value)
+        return check_range(value, name, option, integer=integer)
+
+    return callback
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()} (booleans are not numbers)")
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """Booleans, NaN and infinities refused before the range check (whose message would mislead for NaN)."""
+    _not_bool(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value  # pydantic's own type error follows
+    if not math.isfinite(number):
+        raise ValueError(f"must be a finite number, got {value}")
+    return value
+
+
+def bounded_int(name: str, *, lo: int | None = None):
+    """A pydantic int type in `BOUNDS[name]` (`lo` overrides the lower end, e.g. 0 for an optional count)."""
+    r = BOUNDS[name]
+    return Annotated[int, BeforeValidator(_not_bool), Field(ge=r.lo if lo is None else lo, le=int(r.hi))]
+
+
+def bounded_float(name: str, *, gt: float | None = None):
+    """A pydantic finite float in `BOUNDS[name]` (`gt` makes the lower end exclusive)."""
+    r = BOUNDS[name]
+    lower = {"gt": gt} if gt is not None else {"ge": r.lo}
+    return Annotated[float, BeforeValidator(_finite), Field(le=r.hi, allow_inf_nan=False, **lower)]
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(kind, range, reason) rows, for documentation and `--help` texts."""
+    return [(k, r.text(), r.why) for k, r in BOUNDS.items()]
