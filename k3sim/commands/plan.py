@@ -1,4 +1,9 @@
-"""`k3sim plan`: the main job on a scenario. For now: the scenario's per-GPU memory plan."""
+"""`k3sim plan [SCENARIO] --out DIR`: the planning report of a scenario (default scenarios/default.yaml).
+
+Writes `report.md`, `report.html`, `plan.json` and `figures/` to `--out` (default `reports/<scenario name>/`),
+atomically. A layout that does not fit still gets its report (the memory figures and the verdict), then
+the verdict is the one error line and the exit code is 2, as for every plan that does not fit.
+"""
 
 from __future__ import annotations
 
@@ -18,33 +23,85 @@ def scenario_path(path: Path) -> Path:
     return REPO_ROOT / DEFAULT_SCENARIO
 
 
-def plan_scenario(path: Path):
-    """(scenario, memory plan) for a scenario file; bad input raises InputError, a misfit DoesNotFit."""
-    from k3sim.configs import resolve_scenario
-    from k3sim.memory.plan import workload_plan
+def pick_scenario(positional: Path | None, option: Path | None) -> Path:
+    """`k3sim plan X` and `k3sim plan --scenario X` are the same; both at once must agree."""
+    from k3sim.errors import InputError
 
-    scenario, model, hw = resolve_scenario(path)
-    return scenario, workload_plan(model, hw, scenario.parallelism, scenario.workload, source=str(path))
+    if positional is not None and option is not None and positional != option:
+        raise InputError(f"two scenarios given ({positional} and {option}); give one", source="--scenario")
+    return scenario_path(positional or option or DEFAULT_SCENARIO)
+
+
+def progress_bar(json_out: bool):
+    """A rich progress display on stderr (sections of the plan); None with --json or off a terminal."""
+    import sys
+
+    if json_out or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    return Progress(console=Console(stderr=True), transient=True)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
-        scenario: Path = typer.Option(DEFAULT_SCENARIO, "--scenario", help="scenario YAML"),
+        scenario_arg: Path = typer.Argument(None, help="scenario YAML "
+                                            "(default scenarios/default.yaml)", show_default=False),
+        scenario: Path = typer.Option(None, "--scenario", help="scenario YAML (same as the argument)"),
+        out: Path = typer.Option(None, "--out", help="report directory (default reports/<scenario name>/)"),
+        no_report: bool = typer.Option(False, "--no-report", help="compute and print only; write no files"),
+        serving_requests: int = typer.Option(None, "--serving-requests", min=1,
+                                             help="requests of the serving simulation sample (default: the "
+                                                  "serving package's report sample)"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
-        """Plan a scenario (default: scenarios/default.yaml): per-GPU memory for now."""
-        from k3sim.commands.memory import print_plan
-        from k3sim.output import print_json
+        """Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report."""
+        from k3sim.errors import DoesNotFit
+        from k3sim.output import print_json, print_kv
+        from k3sim.planner import plan as run_plan
+        from k3sim.planner.plan import SECTIONS
 
-        path = scenario_path(scenario)
-        sc, result = plan_scenario(path)
+        path = pick_scenario(scenario_arg, scenario)
+        bar = progress_bar(json_out)
+        if bar is not None:
+            with bar:
+                task = bar.add_task("planning", total=len(SECTIONS))
+                res = run_plan(path, serving_requests=serving_requests,
+                               progress=lambda name: bar.update(task, advance=1, description=f"plan: {name}"))
+        else:
+            res = run_plan(path, serving_requests=serving_requests)
+        written = None
+        if not no_report:
+            from k3sim.report import write_report
+
+            written = out or Path("reports") / res.scenario
+            write_report(res, written)
         if json_out:
-            print_json({"scenario": sc.name, "scenario_file": str(path),
-                        "cluster_gpus": sc.cluster.num_gpus,
-                        "replicas": sc.replicas, "memory": result})
-            return
-        print(f"scenario {sc.name}: {sc.description or ''}".rstrip(": "))
-        print(f"cluster: {sc.cluster.num_gpus} x {sc.hardware}, "
-              f"{sc.replicas} replica(s) of {sc.parallelism.gpus} GPUs")
-        print_plan(result, json_out=False)
+            data = res.to_json()
+            data["report_dir"] = str(written) if written else None
+            print_json(data)
+        else:
+            print(f"scenario {res.scenario}: {res.description}".rstrip(": "))
+            print(f"cluster: {res.cluster['num_gpus']} x {res.hardware}, {res.replicas} replica(s); "
+                  f"layout {', '.join(f'{k}={v}' for k, v in res.parallelism.items() if v != 1)}")
+            kv = {"verdict": res.verdict}
+            t = res.training
+            if t is not None:
+                kv.update({"step_time_s": f"{t.step_time_s:.4g}", "tokens_per_s": f"{t.tokens_per_s:,.0f}",
+                           "mfu": f"{100 * t.mfu:.1f} %", "bubble_ratio": f"{t.bubble_ratio:.3f}"})
+                kv.update({f"exposed_{k}_s": f"{v:.4g}" for k, v in t.exposed_comm_s.items() if v})
+            if res.memory is not None and hasattr(res.memory, "max_concurrent_requests"):
+                kv["max concurrent requests"] = res.memory.max_concurrent_requests
+            for k, v in (res.serving or {}).items():
+                if isinstance(v, (int, float, str)) and len(kv) < 24:
+                    kv[k] = v
+            if written:
+                kv["report"] = f"{written}/report.md, {written}/report.html"
+            print_kv(f"plan of {res.scenario}", list(kv.items()))
+        if not res.fits:
+            if json_out:
+                raise typer.Exit(2)
+            where = f" (report with the figures: {written}/report.md)" if written else ""
+            raise DoesNotFit(res.verdict + where, source=str(path))
