@@ -1,10 +1,11 @@
 """Times of the communication calls a CP strategy makes, and which link they use.
 
-Inside the scale-up domain (the CP group's GPUs, P x TP with CP ranks strided by TP, all within
-`scaleup_domain_gpus`) the calibrated collective predictor answers directly. Across it, or when a
-bandwidth override is given (e.g. the H800's 200 GB/s NVLink on H200-measured kernels), an alpha-beta
-model is used: alpha = the predictor's time for a 1 KiB call, beta = wire bytes / link bandwidth with the
-ring/pairwise wire bytes of nccl-tests (doc/PERFORMANCE.md).
+Every collective goes through the kernel predictor, which hands it to the one collective model
+(`k3sim.comm.collective_time`): the same call `k3sim kernel-time <op> --set bytes=.. --set gpus=..
+[--set gpus_per_node=..]` answers. The placement: the CP group's P ranks are strided by TP over
+P x TP GPUs, packed `scaleup_domain_gpus` to a node, so P / nodes of them share an NVSwitch domain
+(`gpus_per_node`). A bandwidth override (e.g. the H800's 200 GB/s NVLink on H200-measured kernels)
+goes to `collective_time` directly with `link_bandwidth`.
 """
 
 from __future__ import annotations
@@ -55,17 +56,31 @@ class CommModel:
             return "none"
         return "scale-up" if self.span_gpus <= int(self.clock.hardware.scaleup_domain_gpus) else "scale-out"
 
+    @property
+    def nodes(self) -> int:
+        """Scale-up domains the group spans."""
+        domain = max(1, int(self.clock.hardware.scaleup_domain_gpus))
+        return max(1, -(-int(self.span_gpus) // domain))
+
+    def placement(self, op: str) -> tuple[int, int | None]:
+        """(gpus, gpus_per_node) of one call: a ring hop (send_recv) between neighbours crosses nodes
+        when the group does; None keeps the predictor's default (the whole call inside one domain)."""
+        if op == "send_recv":
+            return 2, (1 if self.nodes > 1 else None)
+        return self.P, (-(-self.P // self.nodes) if self.nodes > 1 else None)
+
     def time(self, c: Collective) -> tuple[float, str]:
         """Seconds for `c.count` sequential calls of the collective, and its source."""
         if self.P == 1 or c.shard_bytes <= 0:
             return 0.0, "none"
-        gpus = 2 if c.op == "send_recv" else self.P
-        if self.link == "scale-up" and self.bandwidth_override is None:
-            s, src = self.clock(c.op, bytes=max(1, c.shard_bytes), gpus=gpus)
+        gpus, gpn = self.placement(c.op)
+        nbytes = max(1, int(round(c.shard_bytes)))
+        if self.bandwidth_override is None:
+            params = dict(bytes=nbytes, gpus=gpus, **({"gpus_per_node": gpn} if gpn else {}))
+            s, src = self.clock(c.op, **params)
             return s * c.count, src
-        hw = self.clock.hardware
-        bw = self.bandwidth_override or (hw.scaleup_bandwidth_bytes_per_s if self.link == "scale-up"
-                                         else hw.scaleout_bandwidth_bytes_per_s)
-        alpha, src = self.clock(c.op, bytes=1024, gpus=min(gpus, int(hw.scaleup_domain_gpus)))
-        s = alpha + wire_bytes(c.op, c.shard_bytes, gpus) / bw
-        return s * c.count, f"alpha({src})+bytes/{self.link}-bandwidth"
+        from k3sim.comm import collective_time
+
+        kt = collective_time(c.op, nbytes, gpus, self.clock.hardware, gpus_per_node=gpn,
+                             link_bandwidth=self.bandwidth_override, convention="barrier")
+        return kt.seconds * c.count, f"{kt.source} ({kt.method}, link bandwidth override)"

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from k3sim.errors import InputError
 
-KDA_HEAD_DIM = 128  # K = V = 128 (K3 and Kimi-Linear KDA layers)
+KDA_HEAD_DIM = 128  # the measured head dim (K = V = 128: K3 and Kimi-Linear); other K, V scale from it
 KDA_CHUNK = 64  # fla chunk_kda chunk size
 BF16 = 2  # bytes per element
 FP32 = 4
@@ -39,11 +39,15 @@ class OpSpec:
     kind: str = "compute"
     dtype: str = "bf16"
     categorical: tuple[str, ...] = ()
-    check: Callable[[Params], str | None] = field(default=lambda p: None)
+    check: Callable[[Params], tuple[str, str] | None] = field(default=lambda p: None)  # (field, reason)
     eff_params: dict[str, float] = field(default_factory=dict)  # param -> reference value, see features()
     shape_params: tuple[str, ...] = ()  # what names a layer shape (GEMM's N, K): leave-shape-out validation
     # dependent steps one kernel program walks in sequence (see model.py's step_s); None: none modelled
     serial_steps: Callable[[Params], float] | None = None
+    # parameters a caller may leave out (name -> default); not columns of the measured CSVs: KDA head
+    # dims K, V (measured at 128; other values scale by the fitted model, see predict.py) and a
+    # collective's gpus_per_node (0 = the profile's scale-up domain)
+    optional: dict[str, int] = field(default_factory=dict)
 
     def features(self, rows: list[Params]):
         """n x k log2(param / reference) of `eff_params`: the fitted model's efficiency exponents act on these."""
@@ -85,15 +89,25 @@ def moe_bytes(p: Params) -> float:
     return BF16 * (distinct * p["K"] * p["N"] + p["B"] * p["topk"] * (p["K"] + p["N"]))
 
 
-def kda_fwd_flop_per_token_head(C: int = KDA_CHUNK, D: int = KDA_HEAD_DIM) -> float:
-    """Chunkwise KDA forward (fla chunk_kda), FLOP per token and head.
+def kda_fwd_flop_terms(C: int = KDA_CHUNK, K: int = KDA_HEAD_DIM, V: int | None = None) -> dict[str, float]:
+    """Chunkwise KDA forward (fla chunk_kda), FLOP per chunk of C tokens and per head, split into the
+    parallel (intra-chunk) and serial (chunk-to-chunk state) parts. The one chunk-KDA FLOP formula:
+    `kda_fwd_flop_per_token_head` and `cp/flops.py` derive from it.
 
-    Per chunk of C tokens, D = K = V: intra-chunk A_kk = K K^T and A_qk = Q K^T (decay folded in),
-    WY factors w = A K and u = A V, intra output A_qk v_new: five C x C x D products -> 5 * 2CD per
-    token; inter-chunk v_new = u - w h, h += K^T v_new, o += Q h: three C x D x D products -> 3 * 2D^2
-    per token; the triangular inverse (I + A)^-1: C^3/3 per chunk -> C^2/3 per token.
+    Parallel: A_kk = K diag K^T and A_qk = Q diag K^T (2C^2K each), W = T beta K Gamma (2C^2K),
+    U~ = T beta V (2C^2V), o_intra = A_qk U (2C^2V), the triangular inverse (I + beta A)^-1 (C^3/3).
+    Serial: U = U~ - W S, S += K^T U, o_inter = Q Gamma S: three C x K x V products (2CKV each).
     """
-    return 5 * 2.0 * C * D + 3 * 2.0 * D * D + C * C / 3.0
+    V = K if V is None else V
+    parallel = 2.0 * C * C * (3 * K + 2 * V) + C ** 3 / 3.0
+    serial = 3 * 2.0 * C * K * V
+    return {"parallel": parallel, "serial": serial, "total": parallel + serial}
+
+
+def kda_fwd_flop_per_token_head(C: int = KDA_CHUNK, D: int = KDA_HEAD_DIM, V: int | None = None) -> float:
+    """Chunkwise KDA forward FLOP per token and head (K = D, V = D unless given): with K = V = D,
+    5 * 2CD + 3 * 2D^2 + C^2/3."""
+    return kda_fwd_flop_terms(C, D, V)["total"] / C
 
 
 KDA_FWD_BWD_FLOP_FACTOR = 3.0  # backward: two gradient products per forward product
@@ -105,47 +119,59 @@ def kda_padded_tokens(T: int, docs: int = 1, C: int = KDA_CHUNK) -> float:
     return docs * math.ceil(per_doc / C) * C
 
 
-def kda_fwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM) -> float:
-    """q, k, v, g (bf16, D each), beta (bf16) read and o (bf16) written per token-head, plus the
-    final state (fp32 D x D per head) written once."""
-    return T * H * (4 * D * BF16 + BF16 + D * BF16) + H * D * D * FP32
+def _kv(p: Params) -> tuple[int, int]:
+    """Head dims of a KDA op's parameters (K, V; 128 when absent: the measured K3 layer)."""
+    return int(p.get("K", KDA_HEAD_DIM)), int(p.get("V", KDA_HEAD_DIM))
 
 
-def kda_fwd_bwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM) -> float:
+def kda_fwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM, V: int | None = None) -> float:
+    """q, k, g (bf16, K = D each), v (V), beta (bf16) read and o (bf16, V) written per token-head, plus
+    the final state (fp32 K x V per head) written once."""
+    V = D if V is None else V
+    return T * H * ((3 * D + 2 * V) * BF16 + BF16) + H * D * V * FP32
+
+
+def kda_fwd_bwd_bytes(T: float, H: float, D: int = KDA_HEAD_DIM, V: int | None = None) -> float:
     """Forward, then the backward reads q, k, v, g, beta, do and writes dq, dk, dv, dg, dbeta."""
-    bwd = T * H * (5 * D * BF16 + BF16 + 4 * D * BF16 + BF16)
-    return kda_fwd_bytes(T, H, D) + bwd
+    V = D if V is None else V
+    bwd = T * H * ((3 * D + 2 * V) * BF16 + BF16 + (3 * D + V) * BF16 + BF16)
+    return kda_fwd_bytes(T, H, D, V) + bwd
 
 
 def chunk_kda_flop(p: Params) -> float:
-    return kda_padded_tokens(p["T"]) * p["H"] * kda_fwd_flop_per_token_head()
+    K, V = _kv(p)
+    return kda_padded_tokens(p["T"]) * p["H"] * kda_fwd_flop_per_token_head(D=K, V=V)
 
 
-def recurrent_flop(p: Params, D: int = KDA_HEAD_DIM) -> float:
-    """Per token and head: decay D^2, S^T k 2D^2, rank-1 update 2D^2, S^T q 2D^2 -> 7 D^2."""
-    return 7.0 * D * D * p["B"] * p["T"] * p["H"]
+def recurrent_flop(p: Params) -> float:
+    """Per token and head: decay KV, S^T k 2KV, rank-1 update 2KV, S^T q 2KV -> 7 KV."""
+    K, V = _kv(p)
+    return 7.0 * K * V * p["B"] * p["T"] * p["H"]
 
 
-def recurrent_bytes(p: Params, D: int = KDA_HEAD_DIM) -> float:
-    """Dominated by the fp32 state read and written once per step: B H D^2 4 bytes x 2; plus
-    q, k, v, g, o (bf16) and beta per token."""
-    state = p["B"] * p["H"] * D * D * FP32 * 2
-    return state + p["B"] * p["T"] * p["H"] * (5 * D * BF16 + BF16)
+def recurrent_bytes(p: Params) -> float:
+    """Dominated by the fp32 state read and written once per step: B H K V 4 bytes x 2; plus
+    q, k, g (K), v, o (V) in bf16 and beta per token."""
+    K, V = _kv(p)
+    state = p["B"] * p["H"] * K * V * FP32 * 2
+    return state + p["B"] * p["T"] * p["H"] * ((3 * K + 2 * V) * BF16 + BF16)
 
 
-def kcp_flop(p: Params, factor: float = 1.0, D: int = KDA_HEAD_DIM) -> float:
+def kcp_flop(p: Params, factor: float = 1.0) -> float:
     """One rank under KDA context parallelism (fla.ops.cp, contiguous split): the chunked kernel over
-    T/gpus tokens, one extra D x D transition product per token (2D^2) to carry the rank's state map,
-    and folding the gathered states of all ranks (gpus x 2D^3 per head)."""
+    T/gpus tokens, one extra K x K transition product per token (2K^2) to carry the rank's state map,
+    and folding the gathered states of all ranks (gpus x 2K^2 V per head)."""
+    K, V = _kv(p)
     local = kda_padded_tokens(p["T"] // p["gpus"], max(1, p["docs"] // p["gpus"]))
-    per_tok = kda_fwd_flop_per_token_head() + 2.0 * D * D
-    return factor * (local * p["H"] * per_tok + p["gpus"] * p["H"] * 2.0 * D ** 3)
+    per_tok = kda_fwd_flop_per_token_head(D=K, V=V) + 2.0 * K * K
+    return factor * (local * p["H"] * per_tok + p["gpus"] * p["H"] * 2.0 * K * K * V)
 
 
-def kcp_bytes(p: Params, fwd_bwd: bool = False, D: int = KDA_HEAD_DIM) -> float:
+def kcp_bytes(p: Params, fwd_bwd: bool = False) -> float:
+    K, V = _kv(p)
     local = p["T"] / p["gpus"]
-    io = kda_fwd_bwd_bytes(local, p["H"]) if fwd_bwd else kda_fwd_bytes(local, p["H"])
-    return io + 2.0 * p["gpus"] * p["H"] * D * D * FP32  # gathered state + transition per rank
+    io = kda_fwd_bwd_bytes(local, p["H"], K, V) if fwd_bwd else kda_fwd_bytes(local, p["H"], K, V)
+    return io + p["gpus"] * p["H"] * K * (K + V) * FP32  # gathered [S~ | M] summary per rank
 
 
 SDPA_FWD_BWD_FLOP_FACTOR = 3.5  # FlashAttention-2 convention: backward = 2.5 x forward
@@ -185,22 +211,28 @@ _BIG = 2 ** 24
 _GEMM_RANGES = {"M": (1, _BIG), "N": (1, _BIG), "K": (1, _BIG)}
 
 
-def _topk_le_e(p: Params) -> str | None:
-    return None if p["topk"] <= p["E"] else f"topk={p['topk']} exceeds E={p['E']}"
+def _topk_le_e(p: Params) -> tuple[str, str] | None:
+    return None if p["topk"] <= p["E"] else ("topk", f"topk={p['topk']} exceeds E={p['E']}")
 
 
-def _cp_check(p: Params) -> str | None:
+def _cp_check(p: Params) -> tuple[str, str] | None:
     if p["docs"] > p["T"]:
-        return f"docs={p['docs']} exceeds T={p['T']}"
+        return "docs", f"docs={p['docs']} exceeds T={p['T']}"
     if p["T"] < p["gpus"]:
-        return f"T={p['T']} is less than one token per GPU (gpus={p['gpus']})"
+        return "T", f"T={p['T']} is less than one token per GPU (gpus={p['gpus']})"
     return None
 
 
+# fla's KDA kernels take head dims up to 256 (`chunk_delta_h.py`: "K <= 256")
+_HEAD_DIMS = {"K": (1, 256), "V": (1, 256)}
+_KV_DEFAULT = {"K": KDA_HEAD_DIM, "V": KDA_HEAD_DIM}
+
+
 def _collective(name: str) -> OpSpec:
-    return OpSpec(name, "collective", ("bytes", "gpus"), {"bytes": (1, 2 ** 40), "gpus": (2, 65536)},
+    return OpSpec(name, "collective", ("bytes", "gpus"),
+                  {"bytes": (1, 2 ** 40), "gpus": (2, 65536), "gpus_per_node": (0, 65536)},
                   flop=lambda p: 0.0, bytes=lambda p, _n=name: wire_bytes(_n, p["bytes"], p["gpus"]),
-                  kind="collective", categorical=("gpus",))
+                  kind="collective", categorical=("gpus",), optional={"gpus_per_node": 0})
 
 
 OPS: dict[str, OpSpec] = {s.name: s for s in [
@@ -212,21 +244,25 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("moe_grouped_bf16", "moe", ("B", "E", "K", "N", "topk"),
            {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)},
            moe_flop, moe_bytes, check=_topk_le_e, shape_params=("E", "K", "N", "topk")),
-    OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
-           chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"]), shape_params=("H",), eff_params={"H": 96}),
-    OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096)},
-           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p), lambda p: kda_fwd_bwd_bytes(p["T"], p["H"]),
-           shape_params=("H",), eff_params={"H": 96}),
-    OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"), {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096)},
+    OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096), **_HEAD_DIMS},
+           chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"], *_kv(p)), shape_params=("H",),
+           eff_params={"H": 96}, optional=_KV_DEFAULT),
+    OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096), **_HEAD_DIMS},
+           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p),
+           lambda p: kda_fwd_bwd_bytes(p["T"], p["H"], *_kv(p)),
+           shape_params=("H",), eff_params={"H": 96}, optional=_KV_DEFAULT),
+    OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"),
+           {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096), **_HEAD_DIMS},
            recurrent_flop, recurrent_bytes, shape_params=("H",),
-           serial_steps=lambda p: float(p["T"])),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
+           serial_steps=lambda p: float(p["T"]),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
+           optional=_KV_DEFAULT),
     OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
-           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
-           kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check),
+           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30), **_HEAD_DIMS},
+           kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
     OpSpec("chunk_kda_cp_fwd_bwd", "kda", ("T", "H", "gpus", "docs"),
-           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30)},
+           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30), **_HEAD_DIMS},
            lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
-           categorical=("gpus",), check=_cp_check),
+           categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
     OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
            sdpa_flop, sdpa_bytes, eff_params={"D": 128}, shape_params=("H", "D")),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
@@ -261,23 +297,26 @@ def _as_int(name: str, value: object) -> int:
 
 
 def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int]:
-    """Exact parameter set, integers, inside the op's allowed ranges; returns them as ints."""
-    unknown = sorted(set(params) - set(spec.params))
+    """Exact parameter set (optional ones filled with their defaults), integers, inside the op's
+    allowed ranges; returns them as ints. A failed cross-check names the parameter it is about."""
+    unknown = sorted(set(params) - set(spec.params) - set(spec.optional))
     if unknown:
+        extra = f"; optional {', '.join(spec.optional)}" if spec.optional else ""
         raise InputError(f"unknown parameter(s) {', '.join(unknown)} for {spec.name} "
-                         f"(expects {', '.join(spec.params)})", field=unknown[0])
+                         f"(expects {', '.join(spec.params)}{extra})", field=unknown[0])
     missing = [p for p in spec.params if p not in params]
     if missing:
         raise InputError(f"missing parameter(s) {', '.join(missing)} for {spec.name} "
                          f"(expects {', '.join(spec.params)})", field=missing[0])
     out = {}
-    for name in spec.params:
-        v = _as_int(name, params[name])
+    for name in (*spec.params, *spec.optional):
+        v = _as_int(name, params[name]) if name in params else spec.optional[name]
         lo, hi = spec.ranges[name]
         if not lo <= v <= hi:
             raise InputError(f"{spec.name}: {name}={v} outside the allowed range [{lo}, {hi}]", field=name)
         out[name] = v
-    reason = spec.check(out)
-    if reason:
-        raise InputError(f"{spec.name}: {reason}", field=spec.params[0])
+    bad = spec.check(out)
+    if bad:
+        name, reason = bad
+        raise InputError(f"{spec.name}: {reason}", field=name)
     return out

@@ -8,7 +8,12 @@ Sources, best first:
   launch terms; alpha-beta for collectives), times the residual held at the nearest boundary
   (AIConfigurator's "hold the boundary utilisation");
 - "datasheet-roofline": the profile has no measurements of this op; max(FLOP / peak, bytes /
-  bandwidth) from the datasheet, with no launch or latency term: a lower bound, and said so.
+  bandwidth) from the datasheet, with no launch or latency term: a lower bound, and said so;
+- "extrapolated": a KDA op at head dims K, V other than the measured 128: the answer at 128 (any of the
+  sources above) times the fitted model's ratio between the two shapes (its FLOP and bytes at K, V
+  against those at 128), so the kernel's measured efficiency carries over and only the work changes.
+Collectives are answered by the one collective model, `k3sim.comm.collective_time` (measured points
+stay measured; other GPU counts and placements go through its ring/tree/NVLS over the topology).
 """
 
 from __future__ import annotations
@@ -189,6 +194,13 @@ class ProfilePredictor:
 
     def _predict(self, spec: OpSpec, p: dict[str, int]) -> KernelTime:
         op = spec.name
+        if spec.kind == "collective":
+            from k3sim.comm import collective_time
+
+            return collective_time(op, p["bytes"], p["gpus"], self.hw, gpus_per_node=p.get("gpus_per_node") or None,
+                                   convention="barrier")
+        if "K" in spec.optional and (p["K"], p["V"]) != (spec.optional["K"], spec.optional["V"]):
+            return self._other_head_dim(spec, p)
         opp = self.op(op)
         if opp is not None:
             return opp.predict(p)
@@ -201,6 +213,26 @@ class ProfilePredictor:
         return datasheet_time(spec, p, self.hw, why)
 
 
+    def _other_head_dim(self, spec: OpSpec, p: dict[str, int]) -> KernelTime:
+        """Time at head dims (K, V) from the measured K = V = 128: the 128 answer times the model's ratio."""
+        ref = dict(p, **spec.optional)
+        base = self._predict(spec, ref)
+        opp = self.op(spec.name)
+        if opp is not None:
+            num, _ = opp.model_seconds(p)
+            den, _ = opp.model_seconds(ref)
+            how = f"fitted model of {spec.name}"
+        else:
+            num = datasheet_time(spec, p, self.hw, "").seconds
+            den = datasheet_time(spec, ref, self.hw, "").seconds
+            how = "datasheet roofline"
+        ratio = num / den
+        return KernelTime(base.seconds * ratio, "extrapolated",
+                          f"K={p['K']}, V={p['V']} not measured: the K=V={ref['K']} time ({base.source}: {base.detail}) "
+                          f"x {ratio:.4g}, the {how}'s ratio of the two shapes (FLOP and bytes at K, V)",
+                          base.method)
+
+
 _PROFILES: dict[tuple, ProfilePredictor] = {}
 _BY_NAME: dict[str, ProfilePredictor] = {}
 
@@ -209,7 +241,7 @@ def _hw_key(hw: Any) -> tuple:
     peaks = tuple(sorted((k, float(v)) for k, v in dict(hw.peak_flops_per_s or {}).items()))
     links = tuple(float(getattr(hw, f, 0) or 0) for f in
                   ("scaleup_bandwidth_bytes_per_s", "scaleup_domain_gpus", "scaleout_bandwidth_bytes_per_s"))
-    return (str(hw.name), str(getattr(hw, "calibration_dir", None)), peaks, float(hw.hbm_bandwidth_bytes_per_s), links)
+    return (str(hw.name), str(getattr(hw, "calibration_dir", None)), peaks, float(getattr(hw, "hbm_bandwidth_bytes_per_s", 0) or 0), links)
 
 
 def profile_predictor(hardware: Any) -> ProfilePredictor:

@@ -1,0 +1,147 @@
+"""The one collective model: every collective's time in k3sim comes from `collective_time`.
+
+    t = steps(algorithm, n) x alpha_step + bus_bytes(op, n) / (f x link_bandwidth)
+
+- bus bytes: nccl-tests' bus-bandwidth convention (`kernels.ops.wire_bytes`, doc/PERFORMANCE.md), the
+  bytes each rank moves, so one achieved fraction `f` of a link holds across GPU counts;
+- link bandwidth: the narrowest hop of the ring over the placement's links (`topology.py`: NVSwitch
+  domain of `scaleup_domain_gpus`, one NIC per GPU, or a topology file);
+- algorithms, as NCCL picks among them (the lowest predicted time wins): ring (every op; n-1 steps,
+  2(n-1) for all_reduce); tree for all_reduce across nodes (NCCL's double binary tree: 2 log2(nodes)
+  inter-node steps plus the intra-node chain, the same bus bytes); NVLS for all_reduce inside one
+  NVSwitch domain (NVLink SHARP reduces in the switch: each GPU sends and receives the buffer once,
+  bus bytes n/(2(n-1)) of the ring's). NVLS is modelled and reported but not chosen while the
+  profile marks it off (`nvls` argument; on the lent H200 machines NCCL_NVLS_ENABLE=0 by policy, so
+  no measurement could include it);
+- calibration: the measured 2-GPU runs (alpha-beta fit per op in `fitted.yaml`) give alpha_step (the
+  fit's alpha over its ring steps) and f = fitted bus bandwidth / the profile's scale-up bandwidth.
+  A link without its own measurement (the NIC fabric) gets the same fraction of its datasheet
+  bandwidth and the same per-step latency: a modelling choice, said in `detail`.
+- measured points: a call at a measured GPU count inside one scale-up domain on the default
+  placement answers from the measurements (exact or interpolated), as every other kernel does.
+
+Conventions (`convention`): "barrier" (each call starts from a host barrier: what the H200 runs
+measured), "stream" (back-to-back calls in one stream, as nccl-tests times), "graph" (captured in a
+CUDA graph). Only "barrier" has been measured on these machines so far; for the other two the answer
+is the barrier-convention time, an upper bound (it still holds the launch and the barrier's skew),
+and `detail` says so. The harness (`calibration/distributed.py`) now times all three.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from k3sim.errors import InputError
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+CONVENTIONS = ("graph", "stream", "barrier")
+MEASURED_CONVENTION = "barrier"
+MAX_GPUS = 65536  # the kernel registry's bound on `gpus`
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Dependent communication steps of the ring algorithm (NCCL ring; pairwise exchange for all_to_all)."""
+    if op == "send_recv":
+        return 1
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+def _check(op: str, nbytes: Any, gpus: Any, convention: str) -> tuple[int, int]:
+    if op not in COLLECTIVES:
+        raise InputError(f"unknown collective '{op}' (known: {', '.join(COLLECTIVES)})", field="op")
+    if convention not in CONVENTIONS:
+        raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got '{convention}'",
+                         field="convention")
+    for name, v, lo, hi in (("bytes", nbytes, 1, 2 ** 40), ("gpus", gpus, 2, MAX_GPUS)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) \
+                or not lo <= v <= hi:
+            raise InputError(f"{op}: {name}={v!r} must be an integer in [{lo}, {hi}]", field=name)
+    return int(nbytes), int(gpus)
+
+
+def _calibration(hw: Any, op: str):
+    """(alpha_step_s, achieved fraction of the scale-up link, note) from the profile's 2-GPU fit, or None."""
+    from k3sim.kernels.predict import profile_predictor
+
+    pp = profile_predictor(hw)
+    opp = pp.op(op)
+    if opp is None or not opp.fit.alpha_beta:
+        return None
+    n_ref = min(opp.fit.alpha_beta)  # the smallest measured count: one link, no topology in it
+    ab = opp.fit.alpha_beta[n_ref]
+    frac = ab.bus_bandwidth_bytes_per_s / float(hw.scaleup_bandwidth_bytes_per_s)
+    return ab.alpha_s / ring_steps(op, n_ref), frac, f"alpha-beta fit of {n_ref} GPUs ({opp.fit_note})", n_ref
+
+
+def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, gpus_per_node: int | None = None,
+                    topology: Any = None, convention: str = "graph", link_bandwidth: float | None = None,
+                    nvls: bool = False):
+    """Seconds of one collective of a per-rank shard of `nbytes` (as nccl-tests counts it) over `gpus`.
+
+    `gpus_per_node`: ranks sharing a scale-up domain (default the profile's `scaleup_domain_gpus`);
+    `topology`: a `Topology`, or a path to a topology file, instead of the default placement;
+    `link_bandwidth`: every link at this bandwidth (e.g. the H800's NVLink on H200-measured latency);
+    `nvls`: whether NCCL may use NVLink SHARP (off on the measured machines).
+    Returns `kernels.predict.KernelTime` (seconds, source, detail, method)."""
+    from k3sim.comm.topology import Topology, load_topology, placement_topology
+    from k3sim.kernels.hardware import load_profile
+    from k3sim.kernels.ops import wire_bytes
+    from k3sim.kernels.predict import KernelTime, profile_predictor
+
+    nbytes, n = _check(op, nbytes, gpus, convention)
+    hw = load_profile(hardware)
+    conv_note = ("" if convention == MEASURED_CONVENTION else
+                 f"; convention {convention}: measured under '{MEASURED_CONVENTION}' (host barrier before each call), "
+                 "an upper bound here")
+    if topology is not None and not isinstance(topology, Topology):
+        topology = load_topology(topology, int(getattr(hw, "scaleup_domain_gpus", 0) or 0) or None)
+    if topology is not None and n > topology.gpus:
+        raise InputError(f"{op} on {n} GPUs, but the topology has {topology.gpus}", source=topology.source,
+                         field="gpus")
+    default_place = topology is None and link_bandwidth is None
+    domain = int(getattr(hw, "scaleup_domain_gpus", 0) or 0)
+    if default_place and gpus_per_node in (None, 0, domain) and n <= max(domain, 1):
+        opp = profile_predictor(hw).op(op)
+        if opp is not None and (n,) in opp.groups:
+            kt = opp.predict({"bytes": nbytes, "gpus": n})
+            return KernelTime(kt.seconds, kt.source, kt.detail + conv_note, kt.method)
+    topo = topology or placement_topology(n, hw, gpus_per_node or None)
+    bw, multi_node = topo.ring_bottleneck(n)
+    if link_bandwidth is not None:
+        if not 0 < float(link_bandwidth) < float("inf"):
+            raise InputError(f"link bandwidth must be a positive number of bytes/s, got {link_bandwidth!r}",
+                             field="link_bandwidth")
+        bw = float(link_bandwidth)
+    cal = _calibration(hw, op)
+    if cal is None:
+        alpha, frac, cal_note, source = 0.0, 1.0, "no measured collective: datasheet link bandwidth, no latency " \
+                                                   "(a lower bound)", "datasheet-roofline"
+    else:
+        alpha, frac, cal_note, _ = cal
+        source = "model"
+    eff_bw = frac * bw
+    wire = wire_bytes(op, nbytes, n)
+    steps = {"ring": ring_steps(op, n)}
+    cands = {"ring": steps["ring"] * alpha + wire / eff_bw}
+    nodes = math.ceil(n / topo.gpus_per_node)
+    if op == "all_reduce" and nodes > 1:
+        local = min(n, topo.gpus_per_node)
+        steps["tree"] = 2 * (math.ceil(math.log2(nodes)) + local - 1)
+        cands["tree"] = steps["tree"] * alpha + 2.0 * nbytes / eff_bw
+    nvls_t = None
+    if op == "all_reduce" and not multi_node and topo.nvswitch and n > 2:
+        nvls_t = 2 * alpha + nbytes / eff_bw  # push to the switch, pull the reduced buffer
+        if nvls:
+            cands["nvls"], steps["nvls"] = nvls_t, 2
+    algo = min(cands, key=cands.get)
+    link = "scale-out (NIC fabric)" if multi_node else "scale-up (NVSwitch)"
+    if link_bandwidth is not None:
+        link = f"override {bw:.3g} B/s"
+    detail = (f"{algo} over {n} GPUs ({nodes} node(s) of {topo.gpus_per_node}, {topo.source}); narrowest hop "
+              f"{bw:.3g} B/s [{link}] x achieved fraction {frac:.3f}; {steps[algo]} steps x alpha_step {alpha * 1e6:.2f} us; {cal_note}")
+    if multi_node and cal is not None:
+        detail += "; the NIC link takes the NVLink-measured fraction and latency (not measured across nodes)"
+    if nvls_t is not None and not nvls:
+        detail += f"; NVLS would take {nvls_t:.3g} s (disabled by policy: NCCL_NVLS_ENABLE=0 on the measured machines)"
+    return KernelTime(float(cands[algo]), source, detail + conv_note, algo)
