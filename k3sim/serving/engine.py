@@ -1,0 +1,296 @@
+"""One replica's continuous-batching engine as a simpy process: one simpy event per engine step.
+
+Each step: form the batch (`scheduler.form_batch`), take its time from the step-cost model, advance the
+prefix cache one step (`HybridPrefixCache.end_step`: copies land, checkpoints become visible), then hand out
+tokens. A stretch of decode-only steps (no prefill waiting to run, nothing admissible) is one simpy timeout up
+to the next completion, page boundary or outside event (an arrival to the fleet, a KV transfer landing): nothing
+the engine decides can change inside it. Its time is n steps at the midpoint context (the attention part of a
+decode step is linear in the context sum, which grows by one token per sequence per step).
+
+Roles: "mixed" (a colocated replica), "prefill" (P/D: prefill only; a finished prompt waits, holding its pages,
+until its KV moves to a decode replica), "decode" (P/D: decodes only; requests arrive with their KV).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Callable
+
+from k3sim.prefix_cache.cache import REJECT, WAIT, HybridPrefixCache
+from k3sim.prefix_cache.config import CacheConfig
+from k3sim.prefix_cache.pool import MLA
+from k3sim.serving.scheduler import form_batch
+
+StepSecondsFn = Callable[[int, int, tuple], float]  # (num_decode, decode_context_sum, prefill) -> s
+
+
+def bucket(x: int) -> int:
+    """x rounded to 7 significant bits (relative error < 0.4 %): the memo key of a context length. Multiples of
+    the bucket width (chunk boundaries, powers of two) stay exact."""
+    if x < 256:
+        return x
+    shift = x.bit_length() - 8
+    return ((x + (1 << (shift - 1))) >> shift) << shift
+
+
+class StepTimer:
+    """Memoised step time: keyed on (decodes, bucketed context sum, sorted (chunk, bucketed prefix) tuple)."""
+
+    def __init__(self, step_seconds: StepSecondsFn, slo_tpot_s: float = math.inf):
+        self.fn = step_seconds
+        self.slo_tpot_s = slo_tpot_s
+        self.memo: dict = {}
+        self._budget_memo: dict = {}
+        self.calls = 0
+
+    def __call__(self, num_decode: int, context_sum: int, prefill: tuple = ()) -> float:
+        self.calls += 1
+        if prefill:
+            prefill = tuple(sorted((c, bucket(p)) for c, p in prefill))
+        key = (num_decode, bucket(context_sum), prefill)
+        v = self.memo.get(key)
+        if v is None:
+            v = float(self.fn(num_decode, key[1], prefill))
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"step cost {v!r} s for {key} is not a positive number")
+            self.memo[key] = v
+        return v
+
+    def stall_free_budget(self, num_decode: int, context_sum: int, max_tokens: int, unit: int) -> int:
+        """Sarathi-Serve: the most prefill tokens (a multiple of `unit`) whose step with these decodes stays
+        within the TPOT SLO; at least `unit` so the queue always moves."""
+        key = (num_decode, bucket(context_sum), max_tokens)
+        b = self._budget_memo.get(key)
+        if b is None:
+            hi = max((max_tokens - num_decode) // unit, 1)
+            lo = 1
+            if self(num_decode, context_sum, ((hi * unit, 0),)) <= self.slo_tpot_s:
+                lo = hi
+            else:
+                while hi - lo > 1:  # step time grows with the chunk: bisect
+                    mid = (lo + hi) // 2
+                    if self(num_decode, context_sum, ((mid * unit, 0),)) <= self.slo_tpot_s:
+                        lo = mid
+                    else:
+                        hi = mid
+            b = self._budget_memo[key] = lo * unit
+        return b
+
+
+class Replica:
+    def __init__(self, fleet, idx: int, role: str, cache_cfg: CacheConfig, ecfg, timer: StepTimer,
+                 gpus: int, pool: str = "mixed"):
+        self.fleet = fleet
+        self.env = fleet.env
+        self.idx = idx
+        self.role = role
+        self.ecfg = ecfg
+        self.timer = timer
+        self.gpus = gpus
+        self.cache = HybridPrefixCache(cache_cfg)
+        self.B_p = cache_cfg.physical_block_tokens
+        self.B_h = cache_cfg.effective_hash_block_tokens
+        self.G, self.k = cache_cfg.groups, cache_cfg.pages_per_group_state
+        cap = cache_cfg.num_pages
+        self.capacity_pages = cap
+        self.watermark = int(ecfg.watermark_fraction * cap) if cap is not None else 0
+        self.reserve_output = ecfg.reserve_output or role == "decode"
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.held: set = set()  # prefill role: finished prompts waiting for their KV transfer
+        self.incoming: deque = deque()  # decode role: requests waiting for pages to receive their KV
+        self.landing = 0  # decode role: transfers in flight to this replica
+        self.next_landing_s = math.inf
+        self.landing_times: list[float] = []
+        self.seq = 0
+        self.steps = 0
+        self.busy_s = 0.0
+        self.step_end_s = 0.0
+        self._wake_ev = None
+
+    # ------------------------------------------------------------------ bookkeeping
+    def load(self) -> int:
+        """Requests this replica is responsible for (router's least-loaded measure)."""
+        return len(self.waiting) + len(self.running) + len(self.held) + len(self.incoming) + self.landing
+
+    def used_bytes(self) -> int:
+        """Pool bytes pinned by requests (cached free pages excluded)."""
+        p = self.cache.pool
+        return (len(p.refcount) - len(p.empty) - len(p.lru) - p.parked) * self.cache.cfg.page_bytes
+
+    def wake(self) -> None:
+        ev = self._wake_ev
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def submit(self, req) -> None:
+        req.replica = self.idx
+        self.waiting.append(req)
+        self.wake()
+
+    def admit(self, req):
+        """Admission by memory: look up the prefix, pin the hit, reserve the prompt's pages (and the output's if
+        `reserve_output`), allocate the private KDA state slots. WAIT / REJECT as the cache answers."""
+        total = -(-(req.L + req.O) // self.B_p) + self.G * self.k
+        if self.capacity_pages is not None and total > self.capacity_pages:
+            return REJECT  # could never finish even alone in the pool
+        keys, L = req.keys, req.target
+        if L > req.L:  # recompute after preemption: the generated tokens have keys nothing else shares
+            keys = keys + [self.fleet.fresh_key() for _ in range(len(keys), L // self.B_h)]
+        out = req.O - req.generated if self.reserve_output else 1
+        pool = self.cache.pool
+        wm = self.watermark if self.running else 0
+        pool.reserved += wm
+        try:
+            rs = self.cache.admit(keys, L, out, req.arrival_s)
+        finally:
+            pool.reserved -= wm
+        if rs is WAIT or rs is REJECT:
+            return rs
+        req.rs = rs
+        self.seq += 1
+        req.seq = self.seq
+        if req.hit_tokens < 0:
+            req.hit_tokens = rs.computed
+            self.fleet.count_hit(req.L, rs.computed)
+        if req.scheduled_s != req.scheduled_s:
+            req.scheduled_s = self.env.now
+        return rs
+
+    def preempt(self, req) -> None:
+        """Preemption by recompute: free everything, requeue at the head to prefill prompt + generated."""
+        self.cache.release(req.rs)
+        req.rs = None
+        self.running.remove(req)
+        req.target = req.L + req.generated
+        req.preemptions += 1
+        self.fleet.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _complete(self, req, now: float) -> None:
+        self.cache.release(req.rs)
+        req.rs = None
+        self.fleet.complete(req, now)
+
+    # ------------------------------------------------------------------ P/D decode side
+    def try_accept(self) -> None:
+        """Decode role: reserve pages for the head of `incoming` (FCFS), then let its KV move."""
+        while self.incoming:
+            req = self.incoming[0]
+            ctx = req.context
+            out = req.O - req.generated
+            total = -(-(ctx + out) // self.B_p) + self.G * self.k
+            if self.capacity_pages is not None and total > self.capacity_pages:
+                self.incoming.popleft()
+                self.fleet.reject_transfer(req)
+                continue
+            # a prompt of one token (no lookup), the received context counted as output: reserves it all
+            rs = self.cache.admit([], 1, ctx + out - 1, req.arrival_s)
+            if rs is WAIT:
+                return
+            self.incoming.popleft()
+            pool = self.cache.pool
+            while len(rs.blocks) * self.B_p < ctx:
+                rs.blocks.append(pool.allocate(MLA))
+                rs.reserve_left -= 1
+                pool.reserved -= 1
+            rs.computed = ctx
+            req.target = ctx
+            req.rs_decode = rs
+            self.landing += 1
+            self.fleet.start_transfer(req, self)
+
+    def land(self, req) -> None:
+        self.landing -= 1
+        req.rs = req.rs_decode
+        req.rs_decode = None
+        self.seq += 1
+        req.seq = self.seq
+        self.running.append(req)
+        self.wake()
+
+    # ------------------------------------------------------------------ the engine loop
+    def run(self):
+        env, fleet, timer = self.env, self.fleet, self.timer
+        B_p = self.B_p
+        while True:
+            if self.role == "decode" and self.incoming:
+                self.try_accept()
+            if not self.running and not self.waiting:
+                self._wake_ev = env.event()
+                yield self._wake_ev
+                self._wake_ev = None
+                continue
+            plan = form_batch(self)
+            for req in plan.rejected:
+                fleet.reject(req)
+            dec, pf = plan.decoders, plan.prefills
+            if not dec and not pf:
+                if not self.running and not self.waiting:
+                    continue  # every waiting request was rejected
+                raise RuntimeError(f"replica {self.idx}: scheduler stalled with {len(self.running)} running and "
+                                   f"{len(self.waiting)} waiting (nothing admissible into an idle pool)")
+            nd = len(dec)
+            cs = plan.context_sum
+            n = 1
+            now = env.now
+            if not pf:
+                n = min(r.O - r.generated for r in dec)
+                n = min(n, min(len(r.rs.blocks) * B_p - r.L - r.generated for r in dec) + 1)
+                if n > 1:
+                    horizon = fleet.horizon(self) - now
+                    if horizon < math.inf:
+                        n = min(n, max(1, math.ceil(horizon / timer(nd, cs))))
+                dt = n * timer(nd, cs + nd * (n - 1) // 2) if n > 1 else timer(nd, cs)
+            else:
+                dt = timer(nd, cs, tuple((c, p) for _, c, p in pf))
+                for req, _, _ in pf:
+                    if req.scheduled_s != req.scheduled_s:
+                        req.scheduled_s = now
+            self.step_end_s = now + dt
+            yield env.timeout(dt)
+            self.cache.end_step(n)
+            self.steps += n
+            self.busy_s += dt
+            now = env.now
+            done = False
+            for r in dec:
+                r.generated += n
+                if r.generated >= r.O:
+                    r.done = True
+                    done = True
+            for req, _, _ in pf:
+                if req.rs.computed >= req.target:  # the last chunk's forward yields the next token
+                    req.generated += 1
+                    if req.first_token_s != req.first_token_s:
+                        req.first_token_s = now
+                    if self.role == "prefill":
+                        req.prefill_done_s = now
+                        req.done = True
+                        done = True
+                        self.held.add(req)
+                        fleet.prefill_finished(req, self)
+                    elif req.generated >= req.O:
+                        req.done = True
+                        done = True
+            if done:
+                keep = []
+                for r in self.running:
+                    if r.done:
+                        r.done = False
+                        if self.role != "prefill":
+                            self._complete(r, now)
+                    else:
+                        keep.append(r)
+                self.running[:] = keep
+                if self.role == "decode" and self.incoming:
+                    self.try_accept()
+            fleet.after_step(self)
+
+    def release_held(self, req) -> None:
+        """Prefill role: the request's KV has left; its prompt pages stay cached here."""
+        self.held.discard(req)
+        self.cache.release(req.rs)
+        req.rs = None
+        self.wake()

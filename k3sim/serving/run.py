@@ -1,0 +1,295 @@
+"""Build a fleet from a scenario and serve a request stream through it; rate sweeps on several processes.
+
+Entry points: `ServeSetup.from_scenario(...)` (every option of `k3sim serve` resolved and checked, before any
+simulation or file), `simulate(setup, requests)` -> `ServeResult`, `sweep_rates(...)`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from k3sim.errors import InputError
+
+# the CacheConfig fields a `serve` user sets through these options
+_CACHE_OPTIONS = {"policy": "--cache-policy", "capacity_bytes": "--pool-bytes",
+                  "hash_block_tokens": "serving.engine.hash_block_tokens",
+                  "physical_block_tokens": "serving.engine.physical_block_tokens"}
+
+
+@dataclass
+class PoolSpec:
+    """One kind of replica: role, count, layout, its cache geometry and per-GPU pool."""
+
+    role: str  # mixed | prefill | decode
+    replicas: int
+    parallelism: object  # configs.Parallelism
+    cache: object  # prefix_cache.CacheConfig (pages per TP rank, all layers; capacity in those bytes)
+    pool_bytes_per_gpu: float | None  # None: unbounded
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.parallelism.gpus
+
+
+@dataclass
+class ServeSetup:
+    model: object
+    hw: object
+    scenario_name: str
+    serving: object  # configs.serving.ServingConfig (with the command-line overrides applied)
+    pools: list[PoolSpec]
+    gpus_per_node: int = 8
+    source: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.replicas * p.gpus_per_replica for p in self.pools)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(p.role == "prefill" for p in self.pools)
+
+    @staticmethod
+    def from_scenario(path: str | Path, *, cache_policy: str | None = None, pool_bytes: float | str | None = None,
+                      router: str | None = None, disaggregate: str | None = None, slo_ttft_s: float | None = None,
+                      slo_tpot_s: float | None = None, replicas: int | None = None, scheduler: str | None = None,
+                      seed: int | None = None) -> "ServeSetup":
+        from k3sim.configs import resolve_scenario
+        from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
+
+        scn, model, hw = resolve_scenario(path)
+        src = str(path)
+        sv = scn.serving
+        if sv is None:
+            if scn.workload.mode != "serve":
+                raise InputError("the scenario has no serving section and its workload is "
+                                 f"'{scn.workload.mode}': add a `serving:` section to serve it", source=src,
+                                 field="serving")
+            sv = ServingConfig()
+        upd: dict = {}
+        eng: dict = {}
+        if cache_policy is not None:
+            from k3sim.configs.serving import CACHE_POLICIES
+
+            if cache_policy not in CACHE_POLICIES:
+                raise InputError(f"unknown policy '{cache_policy}' (choose {', '.join(CACHE_POLICIES)})",
+                                 source="--cache-policy")
+            eng["cache_policy"] = cache_policy
+        if pool_bytes is not None:
+            eng["pool_bytes"] = pool_bytes
+        if scheduler is not None:
+            from k3sim.configs.serving import SCHEDULERS
+
+            if scheduler not in SCHEDULERS:
+                raise InputError(f"unknown scheduler '{scheduler}' (choose {', '.join(SCHEDULERS)})",
+                                 source="--scheduler")
+            eng["scheduler"] = scheduler
+        if eng:
+            upd["engine"] = sv.engine.model_copy(update=eng)
+        if router is not None:
+            from k3sim.configs.serving import ROUTERS
+
+            if router not in ROUTERS:
+                raise InputError(f"unknown router '{router}' (choose {', '.join(ROUTERS)})", source="--router")
+            upd["router"] = router
+        for opt, v, key in (("--slo-ttft", slo_ttft_s, "slo_ttft_s"), ("--slo-tpot", slo_tpot_s, "slo_tpot_s")):
+            if v is not None:
+                if not (math.isfinite(v) and v > 0):
+                    raise InputError(f"must be a finite positive number of seconds (got {v})", source=opt)
+                upd[key] = v
+        if replicas is not None:
+            if replicas <= 0:
+                raise InputError(f"must be positive (got {replicas})", source="--replicas")
+            upd["replicas"] = replicas
+        if seed is not None:
+            if seed < 0:
+                raise InputError(f"must be a non-negative integer (got {seed})", source="--seed")
+            upd["seed"] = seed
+        n_rep = upd.get("replicas", sv.replicas) or scn.replicas
+        if disaggregate is not None:
+            p, d = _split(disaggregate)
+            if p + d != n_rep:
+                raise InputError(f"{p}:{d} does not add up to the fleet's {n_rep} replicas "
+                                 f"(cluster GPUs / GPUs per replica, or serving.replicas)", source="--disaggregate")
+            upd["disaggregation"] = DisaggregationConfig(prefill=PoolConfig(replicas=p), decode=PoolConfig(replicas=d))
+            upd["replicas"] = n_rep
+        if upd:
+            try:
+                sv = ServingConfig.model_validate({**sv.model_dump(), **{k: (v.model_dump() if hasattr(v, "model_dump")
+                                                                           else v) for k, v in upd.items()}})
+            except Exception as err:  # pydantic ValidationError: one line
+                raise InputError(_first_error(err), source="--pool-bytes" if "pool_bytes" in str(err) else src) \
+                    from None
+        gpn = scn.cluster.gpus_per_node
+        pools = []
+        if sv.disaggregation is None:
+            scn.parallelism.check_against(model, source=src)
+            pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src))
+        else:
+            dz = sv.disaggregation
+            if sv.replicas is None and dz.prefill.replicas + dz.decode.replicas != scn.replicas and \
+                    dz.prefill.parallelism is None and dz.decode.parallelism is None:
+                raise InputError(f"disaggregation {dz.prefill.replicas}:{dz.decode.replicas} does not add up to the "
+                                 f"cluster's {scn.replicas} replicas", source=src, field="serving.disaggregation")
+            for role, pc in (("prefill", dz.prefill), ("decode", dz.decode)):
+                par = pc.parallelism or scn.parallelism
+                par.check_against(model, source=src)
+                pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
+        return ServeSetup(model, hw, scn.name, sv, pools, gpn, src)
+
+
+def _first_error(err) -> str:
+    try:
+        e = err.errors()[0]
+        loc = ".".join(str(x) for x in e.get("loc", ()))
+        return f"{loc}: {e.get('msg')}" if loc else str(e.get("msg"))
+    except Exception:
+        return str(err).splitlines()[0]
+
+
+def _split(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    try:
+        p, d = (int(x) for x in parts)
+    except ValueError:
+        raise InputError(f"expected P:D (prefill:decode replicas, e.g. 1:1), got '{text}'",
+                         source="--disaggregate") from None
+    if p < 1 or d < 1:
+        raise InputError(f"both pools need at least one replica (got {text})", source="--disaggregate")
+    return p, d
+
+
+def pool_capacity_bytes(model, hw, par, pool_bytes_per_gpu: float | None, *, context_tokens: int,
+                        prefill_chunk_tokens: int, workspace_fraction: float, source: str | None = None) -> float:
+    """The prefix cache's capacity (pages of all layers, per TP rank) that a per-GPU pool means under `par`.
+
+    A stage's GPU holds its own layers' share of every page (MLA KV by its MLA layers, KDA state slots by its
+    KDA layers), so the whole-model capacity is min over stages of per-GPU bytes / that stage's share. Without
+    an explicit per-GPU pool, each stage's is what the memory planner leaves after weights, AttnRes blocks and
+    workspace (`memory.plan.serve_plan`)."""
+    from k3sim.memory.plan import serve_plan
+
+    plan = serve_plan(model, hw, par, context_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
+                      workspace_fraction=workspace_fraction, source=source)
+    n_mla, n_kda = max(model.num_mla_layers, 1), max(model.num_kda_layers, 1)
+    best = math.inf
+    for st in plan.stages:
+        kinds = [model.layer_kinds[i - 1] for i in st["layers"]]
+        share = max(kinds.count("mla") / n_mla, kinds.count("kda") / n_kda)
+        if share <= 0:
+            continue
+        per_gpu = pool_bytes_per_gpu if pool_bytes_per_gpu is not None else plan.hbm_bytes - st["fixed_bytes"]
+        best = min(best, per_gpu / share)
+    return best
+
+
+def default_physical_block(model, hash_block: int, tp: int, policy: str) -> int:
+    """Smallest multiple of the hash block whose page (all MLA layers' KV per TP rank) holds one KDA group's
+    state per TP rank, so a state slot is one page (vLLM's hybrid allocator sizes attention pages to the mamba
+    state the same way)."""
+    from k3sim.memory.sizes import conv_state_bytes_per_request, kda_state_bytes_per_request, mla_kv_bytes_per_token
+    from k3sim.prefix_cache.config import kda_groups_for
+
+    if policy == "full-attention" or not model.num_kda_layers:
+        return hash_block
+    g = kda_groups_for(model.num_kda_layers, model.num_mla_layers)
+    state = math.ceil((kda_state_bytes_per_request(model) + conv_state_bytes_per_request(model)) / tp / g)
+    tokens = math.ceil(state / max(mla_kv_bytes_per_token(model), 1))
+    return max(1, math.ceil(tokens / hash_block)) * hash_block
+
+
+def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
+    from k3sim.prefix_cache.config import config_from_model
+    from k3sim.prefix_cache.run import _named_options
+
+    e = sv.engine
+    pb = e.physical_block_tokens or default_physical_block(model, e.hash_block_tokens, par.tp, e.cache_policy)
+    if e.pool_bytes == "unbounded":
+        per_gpu, cap = None, None
+    else:
+        per_gpu = e.pool_bytes
+        ctx = scn.workload.context_tokens if scn.workload.mode == "serve" else 131072
+        cap = pool_capacity_bytes(model, hw, par, per_gpu, context_tokens=ctx,
+                                  prefill_chunk_tokens=e.token_budget, workspace_fraction=scn.workload.workspace_fraction,
+                                  source=src)
+        if per_gpu is None:
+            per_gpu = cap  # reported as the whole-model figure when the planner chose it
+    with _named_options(_CACHE_OPTIONS):
+        cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp)
+        cfg.check_capacity()
+    return PoolSpec(role, n, par, cfg, per_gpu)
+
+
+@dataclass
+class ServeResult:
+    summary: dict
+    records: object  # entities.RecordBook
+    samples: list
+    wall_s: float
+    steps: int
+    step_time_evaluations: int
+    transfer_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def frame(self):
+        return self.records.frame()
+
+
+def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | None = None,
+             sample_interval_s: float = 1.0, progress: Callable[[int], None] | None = None) -> ServeResult:
+    """Serve `requests` (TraceRequests in arrival order, streamed) through the fleet of `setup`.
+
+    `step_seconds(role_index) -> fn` may replace the step model (tests: a constant step cost)."""
+    import simpy
+
+    from k3sim.serving.engine import Replica, StepTimer
+    from k3sim.serving.fleet import Fleet, TransferModel
+    from k3sim.serving.metrics import summarize
+    from k3sim.serving.stepcost import step_seconds_for
+
+    t0 = time.perf_counter()
+    env = simpy.Environment()
+    sv = setup.serving
+    front = setup.pools[0]
+    transfer = None
+    if setup.disaggregated:
+        pp, dp = setup.pools
+        links = min(pp.gpus_per_replica, dp.gpus_per_replica)
+        same = pp.gpus_per_replica + dp.gpus_per_replica <= setup.hw.scaleup_domain_gpus
+        transfer = TransferModel(setup.model, setup.hw, links, same)
+    fleet = Fleet(env, router=sv.router, load_cap=sv.router_load_cap, transfer=transfer,
+                  sample_interval_s=sample_interval_s, hash_block_tokens=front.cache.effective_hash_block_tokens,
+                  progress=progress)
+    timers = []
+    for i, pool in enumerate(setup.pools):
+        fn = step_seconds(i) if step_seconds is not None else step_seconds_for(
+            setup.model, setup.hw, pool.parallelism, gpus_per_node=setup.gpus_per_node)
+        timer = StepTimer(fn, sv.slo_tpot_s)
+        timers.append(timer)
+        for _ in range(pool.replicas):
+            lst = fleet.decode if pool.role == "decode" else fleet.front
+            rep = Replica(fleet, len(lst), pool.role, pool.cache, sv.engine, timer, pool.gpus_per_replica)
+            lst.append(rep)
+            env.process(rep.run())
+    env.process(fleet.arrivals(requests))
+    env.run()
+    stuck = sum(len(r.running) + len(r.waiting) + len(r.held) + len(r.incoming) for r in fleet.replicas)
+    if stuck or fleet.in_system:
+        raise RuntimeError(f"{fleet.in_system} requests never finished ({stuck} still queued or running)")
+    sim_s = env.now
+    summary = summarize(fleet, sim_seconds=sim_s, gpus=setup.gpus, slo_ttft_s=sv.slo_ttft_s, slo_tpot_s=sv.slo_tpot_s)
+    wall = time.perf_counter() - t0
+    evals = sum(getattr(t.fn, "evaluations", len(t.memo)) for t in timers)
+    res = ServeResult(summary, fleet.records, fleet.samples, wall, sum(r.steps for r in fleet.replicas), evals,
+                      transfer.total_bytes if transfer else 0)
+    res.summary["wall_s"] = wall
+    res.summary["steps"] = res.steps
+    res.summary["replicas"] = {p.role: p.replicas for p in setup.pools}
+    if transfer is not None:
+        res.summary["transfer_bytes"] = transfer.total_bytes
+        res.summary["transfers"] = transfer.transfers
+    return res
