@@ -103,5 +103,4 @@ def register(app: typer.Typer) -> None:
         if not res.fits:
             if json_out:
                 raise typer.Exit(2)
-            where = f" (report with the figures: {written}/report.md)" if written else ""
-            raise DoesNotFit(res.verdict + where, source=str(path))
+            raise DoesNotFit(res.verdict, source=str(path))  # the report path is in the table above

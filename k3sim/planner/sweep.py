@@ -218,10 +218,14 @@ def run_points(path: str | Path, points: list[dict], *, workers: int = 1, schedu
         import dask
         import dask.bag as db
 
-        with dask.config.set({"multiprocessing.context": "spawn"}):
+        # fork: workers inherit the imported modules (spawn re-imports numpy, pandas, k3sim per worker,
+        # seconds each on a small machine); nothing in the parent holds a lock a child could inherit.
+        import multiprocessing as mp
+
+        ctx = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        with dask.config.set({"multiprocessing.context": ctx}):
             results = db.from_sequence(chunks, npartitions=len(chunks)).map(evaluate_chunk).compute(
                 scheduler="processes", num_workers=workers)
-            results = [results]  # the bag flattens: one list of rows
         if progress:
             progress(n, n)
     rows = [r for part in results for r in part]

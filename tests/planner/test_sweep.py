@@ -1,0 +1,78 @@
+"""Sweep: the grid, failed points kept, Pareto front, and identical rows serial / local processes / Dask."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_helpers import kl_train  # noqa: E402
+
+from k3sim.errors import InputError  # noqa: E402
+from k3sim.planner.inputs import load  # noqa: E402
+from k3sim.planner.sweep import grid, pareto_front, run_points, sweep  # noqa: E402
+
+
+def test_grid_fills_cluster_and_keeps_global_batch(tmp_path):
+    inp = load(kl_train(tmp_path))
+    pts = grid(inp, {"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1]})
+    # scenario: 4 micro-batches x dp 4 x 1 sequence = 16 sequences per step
+    assert len(pts) == 4
+    for p in pts:
+        assert p["tp"] * p["pp"] * p["cp"] * p["dp"] == 16
+        assert p["num_micro_batches"] * p["dp"] == 16
+    assert [p["index"] for p in pts] == [0, 1, 2, 3]
+
+
+def test_empty_grid_refused(tmp_path):
+    inp = load(kl_train(tmp_path))
+    with pytest.raises(InputError, match="sweep grid is empty"):
+        grid(inp, {"tp": [32], "pp": [1]})  # 32 GPUs of TP alone exceed the 16-GPU cluster
+
+
+def test_failed_points_are_rows_with_their_error(tmp_path):
+    path = kl_train(tmp_path)
+    # ep=7 divides neither the 256 experts nor the stage; v=2 with m not a multiple of pp
+    pts = [{"index": 0, "tp": 2, "pp": 2, "virtual_stages": 1, "ep": 7, "cp": 1, "dp": 4, "num_micro_batches": 4},
+           {"index": 1, "tp": 2, "pp": 2, "virtual_stages": 2, "ep": 8, "cp": 1, "dp": 4, "num_micro_batches": 3},
+           {"index": 2, "tp": 2, "pp": 2, "virtual_stages": 1, "ep": 8, "cp": 1, "dp": 4, "num_micro_batches": 4}]
+    rows = run_points(path, pts)
+    assert [r["status"] for r in rows] == ["error", "error", "ok"]
+    assert "ep=7 does not divide" in rows[0]["error"]
+    assert "multiple of pp=2" in rows[1]["error"]
+    assert rows[2]["step_time_s"] > 0 and rows[2]["fits"] in (True, False)
+
+
+def test_pareto_front_by_hand():
+    df = pd.DataFrame({"step_time_s": [1.0, 2.0, 3.0, 2.5, 1.0], "tokens_per_s_per_gpu": [10, 20, 15, 30, 5]})
+    front = pareto_front(df, "step_time_s", "tokens_per_s_per_gpu")
+    # (1, 10) beats (1, 5); (2, 20) beats (3, 15); (2.5, 30) is the fastest-per-GPU
+    assert sorted(front.index.tolist()) == [0, 1, 3]
+
+
+def test_same_rows_serial_processes_and_dask_cluster(tmp_path):
+    from distributed import LocalCluster
+
+    path = kl_train(tmp_path)
+    pts = grid(load(path), {"tp": [1, 2], "pp": [1, 2], "ep": [1, 8], "cp": [1], "virtual_stages": [1]})
+    serial = run_points(path, pts)
+    procs = run_points(path, pts, workers=2, chunk_size=2)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as lc:
+        dask = run_points(path, pts, scheduler=lc.scheduler_address, chunk_size=3)
+    assert serial == procs == dask
+    assert all(r["status"] == "ok" for r in serial)
+
+
+def test_sweep_writes_parquet_and_front(tmp_path):
+    path = kl_train(tmp_path)
+    out = tmp_path / "out"
+    res = sweep(path, out, given={"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1]})
+    back = pd.read_parquet(out / "sweep.parquet")
+    assert len(back) == 4 and set(back["status"]) == {"ok"}
+    assert (out / "pareto.png").stat().st_size > 0 and (out / "pareto.md").read_text().startswith("# Sweep")
+    assert len(res.front) >= 1
+    best = back[back["fits"]].sort_values("step_time_s").iloc[0]
+    assert best["step_time_s"] == res.front["step_time_s"].min()
