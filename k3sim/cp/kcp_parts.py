@@ -153,7 +153,22 @@ class Parts:
         return fit.seconds(L, H), "model" if H in set(df["H"]) else "model (heads not measured)"
 
 
+_PARTS: dict[tuple, "Parts | None"] = {}
+
+
 def load_parts(root: Path | None, num_sms: int) -> Parts | None:
+    """The parts under `root` and their fits; cached until a part's file changes."""
+    if root is None:
+        return None
+    files = tuple((str(p), p.stat().st_mtime_ns) for op in PART_OPS for p in sorted(Path(root).glob(f"*/{op}.csv")))
+    key = (str(root), num_sms, files)
+    if key not in _PARTS:
+        _PARTS.clear() if len(_PARTS) > 8 else None
+        _PARTS[key] = _load_parts(root, num_sms)
+    return _PARTS[key]
+
+
+def _load_parts(root: Path, num_sms: int) -> Parts | None:
     dfs = [load_part(root, op) for op in PART_OPS]
     if any(d is None for d in dfs):
         return None

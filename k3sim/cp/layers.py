@@ -67,7 +67,8 @@ class LayerInputs:
     kcp_pre_factor: float = field(default_factory=kcp_preprocess_factor)
     conv_halo: bool = True              # False: the KDA op alone, as the calibration harness times it
     intra: Any = None                   # fitted IntraParams (host floor, GPU time of a chunk_kda call)
-    pre_model: str = "flop-ratio"       # KCP pre-process: "flop-ratio" (default) | "state-pass" (alternative)
+    pre_model: str = "flop-ratio"       # KCP pre-process: "parts" | "flop-ratio" | "state-pass" (alternative)
+    parts: Any = None                   # cp.kcp_parts.Parts: fla's pre-process and merge measured alone
 
     @property
     def L(self) -> int:
@@ -115,15 +116,18 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
         need_f = [r for r in range(P - 1) if pre[r + 1] > 0]
         need_b = [r for r in range(1, P) if post[r - 1] > 0]
         pf, pre_label, pre_src = _preprocess(x, [last_seg[r] for r in need_f], H, src)
-        pb, _, _ = _preprocess(x, [first_seg[r] for r in need_b], H, src)
-        step, ssrc = x.clock("gemm_bf16", M=H * g.kda_head_dim_k, N=g.kda_head_dim_v, K=g.kda_head_dim_k)
-        step *= FOLD_PASSES[x.state_dtype]
+        pb, _, _ = _preprocess(x, [first_seg[r] for r in need_b], H, src, "bwd")
+        if x.pre_model == "parts":  # fla's chunk_cp_merge measured alone (cp/kcp_parts.py)
+            mf, mb = x.parts.fit_merge.seconds(int(pre.max())), x.parts.fit_merge.seconds(int(post.max()))
+            ssrc, how = "model (chunk_cp_merge measured alone)", "chunk_cp_merge"
+        else:
+            step, ssrc = x.clock("gemm_bf16", M=H * g.kda_head_dim_k, N=g.kda_head_dim_v, K=g.kda_head_dim_k)
+            step *= FOLD_PASSES[x.state_dtype]
+            mf, mb, how = int(pre.max()) * step, int(post.max()) * step, f"H x {g.kda_head_dim_k}^3 matmul"
         rows_f += [(f"pre-process (M, S~) of last segment, {pre_label}", pf, pre_src, "compute"),
-                   (f"fold: {int(pre.max())} steps of H x {g.kda_head_dim_k}^3 matmul", int(pre.max()) * step,
-                    ssrc, "compute")]
+                   (f"fold: {int(pre.max())} steps of {how}", mf, ssrc, "compute")]
         rows_b += [(f"pre-process (dM, dS~) of first segment, {pre_label}", pb, pre_src, "compute"),
-                   (f"fold: {int(post.max())} steps of H x {g.kda_head_dim_k}^3 matmul", int(post.max()) * step,
-                    ssrc, "compute")]
+                   (f"fold: {int(post.max())} steps of {how}", mb, ssrc, "compute")]
     rows_f += _comm_rows(x, fwd_tr)
     rows_b += _comm_rows(x, bwd_tr)
     notes = ["no overlap: the main kernel waits for the folded initial state (fla runs it this way)"]
@@ -132,8 +136,11 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
                      _phase(bwd_tr, rows_b), notes)
 
 
-def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[float, str, str]:
+def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str, direction: str = "fwd") -> tuple[float, str, str]:
     """Slowest rank's pre-process: the S~ state pass plus the M chain over its exported segment.
+
+    "parts" (the default where the profile has them): fla's `chunk_cp_fwd_h` / `chunk_cp_bwd_dh` timed
+    alone on one GPU (cp/kcp_parts.py: measured rows, else chunks x tau x waves(H)).
 
     "flop-ratio": `kcp_pre_factor` (0.90, `flops.kcp_preprocess_factor`) x the GPU time of a chunk_kda
     forward over the segment. The pre-process runs inside the same host call as the main kernel, so with
@@ -146,6 +153,10 @@ def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str) -> tuple[
         return 0.0, "none needed", "none"
     from k3sim.cp.intra_device import gpu_seconds, serial_pass_seconds
 
+    if x.pre_model == "parts":
+        got = [x.parts.pre(direction, int(t), H) for t in seg_lens]
+        s, how = max(got)
+        return s, f"fla {'chunk_cp_fwd_h' if direction == 'fwd' else 'chunk_cp_bwd_dh'} measured alone", how
     if x.pre_model == "state-pass":
         if x.intra is None:
             raise ValueError("the state-pass pre-process model needs fitted intra-device parameters")

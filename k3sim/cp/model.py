@@ -61,6 +61,15 @@ def fitted_intra(hardware: Any) -> Any:
     return check["params"] if check else None
 
 
+def kcp_parts_of(hardware: Any):
+    """The profile's measured KCP parts (cp/kcp_parts.py), or None (no measurements, or a stand-in profile)."""
+    from k3sim.cp.kcp_parts import load_parts
+    from k3sim.cp.validate import measured_root
+
+    root = measured_root(hardware)
+    return load_parts(root, int(getattr(hardware, "num_sms", 132))) if root is not None else None
+
+
 def check_state_dtype(state_dtype: str) -> None:
     """KCP moves the recurrent state in bf16 or fp32 (fla keeps fp32); anything else is bad input."""
     if state_dtype not in ("bf16", "fp32"):
@@ -71,13 +80,20 @@ def layer_inputs(g: CPGeometry, hardware: Any, seq_len: int, P: int, *, state_dt
                  mla_kv: str = DEFAULT_MLA_KV, docs: int | None = None, doc_lengths: list[int] | None = None,
                  kernel_time=None, bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
                  conv_halo: bool = True, clock: KernelClock | None = None, intra: Any = None,
-                 pre_model: str = "flop-ratio") -> LayerInputs:
-    """Everything a per-layer cost function reads; `clock` lets a sweep share memoised kernel times."""
+                 pre_model: str = "auto") -> LayerInputs:
+    """Everything a per-layer cost function reads; `clock` lets a sweep share memoised kernel times.
+
+    `pre_model` "auto": fla's KCP pre-process and merge as measured alone on one GPU (cp/kcp_parts.py)
+    where the profile has those measurements and no FLOP-ratio factor is forced, else the FLOP ratio."""
+    parts = None
+    if pre_model in ("auto", "parts"):
+        parts = kcp_parts_of(hardware)
+        pre_model = "parts" if parts is not None and kcp_pre_factor is None else "flop-ratio"
     bounds = D.doc_bounds(seq_len, docs, doc_lengths)
     clock = clock or KernelClock(hardware, kernel_time or default_kernel_time())
     comm = CommModel(clock, P, P * g.tp, bandwidth_override)
     x = LayerInputs(g, clock, comm, seq_len, P, bounds, state_dtype, mla_kv, conv_halo=conv_halo, intra=intra,
-                    pre_model=pre_model)
+                    pre_model=pre_model, parts=parts)
     if kcp_pre_factor is not None:
         x.kcp_pre_factor = kcp_pre_factor
     return x
