@@ -1,0 +1,350 @@
+"""Whole-step measurement on one GPU: `python3 -m k3sim.calibration.wholestep.run --out DIR [--plan ...]`.
+
+A plan is an ordered list of CONFIG:PART=SECONDS items (configurations in specs.json; parts decode,
+prefill, train); each item stops starting new points at its time box and a failed point is recorded
+(status failed) while the run goes on. Consecutive serving items of one configuration share one built
+model. Rows go to DIR/{decode,prefill,train}_step.csv as they are measured, beside provenance.yaml and
+manifest.json (per configuration and part: the kernel list of one layer of each kind at the first point,
+from `spec.manifest`; each CSV row says whether the kernels traced in that point's eager call equal the
+CPU-side list, `manifest_ok`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from k3sim.calibration.wholestep import spec as S
+
+PARTS = ("decode", "prefill", "train")
+DEFAULT_PLAN = ("kimi-linear-48b:decode=150,kimi-linear-48b:prefill=110,k3-tp8-ep8-l5-8:decode=60,"
+                "kimi-linear-48b-l5-8:train=80,k3-tp8-ep8-l5-8:train=60")
+# Point grids (issue 10 item 6, issue 14 item 1, issue 15 item 2; the brief's values).
+DECODE_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+DECODE_C = {"kimi-linear-48b": [1024, 4096, 16384, 65536], "default": [4096, 32768]}
+PREFILL_CHUNKS = [512, 1024, 2048, 4096, 8192]
+PREFILL_PREFIX = [0, 8192]
+PREFILL_RIDE = [0, 32]
+RIDE_CONTEXT = 4096
+TRAIN_SEQ = 4096
+TRAIN_MB = [1, 2]
+
+
+def parse_plan(text: str, specs: dict) -> list[tuple[str, str, float]]:
+    from k3sim.errors import InputError
+
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        head, _, secs = item.partition("=")
+        cfg, _, part = head.partition(":")
+        if cfg not in specs:
+            raise InputError(f"unknown configuration {cfg!r}; known: {', '.join(specs)}", source="--plan", field="config")
+        if part not in PARTS:
+            raise InputError(f"unknown part {part!r} in {item!r}; choose from {', '.join(PARTS)}", source="--plan", field="part")
+        try:
+            s = float(secs)
+        except ValueError:
+            raise InputError(f"expected CONFIG:PART=SECONDS, got {item!r}", source="--plan") from None
+        if not 0 < s < float("inf"):
+            raise InputError(f"time box must be a positive number of seconds, got {item!r}", source="--plan")
+        if part == "train" and specs[cfg].embed_head:
+            raise InputError(f"train runs on a layer slice; {cfg} is the whole model", source="--plan", field="config")
+        out.append((cfg, part, s))
+    if not out:
+        raise InputError("empty plan", source="--plan")
+    return out
+
+
+def int_list(text: str, option: str) -> list[int]:
+    from k3sim.errors import InputError
+
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {text!r}", source=option) from None
+    if not vals or any(v < 0 for v in vals):
+        raise InputError(f"expected non-negative integers, got {text!r}", source=option)
+    return vals
+
+
+def _match(model, st, traced: list[dict]) -> tuple[bool, str]:
+    want = S.sequence(model.spec, st, model.expert_kernel)
+    if traced == want:
+        return True, ""
+    for i, (a, b) in enumerate(zip(traced, want)):
+        if a != b:
+            return False, f"op {i}: traced {a} vs manifest {b}"
+    return False, f"traced {len(traced)} ops vs manifest {len(want)}"
+
+
+class Runner:
+    def __init__(self, a, specs):
+        self.a, self.specs = a, specs
+        self.out = Path(a.out)
+        self.writers: dict = {}
+        self.manifest: dict = {}
+        self.model = None
+        self.model_key = None
+
+    def writer(self, part):
+        from k3sim.calibration.records import OpWriter
+
+        if part not in self.writers:
+            cols = {"decode": ["config", "B", "C", "timer"],
+                    "prefill": ["config", "chunk", "prefix", "decodes", "decode_context"],
+                    "train": ["config", "seq", "micro_batch", "phase"]}[part]
+            self.writers[part] = OpWriter(self.out, f"{part}_step", cols,
+                                          ["expert_kernel", "tokens", "manifest_ok", "manifest_diff", "impl"])
+        return self.writers[part]
+
+    def get_model(self, cfg: str, grad: bool):
+        import torch
+
+        from k3sim.calibration.wholestep.model import WholeStepModel
+
+        key = (cfg, grad)
+        if self.model_key != key:
+            self.model = None
+            torch.cuda.empty_cache()
+            t0 = time.monotonic()
+            # training runs bf16 experts (issue 15: "K3 TP8 slice in bf16 experts"); MXFP4 is a serving format
+            kernel = "grouped_bf16" if grad else self.a.expert_kernel
+            self.model = WholeStepModel(self.specs[cfg], expert_kernel=kernel, grad=grad)
+            torch.cuda.synchronize()
+            self.model_key = key
+            print(f"[wholestep] built {cfg} (grad={grad}) in {time.monotonic() - t0:.1f}s; "
+                  f"{torch.cuda.memory_allocated() / 1e9:.1f} GB allocated", flush=True)
+            if self.a.check:
+                self.checks(self.model)
+        return self.model
+
+    def checks(self, model):
+        """Numerical self-checks on small inputs: grouped-GEMM MoE vs a per-expert loop; the MLA decode
+        kernel in use vs the torch reference. Printed and kept in the manifest."""
+        from k3sim.calibration.wholestep import checks
+
+        res = checks.run_all(model)
+        print(f"[wholestep] checks {model.spec.name}: {res}", flush=True)
+        self.manifest.setdefault(model.spec.name, {})["checks"] = res
+
+    def note_manifest(self, cfg, part, st):
+        d = self.manifest.setdefault(cfg, {})
+        if part not in d:
+            d[part] = S.manifest(self.specs[cfg], st, "grouped_bf16" if part == "train" else self.a.expert_kernel)
+
+    def extras(self, model, st, traced):
+        ok, diff = _match(model, st, traced) if traced is not None else ("", "")
+        impl = ";".join(f"{k}={v}" for k, v in sorted(model.impl.items()))
+        return dict(expert_kernel=model.expert_kernel, tokens=st.tokens, manifest_ok=ok, manifest_diff=diff, impl=impl)
+
+    # ------------------------------------------------------------------ parts
+    def decode(self, cfg, deadline):
+        import torch
+
+        from k3sim.calibration.wholestep import decode_step
+
+        model = self.get_model(cfg, grad=False)
+        w = self.writer("decode")
+        batches = self.a.batches or DECODE_B
+        contexts = self.a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
+        pts, max_b, cache_tokens = decode_step.plan_pool(model, batches, contexts)
+        skipped = [(b, c) for c in contexts for b in batches if (b, c) not in pts]
+        for b, c in skipped:
+            w.failed(dict(config=cfg, B=b, C=c, timer="graph"), "skipped: MLA cache + KDA state do not fit beside the weights")
+        if not pts:
+            return 0
+        pool = model.decode_pool(max_b, cache_tokens)
+        n = 0
+        for b, c in pts:
+            st = S.StepShape(decodes=b, context=c)
+            self.note_manifest(cfg, "decode", st)
+            base = dict(config=cfg, B=b, C=c)
+            if time.monotonic() > deadline:
+                w.failed(dict(base, timer="graph"), "skipped: part time budget exhausted")
+                continue
+            try:
+                res, traced = decode_step.measure_point(model, st, pool, trace=not self.a.no_trace)
+                ex = self.extras(model, st, traced)
+                for timer, t in res.items():
+                    w.ok(dict(base, timer=timer), t, **ex)
+                n += 1
+                g = res.get("graph")
+                print(f"[wholestep] decode {cfg} B={b} C={c}: graph {g.seconds * 1e3 if g else float('nan'):.3f} ms, "
+                      f"eager {res['eager_events'].seconds * 1e3:.3f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
+            except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+                w.failed(dict(base, timer="graph"), err)
+                print(f"[wholestep] decode {cfg} B={b} C={c} failed: {type(err).__name__}: {err}", flush=True)
+                torch.cuda.empty_cache()
+        del pool
+        torch.cuda.empty_cache()
+        return n
+
+    def prefill(self, cfg, deadline):
+        import torch
+
+        from k3sim.calibration.wholestep import prefill_step
+
+        model = self.get_model(cfg, grad=False)
+        w = self.writer("prefill")
+        n = 0
+        for ride in self.a.ride_decodes:
+            for prefix in self.a.prefixes:
+                for chunk in self.a.chunks:
+                    st = S.StepShape(decodes=ride, context=self.a.ride_context if ride else 0, chunk=chunk, prefix=prefix)
+                    self.note_manifest(cfg, "prefill", st)
+                    base = dict(config=cfg, chunk=chunk, prefix=prefix, decodes=ride, decode_context=st.context)
+                    if time.monotonic() > deadline:
+                        w.failed(base, "skipped: part time budget exhausted")
+                        continue
+                    try:
+                        t, traced = prefill_step.measure_point(model, st, trace=not self.a.no_trace)
+                        ex = self.extras(model, st, traced)
+                        w.ok(base, t, **ex)
+                        n += 1
+                        print(f"[wholestep] prefill {cfg} chunk={chunk} prefix={prefix} decodes={ride}: "
+                              f"{t.seconds * 1e3:.3f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
+                    except Exception as err:  # noqa: BLE001
+                        w.failed(base, err)
+                        print(f"[wholestep] prefill {cfg} chunk={chunk} prefix={prefix} decodes={ride} failed: "
+                              f"{type(err).__name__}: {err}", flush=True)
+                        torch.cuda.empty_cache()
+        return n
+
+    def train(self, cfg, deadline):
+        import torch
+
+        from k3sim.calibration.wholestep import train_step
+
+        model = self.get_model(cfg, grad=True)
+        w = self.writer("train")
+        n = 0
+        for mb in self.a.micro_batches:
+            st = S.StepShape(chunk=self.a.seq, seqs=mb, train=True)
+            self.note_manifest(cfg, "train", st)
+            base = dict(config=cfg, seq=self.a.seq, micro_batch=mb)
+            if time.monotonic() > deadline:
+                w.failed(dict(base, phase="fwd_bwd"), "skipped: part time budget exhausted")
+                continue
+            try:
+                res, traced = train_step.measure_point(model, st, trace=not self.a.no_trace)
+                ex = self.extras(model, st, traced)
+                for phase, t in res.items():
+                    w.ok(dict(base, phase=phase), t, **ex)
+                n += 1
+                print(f"[wholestep] train {cfg} T={self.a.seq} mb={mb}: fwd {res['fwd'].seconds * 1e3:.2f} ms, "
+                      f"fwd+bwd {res['fwd_bwd'].seconds * 1e3:.2f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
+            except Exception as err:  # noqa: BLE001
+                w.failed(dict(base, phase="fwd_bwd"), err)
+                print(f"[wholestep] train {cfg} mb={mb} failed: {type(err).__name__}: {err}", flush=True)
+                torch.cuda.empty_cache()
+        return n
+
+
+def run(a) -> Path:
+    from k3sim.calibration.records import provenance, write_provenance
+    from k3sim.files import atomic_write_text
+
+    specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
+    plan = parse_plan(a.plan, specs)
+    try:
+        import torch
+    except ImportError:
+        from k3sim.errors import InputError
+
+        raise InputError("the whole-step measurement needs PyTorch with CUDA and fla-core", source="wholestep run",
+                         field="torch") from None
+    if not torch.cuda.is_available():
+        from k3sim.errors import InputError
+
+        raise InputError("no CUDA GPU visible", source="wholestep run", field="gpu")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = provenance(" ".join(shlex.quote(x) for x in sys.argv), 1, sorted({p for _, p, _ in plan}))
+    info["plan"] = a.plan
+    info["expert_kernel"] = a.expert_kernel
+    info["timing_wholestep"] = ("decode: graph = CUDA-event time of one CUDA-graph replay of the whole step "
+                                "(L2 flushed before each, median); eager_events = same step launched op by op "
+                                "after a GPU sleep; eager_wall = host wall time of a synchronised eager step. "
+                                "prefill/train: eager, CUDA events after a GPU sleep (timing.time_cuda)")
+    write_provenance(out, info)
+    r = Runner(a, specs)
+    start = time.monotonic()
+    for cfg, part, secs in plan:
+        t0 = time.monotonic()
+        try:
+            n = getattr(r, part)(cfg, t0 + secs)
+        except Exception as err:  # noqa: BLE001 - e.g. the model does not build: next item
+            n = 0
+            print(f"[wholestep] {cfg}:{part} failed: {type(err).__name__}: {err}", flush=True)
+        print(f"[wholestep] {cfg}:{part}: {n} points in {time.monotonic() - t0:.0f}s", flush=True)
+        atomic_write_text(out / "manifest.json", json.dumps(r.manifest, indent=1, default=str) + "\n")
+    for w in r.writers.values():
+        w.close()
+    r.model = None
+    info["elapsed_s"] = round(time.monotonic() - start, 1)
+    write_provenance(out, info)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m k3sim.calibration.wholestep.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="run directory (created)")
+    ap.add_argument("--plan", default=DEFAULT_PLAN, help="CONFIG:PART=SECONDS,... in order")
+    ap.add_argument("--specs", default="", help="specs JSON (default: specs.json beside this module)")
+    ap.add_argument("--expert-kernel", default="grouped_bf16", choices=["grouped_bf16", "mxfp4"])
+    ap.add_argument("--batches", default="", help="decode batch sizes (default 1..256)")
+    ap.add_argument("--contexts", default="", help="decode contexts (default per configuration)")
+    ap.add_argument("--chunks", default=",".join(map(str, PREFILL_CHUNKS)))
+    ap.add_argument("--prefixes", default=",".join(map(str, PREFILL_PREFIX)))
+    ap.add_argument("--ride-decodes", default=",".join(map(str, PREFILL_RIDE)))
+    ap.add_argument("--ride-context", type=int, default=RIDE_CONTEXT)
+    ap.add_argument("--seq", type=int, default=TRAIN_SEQ)
+    ap.add_argument("--micro-batches", default=",".join(map(str, TRAIN_MB)))
+    ap.add_argument("--check", action="store_true", help="numerical self-checks after each model build")
+    ap.add_argument("--no-trace", action="store_true", help="skip the per-point kernel-list check")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parsed and validated arguments (InputError on bad values); no torch needed."""
+    from k3sim.errors import InputError
+
+    a = build_parser().parse_args(argv)
+    a.batches = int_list(a.batches, "--batches") if a.batches else []
+    a.contexts = int_list(a.contexts, "--contexts") if a.contexts else []
+    a.chunks = int_list(a.chunks, "--chunks")
+    a.prefixes = int_list(a.prefixes, "--prefixes")
+    a.ride_decodes = int_list(a.ride_decodes, "--ride-decodes")
+    a.micro_batches = int_list(a.micro_batches, "--micro-batches")
+    for opt, vals in (("--batches", a.batches), ("--contexts", a.contexts), ("--chunks", a.chunks),
+                      ("--micro-batches", a.micro_batches)):
+        if any(v == 0 for v in vals):
+            raise InputError(f"values must be positive, got {vals}", source=opt)
+    for opt, v in (("--ride-context", a.ride_context), ("--seq", a.seq)):
+        if v <= 0:
+            raise InputError(f"must be positive, got {v}", source=opt)
+    specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
+    parse_plan(a.plan, specs)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    from k3sim.errors import InputError
+
+    try:
+        a = parse_args(argv)
+        out = run(a)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"[wholestep] results in {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Training forward and forward+backward of a layer slice (issue 15 item 2): sequence T x micro-batch
+b, bf16 weights as trainable leaves, autograd through fla's chunk_kda and causal_conv1d, torch SDPA (flash,
+causal) and torch._grouped_mm. Input hidden states require grad (the slice sits inside a model); the
+backward is driven by a random output gradient. Weight gradients are computed (and reset, untimed,
+before each repetition), no optimizer step. Timed with CUDA events (`timing.time_cuda`).
+"""
+
+from __future__ import annotations
+
+from k3sim.calibration.wholestep import spec as S
+
+REPS = 8
+
+
+def measure_point(model, st: S.StepShape, trace: bool = True):
+    import torch
+
+    from k3sim.calibration.timing import time_cuda
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16)
+
+    def fwd():
+        return model.forward(x, st)
+
+    def fwd_bwd():
+        model.forward(x, st).backward(dy)
+
+    def reset():
+        x.grad = None
+        for p in model.params:
+            p.grad = None
+
+    out = {}
+    fwd_bwd()  # compiles fla's forward and backward kernels for this shape family
+    reset()
+    torch.cuda.synchronize()
+    traced = model.trace(x, st) if trace else None
+    out["fwd"] = time_cuda(fwd, reps=REPS, warmup=2, budget_s=4.0)
+    out["fwd_bwd"] = time_cuda(fwd_bwd, reps=REPS, warmup=2, before_each=reset, budget_s=6.0)
+    reset()
+    torch.cuda.empty_cache()
+    return out, traced
