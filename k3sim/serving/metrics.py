@@ -65,9 +65,3 @@ def summarize(fleet, *, sim_seconds: float, gpus: int, slo_ttft_s: float, slo_tp
         "gpus": gpus,
     }
 
-
-def timeseries_frame(fleet):
-    import pandas as pd
-
-    return pd.DataFrame(fleet.samples, columns=["t_s", "running", "waiting", "pinned_bytes", "cached_bytes",
-                                                "in_system"])

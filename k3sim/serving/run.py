@@ -249,8 +249,6 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
     from k3sim.serving.engine import Replica, StepTimer
     from k3sim.serving.fleet import Fleet, TransferModel
     from k3sim.serving.metrics import summarize
-    from k3sim.serving.stepcost import step_seconds_for
-
     t0 = time.perf_counter()
     env = simpy.Environment()
     sv = setup.serving
@@ -266,8 +264,7 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
                   progress=progress)
     timers = []
     for i, pool in enumerate(setup.pools):
-        fn = step_seconds(i) if step_seconds is not None else step_seconds_for(
-            setup.model, setup.hw, pool.parallelism, gpus_per_node=setup.gpus_per_node)
+        fn = step_seconds(i) if step_seconds is not None else _step_fn(setup, pool)
         timer = StepTimer(fn, sv.slo_tpot_s)
         timers.append(timer)
         for _ in range(pool.replicas):
@@ -293,3 +290,107 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
         res.summary["transfer_bytes"] = transfer.total_bytes
         res.summary["transfers"] = transfer.transfers
     return res
+
+
+_STEP_FNS: dict = {}  # (model, hardware, layout) -> fast step cost: shared by runs of one process (and forks)
+
+
+def _step_fn(setup: ServeSetup, pool: PoolSpec):
+    from k3sim.serving.stepcost import step_seconds_for
+
+    key = (id(setup.model), id(setup.hw), pool.parallelism.model_dump_json(), setup.gpus_per_node)
+    fn = _STEP_FNS.get(key)
+    if fn is None:
+        fn = _STEP_FNS[key] = step_seconds_for(setup.model, setup.hw, pool.parallelism,
+                                               gpus_per_node=setup.gpus_per_node)
+    return fn
+
+
+_SWEEP: dict = {}  # what sweep workers read (set before the pool forks)
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _sweep_point(rate: float) -> dict:
+    st = _SWEEP
+    res = simulate(st["setup"], st["requests"](rate), sample_interval_s=st["sample_interval_s"])
+    return {"arrival_rate": rate, **{k: v for k, v in res.summary.items() if not isinstance(v, dict)}}
+
+
+def sweep_rates(setup: ServeSetup, requests_at: Callable[[float], Iterable], rates: list[float], *,
+                processes: int | None = None, sample_interval_s: float = 10.0, warm: Iterable | None = None):
+    """One simulation per arrival rate (`requests_at(rate)` gives the stream), on worker processes that
+    ignore Ctrl-C (the parent stops them). `warm`: a short stream simulated first in this process, so the
+    step-cost tables every worker needs are computed once and inherited. Returns a DataFrame by rate."""
+    import multiprocessing as mp
+    import os
+
+    import pandas as pd
+
+    if warm is not None:
+        simulate(setup, warm, sample_interval_s=sample_interval_s)
+    _SWEEP.update(setup=setup, requests=requests_at, sample_interval_s=sample_interval_s)
+    procs = processes or min(len(rates), os.cpu_count() or 1)
+    if procs <= 1 or len(rates) == 1:
+        rows = [_sweep_point(r) for r in rates]
+    else:
+        ctx = mp.get_context("fork")
+        pool = ctx.Pool(procs, initializer=_ignore_sigint)
+        try:
+            rows = pool.map(_sweep_point, rates, chunksize=1)
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
+    return pd.DataFrame(rows).sort_values("arrival_rate").reset_index(drop=True)
+
+
+def check_trace(trace: str | Path, hash_block_tokens: int, limit: int | None = None) -> int:
+    """Read the whole trace once, strictly (a malformed line stops here, named by its number, before any
+    simulation or output); returns the number of requests (for the progress bar)."""
+    from k3sim.prefix_cache.run import _check_some_requests, _check_trace_granularity
+    from k3sim.workloads.mooncake import TraceStats, read_mooncake
+
+    _check_trace_granularity(hash_block_tokens, "serving.engine.hash_block_tokens")
+    stats = TraceStats()
+    n = 0
+    for _ in read_mooncake(trace, strict=True, stats=stats, limit=limit):
+        n += 1
+    _check_some_requests(trace, stats)
+    return n
+
+
+def request_source(*, trace: str | Path | None, workload: str | None, n_requests: int, seed: int,
+                   arrival: str, cv: float, limit: int | None) -> Callable[[float | None], Iterable]:
+    """A function of the arrival rate (None: the trace's or generator's own times) giving a fresh request
+    stream: a Mooncake trace (streamed), a seeded synthetic workload, or the streamed synthetic generator."""
+    from k3sim.serving.arrivals import retime, synthetic_stream
+
+    if (trace is None) == (workload is None):
+        raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
+
+    def base(rate: float | None):
+        if trace is not None:
+            from k3sim.workloads.mooncake import read_mooncake
+
+            return read_mooncake(trace, strict=True, limit=limit)
+        if workload == "stream":
+            return synthetic_stream(n_requests, seed=seed, rate=rate or 10.0)
+        from k3sim.workloads.synthetic import synthetic_workload
+
+        reqs = synthetic_workload(workload, seed, n_requests)
+        return reqs[:limit] if limit else reqs
+
+    def at(rate: float | None):
+        if rate is None:
+            return base(None)
+        kind = "poisson" if arrival == "trace" else arrival
+        return retime(base(rate), kind, rate, seed=seed, cv=cv)
+
+    return at

@@ -1,0 +1,208 @@
+"""`k3sim serve`: a fleet of replicas under a request trace: TTFT, TPOT, latency, throughput, goodput, hit rate."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+SUMMARY_KEYS = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
+                "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
+                "token_hit_rate", "mean_requests_in_system", "mean_e2e_s", "sim_seconds"]
+
+
+def _rates(text: str) -> list[float]:
+    """'0.5,1,2' or 'lo:hi:n' (n evenly spaced rates from lo to hi)."""
+    from k3sim.errors import InputError
+
+    def num(x: str) -> float:
+        try:
+            v = float(x)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v > 0):
+            raise InputError(f"rates must be finite positive numbers of requests/s, got '{x.strip()}'",
+                             source="--sweep-rate")
+        return v
+
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise InputError(f"expected LO:HI:N or a comma-separated list, got '{text}'", source="--sweep-rate")
+        lo, hi = num(parts[0]), num(parts[1])
+        try:
+            n = int(parts[2])
+        except ValueError:
+            n = 0
+        if n < 2 or n > 256 or hi <= lo:
+            raise InputError(f"LO:HI:N needs LO < HI and 2 <= N <= 256, got '{text}'", source="--sweep-rate")
+        return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    out = [num(x) for x in text.split(",") if x.strip()]
+    if not out:
+        raise InputError("needs at least one rate", source="--sweep-rate")
+    return sorted(set(out))
+
+
+def _pool_bytes(text: Optional[str]):
+    from k3sim.errors import InputError
+
+    if text is None:
+        return None
+    if text.strip().lower() in ("unbounded", "none", "inf"):
+        return "unbounded"
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise InputError(f"expected a positive number of bytes per GPU or 'unbounded', got '{text}'",
+                         source="--pool-bytes")
+    return v
+
+
+def _progress(total: int | None):
+    """A progress bar on stderr for long runs at a terminal (arrived requests); None otherwise."""
+    import sys
+
+    if not sys.stderr.isatty() or (total is not None and total < 2000):
+        return None, None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    prog = Progress(console=Console(stderr=True), transient=True)
+    task = prog.add_task("serving", total=total)
+    prog.start()
+    return prog, (lambda n: prog.advance(task, n))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        scenario: Path = typer.Option(Path("scenarios/default.yaml"), "--scenario", help="scenario YAML"),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake JSONL trace"),
+        workload: Optional[str] = typer.Option(None, "--workload",
+                                               help="synthetic instead of a trace: chat | system-prompts | agent | "
+                                                    "rag | stream (block ids made on the fly: any size)"),
+        n_requests: int = typer.Option(1000, "--requests", help="synthetic workload size"),
+        arrival_rate: Optional[float] = typer.Option(None, "--arrival-rate",
+                                                     help="requests/s: new arrival times over the trace's requests"),
+        arrival: str = typer.Option("poisson", "--arrival", help="with --arrival-rate: poisson | gamma"),
+        arrival_cv: float = typer.Option(2.0, "--arrival-cv", help="gamma: coefficient of variation of the gaps"),
+        cache_policy: Optional[str] = typer.Option(None, "--cache-policy", help="coarse | decoupled | full-attention"),
+        pool_bytes: Optional[str] = typer.Option(None, "--pool-bytes",
+                                                 help="per-GPU pool bytes or 'unbounded' [default: memory planner]"),
+        router: Optional[str] = typer.Option(None, "--router", help="round-robin | least-loaded | prefix-aware"),
+        disaggregate: Optional[str] = typer.Option(None, "--disaggregate", help="P:D prefill:decode replicas"),
+        replicas: Optional[int] = typer.Option(None, "--replicas", help="replicas [default: serving section or "
+                                                                        "cluster GPUs / GPUs per replica]"),
+        scheduler: Optional[str] = typer.Option(None, "--scheduler", help="vllm | sarathi"),
+        slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="goodput: TTFT SLO (s)"),
+        slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="goodput: TPOT SLO (s)"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="arrival and synthetic seed [default: serving.seed]"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="serve only the first N requests"),
+        sweep_rate: Optional[str] = typer.Option(None, "--sweep-rate",
+                                                 help="rates (req/s) 'a,b,c' or 'LO:HI:N': one run each, plots"),
+        processes: Optional[int] = typer.Option(None, "--processes", help="sweep workers (default: all cores)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory: per-request table, time series, plots"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
+    ) -> None:
+        """Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid prefix cache."""
+        from k3sim.errors import InputError
+        from k3sim.files import output_dir, project_path
+        from k3sim.output import human_seconds, print_json, print_kv, print_table
+        from k3sim.serving.run import ServeSetup, check_trace, request_source, simulate, sweep_rates
+
+        if arrival_rate is not None and not (math.isfinite(arrival_rate) and arrival_rate > 0):
+            raise InputError(f"must be a finite positive number of requests/s (got {arrival_rate})",
+                             source="--arrival-rate")
+        if arrival not in ("poisson", "gamma"):
+            raise InputError(f"unknown arrival process '{arrival}' (choose poisson, gamma)", source="--arrival")
+        if not (math.isfinite(arrival_cv) and arrival_cv > 0):
+            raise InputError(f"must be a finite positive number (got {arrival_cv})", source="--arrival-cv")
+        for opt, v in (("--limit", limit), ("--requests", n_requests), ("--processes", processes)):
+            if v is not None and v <= 0:
+                raise InputError(f"must be positive (got {v})", source=opt)
+        rates = _rates(sweep_rate) if sweep_rate is not None else None
+        if rates is not None and arrival_rate is not None:
+            raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
+        setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
+                                         pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
+                                         slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
+                                         scheduler=scheduler, seed=seed)
+        seed_v = setup.serving.seed
+        if trace is not None:
+            trace = project_path(trace)
+            total = check_trace(trace, setup.pools[0].cache.effective_hash_block_tokens, limit)
+        elif workload is not None:
+            from k3sim.workloads.synthetic import SYNTHETIC_WORKLOADS
+
+            if workload not in (*SYNTHETIC_WORKLOADS, "stream"):
+                raise InputError(f"unknown workload '{workload}' (choose {', '.join(SYNTHETIC_WORKLOADS)}, stream)",
+                                 source="--workload")
+            total = n_requests
+        else:
+            raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
+        source = request_source(trace=trace, workload=workload, n_requests=n_requests, seed=seed_v,
+                                arrival=arrival, cv=arrival_cv, limit=limit)
+        label = f"{setup.scenario_name}: {trace.name if trace is not None else workload}"
+        if rates is not None:
+            warm = source(max(rates))
+            import itertools
+
+            df = sweep_rates(setup, source, rates, processes=processes, warm=itertools.islice(warm, 300))
+            files, knee = {}, None
+            if out is not None:
+                from k3sim.serving.report import write_sweep
+
+                with output_dir(out) as d:
+                    files, knee = write_sweep(d, df, f"{label}: rate sweep")
+            else:
+                from k3sim.serving.report import knee_rate
+
+                knee = knee_rate(df["arrival_rate"], df["throughput_requests_per_s"])
+            if json_out:
+                print_json({"knee_arrival_rate": knee, "files": files, "rows": df})
+                return
+            cols = ["arrival_rate", "throughput_requests_per_s", "goodput_requests_per_s", "ttft_p50_s",
+                    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "token_hit_rate", "wall_s"]
+            print_table(f"rate sweep: {label}", cols,
+                        [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
+                         for row in df[cols].itertuples(index=False)])
+            print(f"knee: {knee:.4g} requests/s" if knee is not None else "knee: not reached at these rates")
+            for k, v in files.items():
+                print(f"{k}: {v}")
+            return
+        prog, tick = _progress(total)
+        try:
+            res = simulate(setup, source(arrival_rate), progress=tick)
+        finally:
+            if prog is not None:
+                prog.stop()
+        files = {}
+        if out is not None:
+            from k3sim.serving.report import write_run
+
+            with output_dir(out) as d:
+                files = write_run(d, res, label)
+        s = res.summary
+        if json_out:
+            print_json({**{k: s[k] for k in SUMMARY_KEYS}, **{k: v for k, v in s.items() if k not in SUMMARY_KEYS},
+                        "files": files})
+            return
+        print_kv(f"serve: {label}", [
+            ("requests", f"{s['requests']} (rejected {s['requests_rejected']}, preemptions {s['preemptions']})"),
+            ("TTFT p50 / p99", f"{human_seconds(s['ttft_p50_s'])} / {human_seconds(s['ttft_p99_s'])}"),
+            ("TPOT p50 / p99", f"{human_seconds(s['tpot_p50_s'])} / {human_seconds(s['tpot_p99_s'])}"),
+            ("e2e p50 / p99", f"{human_seconds(s['e2e_p50_s'])} / {human_seconds(s['e2e_p99_s'])}"),
+            ("throughput", f"{s['throughput_requests_per_s']:.4g} req/s, "
+                           f"{s['throughput_output_tokens_per_s_per_gpu']:.4g} output tokens/s/GPU"),
+            ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
+                        f"TPOT <= {s['slo_tpot_s']} s)"),
+            ("prefix-cache token hit rate", f"{100 * s['token_hit_rate']:.2f} %"),
+            ("mean in system (Little)", f"{s['mean_requests_in_system']:.4g} (error "
+                                        f"{100 * s['little_law_relative_error']:.2g} %)"),
+            ("simulated / wall", f"{s['sim_seconds']:.6g} s / {s['wall_s']:.3g} s"),
+            *[(k, v) for k, v in files.items()],
+        ])
