@@ -20,6 +20,7 @@ Encoder policies (the vision tower's work per micro-batch: forward EF, backward 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from k3sim.errors import InputError
@@ -54,7 +55,7 @@ class Placed:
     program: Program
     schedule: Schedule
     policy: str
-    text_ids: dict[tuple[int, int, int], int]
+    text_ids: "_Ids"
     enc_forward_ids: list[int] = field(default_factory=list)
     enc_backward_ids: list[int] = field(default_factory=list)
     upfront: int = 0
@@ -92,36 +93,76 @@ class _Builder:
                        self.out_seconds, self.labels, names)
 
 
-def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], dict]:
+def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], "_Ids"]:
+    """Text ops of `schedule` into `bld` (the hot part of building a program: kept to flat lists)."""
     S, p, m = schedule.num_stages, schedule.p, schedule.m
     if costs.num_stages != S:
         raise ValueError(f"costs for {costs.num_stages} virtual stages, schedule has {S}")
     split = schedule.split_backward
-    ids: dict[tuple[int, int, int], int] = {}
+    fwd = costs.forward_s
+    bwd = costs.backward_input_s if split else tuple(a + b for a, b in zip(costs.backward_input_s,
+                                                                          costs.backward_weight_s))
+    wgt = costs.backward_weight_s
+    flat = [-1] * (3 * S * m)                      # (kind * S + stage) * m + mb -> op id
     orders = []
+    cost, labels = bld.cost, bld.labels
     for order in schedule.orders:
         row = []
-        for kind, s, mb in order:
-            if kind == F:
-                c = costs.forward_s[s]
-            elif kind == B:
-                c = costs.backward_input_s[s] + (0.0 if split else costs.backward_weight_s[s])
-            else:
-                c = costs.backward_weight_s[s]
-            i = bld.op(c, (KIND_NAMES[kind], s, s // p, mb))
-            ids[(kind, s, mb)] = i
+        for kind, st, mb in order:
+            i = len(cost)
+            cost.append(fwd[st] if kind == F else bwd[st] if kind == B else wgt[st])
+            labels.append((KIND_NAMES[kind], st, st // p, mb))
+            flat[(kind * S + st) * m + mb] = i
             row.append(i)
         orders.append(row)
-    for (kind, s, mb), i in ids.items():
-        dev = s % p
-        bld.deps[i] = [(ids[d], d[1] % p != dev) for d in op_dependencies(kind, s, mb, S, split)]
-        if kind == F and s < S - 1 and (s + 1) % p != dev:
-            bld.out_link[i] = bld.link(dev, (s + 1) % p, "act")
-            bld.out_seconds[i] = costs.send_forward_s[s]
-        elif kind == B and s > 0 and (s - 1) % p != dev:
-            bld.out_link[i] = bld.link(dev, (s - 1) % p, "grad")
-            bld.out_seconds[i] = costs.send_backward_s[s]
-    return orders, ids
+    n = len(cost)
+    deps: list[list[tuple[int, bool]]] = [[] for _ in range(n)]
+    out_link = [-1] * n
+    out_seconds = [0.0] * n
+    remote_next = [(st + 1) % p != st % p for st in range(S)]
+    fl = [bld.link(st % p, (st + 1) % p, "act") if st < S - 1 and remote_next[st] else -1 for st in range(S)]
+    bl = [bld.link(st % p, (st - 1) % p, "grad") if st > 0 and remote_next[st - 1] else -1 for st in range(S)]
+    sf, sb = costs.send_forward_s, costs.send_backward_s
+    for st in range(S):
+        base_f, base_b, base_w = st * m, (S + st) * m, (2 * S + st) * m
+        for mb in range(m):
+            f = flat[base_f + mb]
+            b = flat[base_b + mb]
+            if st > 0:
+                deps[f].append((flat[base_f - m + mb], remote_next[st - 1]))
+            deps[b].append((f, False))
+            if st < S - 1:
+                deps[b].append((flat[base_b + m + mb], remote_next[st]))
+                if fl[st] >= 0:
+                    out_link[f] = fl[st]
+                    out_seconds[f] = sf[st]
+            if st > 0 and bl[st] >= 0:
+                out_link[b] = bl[st]
+                out_seconds[b] = sb[st]
+            if split:
+                deps[flat[base_w + mb]].append((b, False))
+    bld.deps, bld.out_link, bld.out_seconds = deps, out_link, out_seconds
+    return orders, _Ids(flat, S, m)
+
+
+class _Ids:
+    """(kind, stage, mb) -> op id over the flat index, with the dict-like access placement uses."""
+
+    def __init__(self, flat: list[int], S: int, m: int):
+        self.flat, self.S, self.m = flat, S, m
+
+    def __getitem__(self, key: tuple[int, int, int]) -> int:
+        kind, st, mb = key
+        i = self.flat[(kind * self.S + st) * self.m + mb]
+        if i < 0:
+            raise KeyError(key)
+        return i
+
+    def items(self):
+        S, m = self.S, self.m
+        for idx, i in enumerate(self.flat):
+            if i >= 0:
+                yield (idx // (S * m), (idx // m) % S, idx % m), i
 
 
 def text_program(schedule: Schedule, costs: StageCosts) -> Placed:
@@ -221,19 +262,26 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _B
     tl = simulate(probe.program(porders))
     consumer = [tl.start[pids[(F, 0, j)]] for j in range(m)]
     producer = [tl.finish[pids[(B, 0, j)]] for j in range(m)]
+    # consumers (stage-0 forwards) and producers (stage-0 backwards) run in micro-batch order on
+    # device 0, so both time lists grow with j: eligibility is a suffix / prefix found by bisection
+    min_f = min(encoder.forward_s[u:], default=0.0)
+    min_b = min(eb_cost, default=0.0)
+    shortest = min(min_f, min_b)
     gaps = sorted((g_start, d, idx, g_len) for d in range(p)
-                  for idx, g_start, g_len in _gaps(tl, porders[d]))
+                  for idx, g_start, g_len in _gaps(tl, porders[d]) if g_len >= shortest)
     used = [0.0] * len(gaps)
     dev = [j % p for j in range(u)] + [-1] * (m - u)
     after: dict[tuple[int, int], list[int]] = {}
     pend = list(range(u, m))
     for gi, (g_start, d, idx, g_len) in enumerate(gaps):
-        i = 0
-        while i < len(pend):
+        if not pend or g_len - used[gi] < min_f:
+            continue
+        lag = send if d else 0.0
+        i = bisect.bisect_left(pend, g_start, key=lambda j: consumer[j])
+        while i < len(pend) and g_len - used[gi] >= min_f:
             j = pend[i]
             c = encoder.forward_s[j]
-            end = g_start + used[gi] + c
-            if used[gi] + c <= g_len and end + (send if d else 0.0) <= consumer[j]:
+            if used[gi] + c <= g_len and g_start + used[gi] + c + lag <= consumer[j]:
                 after.setdefault((d, idx), []).append(ef[j])
                 used[gi] += c
                 dev[j] = d
@@ -244,17 +292,22 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _B
     sync = set(pend)
     for j in sync:
         dev[j] = 0
-    pend_b = list(range(m))
+    pend_b: list[list[int]] = [[] for _ in range(p)]
+    for j in range(m):
+        pend_b[dev[j]].append(j)
     for gi, (g_start, d, idx, g_len) in enumerate(gaps):
+        mine = pend_b[d]
+        lag = send if d else 0.0
         i = 0
-        while i < len(pend_b):
-            j = pend_b[i]
+        while i < len(mine) and g_len - used[gi] >= min_b:
+            j = mine[i]
+            if producer[j] + lag > g_start + used[gi]:
+                break                                   # later micro-batches are produced later still
             c = eb_cost[j]
-            ready = producer[j] + (send if d else 0.0)
-            if dev[j] == d and ready <= g_start + used[gi] and used[gi] + c <= g_len:
+            if used[gi] + c <= g_len:
                 after.setdefault((d, idx), []).append(eb[j])
                 used[gi] += c
-                pend_b.pop(i)
+                mine.pop(i)
                 placed.placed_backward += 1
             else:
                 i += 1
@@ -262,12 +315,15 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _B
     before0 = {ids[(F, 0, j)]: ef[j] for j in sync}
     for d in range(p):
         new = [ef[j] for j in range(u) if j % p == d]
+        k = len(new)                   # the probe's orders start with these k upfront encodes
+        for i in range(k):
+            new.extend(after.get((d, i), ()))
         for i, op in enumerate(orders[d]):
             if d == 0 and op in before0:
                 new.append(before0[op])
             new.append(op)
-            new.extend(after.get((d, i), ()))
-        new.extend(eb[j] for j in pend_b if dev[j] == d)
+            new.extend(after.get((d, i + k), ()))
+        new.extend(eb[j] for j in pend_b[d])
         orders[d] = new
     _link_encoder(bld, ids, ef, eb, dev, send)
     placed.upfront = u
