@@ -23,7 +23,7 @@ R="python3 -m k3sim.calibration.wholestep.run --out $out"
 if [ "$mode" = smoke ]; then
   timeout 190 $R --check --batches 1,64 --contexts 4096 --chunks 1024 --prefixes 0,8192 --ride-decodes 32 \
     --micro-batches 1 \
-    --plan kimi-linear-48b-l1-4h:decode=35,kimi-linear-48b-l1-4h:prefill=50,k3-tp8-ep8-l5-8:decode=30,kimi-linear-48b-l5-8:train=60 \
+    --plan kimi-linear-48b-l1-4h:decode=30,k3-tp8-ep8-l5-8@mxfp4:decode=25,kimi-linear-48b-l1-4h:prefill=45,kimi-linear-48b-l5-8:train=60 \
     "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 else
   timeout 560 $R "$@" 2>&1 | tee /tmp/ws/log-$mode.txt

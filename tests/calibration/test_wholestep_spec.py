@@ -122,7 +122,11 @@ def test_layout_that_does_not_divide_is_refused(root):
 def test_parse_args_and_plan():
     a = R.parse_args(["--out", "x", "--batches", "1,64", "--contexts", "4096"])
     assert a.batches == [1, 64] and a.contexts == [4096]
-    assert [p for _, p, _ in R.parse_plan(R.DEFAULT_PLAN, S.load_specs())] == ["decode", "prefill", "decode", "train", "train"]
+    plan = R.parse_plan(R.DEFAULT_PLAN, S.load_specs())
+    assert [p for _, _, p, _ in plan] == ["decode", "prefill", "decode", "train", "train", "decode"]
+    assert [k for c, k, p, _ in plan if c.startswith("k3")] == ["mxfp4", "grouped_bf16", "grouped_bf16"]
+    with pytest.raises(InputError, match="expert kernel"):
+        R.parse_args(["--out", "x", "--plan", "k3-tp8-ep8-l5-8@fp3:decode=10"])
     with pytest.raises(InputError, match="unknown configuration"):
         R.parse_args(["--out", "x", "--plan", "nope:decode=10"])
     with pytest.raises(InputError, match="whole model"):

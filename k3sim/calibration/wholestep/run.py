@@ -1,7 +1,8 @@
 """Whole-step measurement on one GPU: `python3 -m k3sim.calibration.wholestep.run --out DIR [--plan ...]`.
 
-A plan is an ordered list of CONFIG:PART=SECONDS items (configurations in specs.json; parts decode,
-prefill, train); each item stops starting new points at its time box and a failed point is recorded
+A plan is an ordered list of CONFIG[@KERNEL]:PART=SECONDS items (configurations in specs.json; KERNEL
+grouped_bf16 or mxfp4 for the routed experts, default --expert-kernel; parts decode, prefill, train);
+each item stops starting new points at its time box and a failed point is recorded
 (status failed) while the run goes on. Consecutive serving items of one configuration share one built
 model. Rows go to DIR/{decode,prefill,train}_step.csv as they are measured, beside provenance.yaml and
 manifest.json (per configuration and part: the kernel list of one layer of each kind at the first point,
@@ -21,8 +22,9 @@ from pathlib import Path
 from k3sim.calibration.wholestep import spec as S
 
 PARTS = ("decode", "prefill", "train")
-DEFAULT_PLAN = ("kimi-linear-48b:decode=150,kimi-linear-48b:prefill=110,k3-tp8-ep8-l5-8:decode=60,"
-                "kimi-linear-48b-l5-8:train=80,k3-tp8-ep8-l5-8:train=60")
+DEFAULT_PLAN = ("kimi-linear-48b:decode=150,kimi-linear-48b:prefill=110,k3-tp8-ep8-l5-8@mxfp4:decode=50,"
+                "kimi-linear-48b-l5-8:train=80,k3-tp8-ep8-l5-8:train=60,k3-tp8-ep8-l5-8@grouped_bf16:decode=40")
+KERNELS = ("grouped_bf16", "mxfp4")
 # Point grids (issue 10 item 6, issue 14 item 1, issue 15 item 2; the brief's values).
 DECODE_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 DECODE_C = {"kimi-linear-48b": [1024, 4096, 16384, 65536], "default": [4096, 32768]}
@@ -34,13 +36,19 @@ TRAIN_SEQ = 4096
 TRAIN_MB = [1, 2]
 
 
-def parse_plan(text: str, specs: dict) -> list[tuple[str, str, float]]:
+def parse_plan(text: str, specs: dict, default_kernel: str = "grouped_bf16") -> list[tuple[str, str, str, float]]:
+    """-> [(config, expert kernel, part, seconds)]; training always runs bf16 grouped experts."""
     from k3sim.errors import InputError
 
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         head, _, secs = item.partition("=")
         cfg, _, part = head.partition(":")
+        cfg, _, kernel = cfg.partition("@")
+        kernel = kernel or default_kernel
+        if kernel not in KERNELS:
+            raise InputError(f"unknown expert kernel {kernel!r} in {item!r}; choose from {', '.join(KERNELS)}",
+                             source="--plan", field="kernel")
         if cfg not in specs:
             raise InputError(f"unknown configuration {cfg!r}; known: {', '.join(specs)}", source="--plan", field="config")
         if part not in PARTS:
@@ -53,7 +61,7 @@ def parse_plan(text: str, specs: dict) -> list[tuple[str, str, float]]:
             raise InputError(f"time box must be a positive number of seconds, got {item!r}", source="--plan")
         if part == "train" and specs[cfg].embed_head:
             raise InputError(f"train runs on a layer slice; {cfg} is the whole model", source="--plan", field="config")
-        out.append((cfg, part, s))
+        out.append((cfg, "grouped_bf16" if part == "train" else kernel, part, s))
     if not out:
         raise InputError("empty plan", source="--plan")
     return out
@@ -101,22 +109,20 @@ class Runner:
                                           ["expert_kernel", "tokens", "manifest_ok", "manifest_diff", "impl"])
         return self.writers[part]
 
-    def get_model(self, cfg: str, grad: bool):
+    def get_model(self, cfg: str, kernel: str, grad: bool):
         import torch
 
         from k3sim.calibration.wholestep.model import WholeStepModel
 
-        key = (cfg, grad)
+        key = (cfg, kernel, grad)
         if self.model_key != key:
             self.model = None
             torch.cuda.empty_cache()
             t0 = time.monotonic()
-            # training runs bf16 experts (issue 15: "K3 TP8 slice in bf16 experts"); MXFP4 is a serving format
-            kernel = "grouped_bf16" if grad else self.a.expert_kernel
             self.model = WholeStepModel(self.specs[cfg], expert_kernel=kernel, grad=grad)
             torch.cuda.synchronize()
             self.model_key = key
-            print(f"[wholestep] built {cfg} (grad={grad}) in {time.monotonic() - t0:.1f}s; "
+            print(f"[wholestep] built {cfg} ({kernel}, grad={grad}) in {time.monotonic() - t0:.1f}s; "
                   f"{torch.cuda.memory_allocated() / 1e9:.1f} GB allocated", flush=True)
             if self.a.check:
                 self.checks(self.model)
@@ -131,10 +137,11 @@ class Runner:
         print(f"[wholestep] checks {model.spec.name}: {res}", flush=True)
         self.manifest.setdefault(model.spec.name, {})["checks"] = res
 
-    def note_manifest(self, cfg, part, st):
+    def note_manifest(self, cfg, kernel, part, st):
         d = self.manifest.setdefault(cfg, {})
-        if part not in d:
-            d[part] = S.manifest(self.specs[cfg], st, "grouped_bf16" if part == "train" else self.a.expert_kernel)
+        name = part if part == "train" else f"{part}@{kernel}"
+        if name not in d:
+            d[name] = S.manifest(self.specs[cfg], st, kernel)
 
     def extras(self, model, st, traced):
         ok, diff = _match(model, st, traced) if traced is not None else ("", "")
@@ -142,12 +149,12 @@ class Runner:
         return dict(expert_kernel=model.expert_kernel, tokens=st.tokens, manifest_ok=ok, manifest_diff=diff, impl=impl)
 
     # ------------------------------------------------------------------ parts
-    def decode(self, cfg, deadline):
+    def decode(self, cfg, kernel, deadline):
         import torch
 
         from k3sim.calibration.wholestep import decode_step
 
-        model = self.get_model(cfg, grad=False)
+        model = self.get_model(cfg, kernel, grad=False)
         w = self.writer("decode")
         batches = self.a.batches or DECODE_B
         contexts = self.a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
@@ -161,7 +168,7 @@ class Runner:
         n = 0
         for b, c in pts:
             st = S.StepShape(decodes=b, context=c)
-            self.note_manifest(cfg, "decode", st)
+            self.note_manifest(cfg, kernel, "decode", st)
             base = dict(config=cfg, B=b, C=c)
             if time.monotonic() > deadline:
                 w.failed(dict(base, timer="graph"), "skipped: part time budget exhausted")
@@ -183,19 +190,19 @@ class Runner:
         torch.cuda.empty_cache()
         return n
 
-    def prefill(self, cfg, deadline):
+    def prefill(self, cfg, kernel, deadline):
         import torch
 
         from k3sim.calibration.wholestep import prefill_step
 
-        model = self.get_model(cfg, grad=False)
+        model = self.get_model(cfg, kernel, grad=False)
         w = self.writer("prefill")
         n = 0
         for ride in self.a.ride_decodes:
             for prefix in self.a.prefixes:
                 for chunk in self.a.chunks:
                     st = S.StepShape(decodes=ride, context=self.a.ride_context if ride else 0, chunk=chunk, prefix=prefix)
-                    self.note_manifest(cfg, "prefill", st)
+                    self.note_manifest(cfg, kernel, "prefill", st)
                     base = dict(config=cfg, chunk=chunk, prefix=prefix, decodes=ride, decode_context=st.context)
                     if time.monotonic() > deadline:
                         w.failed(base, "skipped: part time budget exhausted")
@@ -214,17 +221,17 @@ class Runner:
                         torch.cuda.empty_cache()
         return n
 
-    def train(self, cfg, deadline):
+    def train(self, cfg, kernel, deadline):
         import torch
 
         from k3sim.calibration.wholestep import train_step
 
-        model = self.get_model(cfg, grad=True)
+        model = self.get_model(cfg, kernel, grad=True)
         w = self.writer("train")
         n = 0
         for mb in self.a.micro_batches:
             st = S.StepShape(chunk=self.a.seq, seqs=mb, train=True)
-            self.note_manifest(cfg, "train", st)
+            self.note_manifest(cfg, kernel, "train", st)
             base = dict(config=cfg, seq=self.a.seq, micro_batch=mb)
             if time.monotonic() > deadline:
                 w.failed(dict(base, phase="fwd_bwd"), "skipped: part time budget exhausted")
@@ -249,7 +256,7 @@ def run(a) -> Path:
     from k3sim.files import atomic_write_text
 
     specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
-    plan = parse_plan(a.plan, specs)
+    plan = parse_plan(a.plan, specs, a.expert_kernel)
     try:
         import torch
     except ImportError:
@@ -263,7 +270,7 @@ def run(a) -> Path:
         raise InputError("no CUDA GPU visible", source="wholestep run", field="gpu")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = provenance(" ".join(shlex.quote(x) for x in sys.argv), 1, sorted({p for _, p, _ in plan}))
+    info = provenance(" ".join(shlex.quote(x) for x in sys.argv), 1, sorted({p for _, _, p, _ in plan}))
     info["plan"] = a.plan
     info["expert_kernel"] = a.expert_kernel
     info["timing_wholestep"] = ("decode: graph = CUDA-event time of one CUDA-graph replay of the whole step "
@@ -273,14 +280,14 @@ def run(a) -> Path:
     write_provenance(out, info)
     r = Runner(a, specs)
     start = time.monotonic()
-    for cfg, part, secs in plan:
+    for cfg, kernel, part, secs in plan:
         t0 = time.monotonic()
         try:
-            n = getattr(r, part)(cfg, t0 + secs)
+            n = getattr(r, part)(cfg, kernel, t0 + secs)
         except Exception as err:  # noqa: BLE001 - e.g. the model does not build: next item
             n = 0
-            print(f"[wholestep] {cfg}:{part} failed: {type(err).__name__}: {err}", flush=True)
-        print(f"[wholestep] {cfg}:{part}: {n} points in {time.monotonic() - t0:.0f}s", flush=True)
+            print(f"[wholestep] {cfg}@{kernel}:{part} failed: {type(err).__name__}: {err}", flush=True)
+        print(f"[wholestep] {cfg}@{kernel}:{part}: {n} points in {time.monotonic() - t0:.0f}s", flush=True)
         atomic_write_text(out / "manifest.json", json.dumps(r.manifest, indent=1, default=str) + "\n")
     for w in r.writers.values():
         w.close()
@@ -294,9 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m k3sim.calibration.wholestep.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="run directory (created)")
-    ap.add_argument("--plan", default=DEFAULT_PLAN, help="CONFIG:PART=SECONDS,... in order")
+    ap.add_argument("--plan", default=DEFAULT_PLAN, help="CONFIG[@KERNEL]:PART=SECONDS,... in order")
     ap.add_argument("--specs", default="", help="specs JSON (default: specs.json beside this module)")
-    ap.add_argument("--expert-kernel", default="grouped_bf16", choices=["grouped_bf16", "mxfp4"])
+    ap.add_argument("--expert-kernel", default="grouped_bf16", choices=list(KERNELS),
+                    help="routed-expert kernel of plan items without @KERNEL")
     ap.add_argument("--batches", default="", help="decode batch sizes (default 1..256)")
     ap.add_argument("--contexts", default="", help="decode contexts (default per configuration)")
     ap.add_argument("--chunks", default=",".join(map(str, PREFILL_CHUNKS)))
@@ -329,7 +337,7 @@ def parse_args(argv: list[str] | None = None):
         if v <= 0:
             raise InputError(f"must be positive, got {v}", source=opt)
     specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
-    parse_plan(a.plan, specs)
+    parse_plan(a.plan, specs, a.expert_kernel)
     return a
 
 
