@@ -1,0 +1,53 @@
+"""plan(): the sections of a training and a serving scenario, and the verdict of a layout that does not fit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest_helpers import ROOT, kl_train  # noqa: E402
+
+from k3sim.errors import InputError  # noqa: E402
+from k3sim.planner.plan import plan  # noqa: E402
+
+
+def test_training_plan_sections_and_json(tmp_path):
+    res = plan(kl_train(tmp_path), sections=("memory", "step", "calibration"))
+    t = res.training
+    assert res.mode == "train" and res.fits
+    assert t.step_time_s == pytest.approx(sum(r.seconds for r in t.breakdown))
+    assert 0 < t.mfu < 1
+    j = res.to_json()
+    for key in ("step_time_s", "tokens_per_s", "mfu", "breakdown", "memory"):
+        assert key in j
+    assert j["memory"]["mode"] == "train" and j["tokens_per_step"] == 4 * 4 * 4096
+    # every kernel the step called is listed with how its time was obtained
+    ops = {k["op"] for k in res.kernel_calls}
+    assert {"gemm_bf16", "chunk_kda_fwd", "all_gather", "reduce_scatter", "all_to_all"} <= ops
+    assert {c["op"] for c in res.calibration} <= ops and res.calibration
+    assert res.notes["decode"] == "not applicable to a training scenario"
+
+
+def test_training_section_options_reach_the_step_model(tmp_path):
+    base = plan(kl_train(tmp_path), sections=("step",)).training
+    skew = plan(kl_train(tmp_path, training="  routing_skew: 1.2"), sections=("step",)).training
+    moon = plan(kl_train(tmp_path, training="  routing_skew: 1.2\n  redundant_experts: 2"),
+                sections=("step",)).training
+    assert skew.ep_imbalance > 1.5 * base.ep_imbalance
+    assert moon.ep_imbalance < 1.05 and moon.step_time_s < skew.step_time_s
+
+
+def test_training_section_bad_field_named(tmp_path):
+    with pytest.raises(InputError) as e:
+        plan(kl_train(tmp_path, training="  tp_overlap: 2"), sections=("memory",))
+    assert e.value.field == "training.tp_overlap"
+
+
+def test_serving_plan_that_does_not_fit_gives_the_verdict():
+    res = plan(ROOT / "scenarios/k3-h200-1node.yaml", sections=("memory", "decode"))
+    assert not res.fits
+    assert res.verdict.startswith("does not fit") and "180.8 GB" in res.verdict
+    assert res.notes["decode"].startswith("not computed: does not fit")
