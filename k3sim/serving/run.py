@@ -220,7 +220,12 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
             per_gpu = cap  # reported as the whole-model figure when the planner chose it
     with _named_options(_CACHE_OPTIONS):
         cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp)
-        cfg.check_capacity()
+    pages = cfg.num_pages
+    if pages is not None and pages < cfg.min_pages_one_request():
+        what = f"{e.pool_bytes:.4g} B per GPU" if e.pool_bytes is not None else "the memory planner's free HBM"
+        raise InputError(f"{what} holds {pages} pages of {cfg.page_bytes} B (all layers' share per GPU); one "
+                         f"request needs {cfg.min_pages_one_request()} (1 KV page + {cfg.groups} KDA state slots)",
+                         source="--pool-bytes" if e.pool_bytes is not None else src)
     return PoolSpec(role, n, par, cfg, per_gpu)
 
 

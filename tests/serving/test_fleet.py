@@ -1,0 +1,116 @@
+"""Routers, P/D disaggregation (transfer bytes and timeline), hit rate against the prefix-cache replay,
+p99 TTFT against the arrival rate."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from k3sim.serving.run import ServeSetup, simulate
+from k3sim.workloads.request import TraceRequest
+
+from serving_helpers import TRACE, constant, linear
+
+
+def _req(t, L, O, ids):
+    return TraceRequest(t, L, O, block_ids=list(ids))
+
+
+def test_pd_transfer_bytes_grow_with_context_only_through_the_mla_layers():
+    from k3sim.configs import load_model
+    from k3sim.serving.fleet import pd_transfer_bytes, pd_transfer_rows
+
+    k3 = load_model("models/kimi-k3.yaml")
+    rows = {r.component: r.bytes for r in pd_transfer_rows(k3, 10000)}
+    # K3: 24 MLA layers x 10,000 tokens x 576 elements x 2 B; one KDA state (69 x 96 x 128 x 128 x 4 B) and
+    # one conv state (69 x 3 x 96 x 384 x 2 B) whatever the context
+    assert rows == {"mla_kv": 24 * 10000 * 576 * 2, "kda_state": 434_110_464, "conv_state": 15_261_696}
+    for ctx in (1, 4096, 131072):
+        assert pd_transfer_bytes(k3, ctx + 1000) - pd_transfer_bytes(k3, ctx) == 24 * 1000 * 576 * 2
+    assert pd_transfer_bytes(k3, 0) == 434_110_464 + 15_261_696
+
+
+def test_pd_timeline(scenario):
+    """1:1 P/D, each step 1 s. A request (600 prompt, 3 out): prefill step [0,1] on P gives the first token;
+    its KV moves (transfer time from the model); D decodes tokens 2 and 3 in two steps."""
+    setup = ServeSetup.from_scenario(scenario({"replicas": 2, "engine": {"pool_bytes": "unbounded"},
+                                               "disaggregation": {"prefill": {"replicas": 1},
+                                                                  "decode": {"replicas": 1}}}, num_gpus=32))
+    res = simulate(setup, [_req(0.0, 600, 3, [0, 1])], step_seconds=constant(1.0))
+    df = res.frame()
+    t = df.loc[0, "transfer_s"]
+    assert t > 0 and df.loc[0, "first_token_s"] == 1.0
+    assert df.loc[0, "completion_s"] == pytest.approx(1.0 + t + 2.0)
+    assert df.loc[0, "replica"] == 0 and df.loc[0, "decode_replica"] == 0
+    from k3sim.serving.fleet import pd_transfer_bytes
+
+    assert res.summary["transfer_bytes"] == pd_transfer_bytes(setup.model, 601)  # prompt + first token
+    # across nodes (16 + 16 GPUs > one 8-GPU NVLink domain): the calibrated send/recv start-up + the bytes
+    # striped over 16 GPU pairs at the profile's scale-out rate per NIC
+    from k3sim.kernels import predict_kernel_time
+
+    hw = setup.hw
+    alpha = predict_kernel_time("send_recv", {"bytes": 1, "gpus": 2}, hardware=hw).seconds
+    assert t == pytest.approx(alpha + pd_transfer_bytes(setup.model, 601) / 16 / hw.scaleout_bandwidth_bytes_per_s)
+
+
+def test_pd_fleet_serves_a_trace_with_littles_law(scenario):
+    setup = ServeSetup.from_scenario(scenario({"replicas": 3, "disaggregation": {"prefill": {"replicas": 1},
+                                                                                "decode": {"replicas": 2}}},
+                                              num_gpus=48))
+    from k3sim.workloads.mooncake import read_mooncake
+
+    res = simulate(setup, read_mooncake(TRACE, limit=200), step_seconds=linear(0.01, 2e-5))
+    s = res.summary
+    df = res.frame()
+    one_token = int((df["output_tokens"] == 1).sum())  # answered by the prefill replica: nothing moves
+    assert s["requests"] == 200 and s["transfers"] == 200 - one_token and s["little_law_relative_error"] < 0.02
+    assert set(df.loc[df["output_tokens"] > 1, "decode_replica"]) == {0, 1}
+
+
+def test_round_robin_and_least_loaded(scenario):
+    reqs = [_req(0.1 * i, 1024, 50, [10 * i, 10 * i + 1]) for i in range(6)]
+    rr = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "round-robin"}, num_gpus=48)),
+                  reqs, step_seconds=constant(0.05)).frame().sort_values("request")
+    assert rr["replica"].tolist() == [0, 1, 2, 0, 1, 2]
+    ll = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "least-loaded"}, num_gpus=48)),
+                  reqs, step_seconds=constant(0.05)).frame().sort_values("request")
+    assert ll["replica"].tolist()[:3] == [0, 1, 2]  # each new request goes to an empty replica first
+
+
+def test_prefix_aware_router_follows_the_cached_prefix(scenario):
+    """A conversation's second turn goes to the replica holding its first turn; past the load cap it does not."""
+    first = [_req(0.0, 4096, 5, range(0, 8)), _req(0.0, 4096, 5, range(100, 108))]
+    follow = [_req(50.0, 6144, 5, [*range(100, 108), 200, 201, 202, 203])]
+    setup = ServeSetup.from_scenario(scenario({"replicas": 2, "router": "prefix-aware"}, num_gpus=32))
+    df = simulate(setup, first + follow, step_seconds=constant(0.05)).frame().set_index("request")
+    assert df.loc[2, "replica"] == df.loc[1, "replica"]
+    assert df.loc[2, "hit_tokens"] == 4096 - 512 or df.loc[2, "hit_tokens"] == 4096
+
+
+def test_unbounded_hit_rate_equals_the_prefix_cache_replay(scenario):
+    """Same trace, same cache geometry, unbounded pool: the serving engine's token hit rate is the prefix-cache
+    command's (the cached content depends on which prompts came before, not on the step times)."""
+    from k3sim.prefix_cache.serving import replay
+    from k3sim.workloads.mooncake import read_mooncake
+
+    setup = ServeSetup.from_scenario(scenario({"engine": {"pool_bytes": "unbounded"}}))
+    reqs = list(read_mooncake(TRACE, limit=600))
+    res = simulate(setup, reqs, step_seconds=linear(0.005, 5e-6))
+    ref = replay(reqs, setup.pools[0].cache)
+    assert res.summary["token_hit_rate"] == pytest.approx(ref.token_hit_rate, abs=0.002)
+    assert res.summary["token_hit_rate"] > 0.1  # 15 % on the first 600 requests: a real signal
+
+
+def test_p99_ttft_does_not_fall_as_the_rate_rises(scenario):
+    from k3sim.serving.arrivals import retime
+    from k3sim.workloads.mooncake import read_mooncake
+
+    setup = ServeSetup.from_scenario(scenario({}))
+    p99 = []
+    for rate in (0.5, 1, 2, 4, 8):
+        reqs = retime(read_mooncake(TRACE, limit=250), "poisson", rate, seed=0)
+        p99.append(simulate(setup, reqs, step_seconds=linear(0.02, 2e-5)).summary["ttft_p99_s"])
+    assert all(b >= a for a, b in itertools.pairwise(p99)), p99
+    assert p99[-1] > 3 * p99[0]
