@@ -16,9 +16,11 @@ The encoder of one micro-batch runs on the G GPUs of one pipeline stage. Three w
 images over them:
 - none: whole images, greedy longest-first onto the least-loaded GPU;
 - fixed: every image split over all G GPUs;
-- dynamic: K3's subgroups (MISSION sec. 6): an image of T patches gets the smallest power-of-two CP
-  degree c with T / c <= (all patches) / G, capped at G; images are placed longest-first on the
-  aligned subgroup of c GPUs whose busiest member is least loaded.
+- dynamic: K3's subgroups (MISSION sec. 6): for a patches-per-GPU threshold, an image of T patches
+  gets the smallest power-of-two CP degree c with T / c <= threshold (at most G), and images are placed
+  longest-first on the aligned subgroup of c GPUs whose busiest member is least loaded; thresholds
+  from (all patches) / G^2 to all patches, and infinity, are tried and the smallest busiest-GPU time
+  kept. The two extremes are `fixed` and `none`, so dynamic is never slower than either.
 Reported: the time (the busiest GPU), load imbalance (max / mean GPU load) and communication share.
 """
 
@@ -52,6 +54,7 @@ class EncoderStep:
     imbalance: float           # max / mean GPU load (forward + backward)
     comm_share: float          # communication seconds / all seconds, over the G GPUs
     image_tokens: int
+    busiest_s: float = 0.0     # forward + backward of the busiest GPU (what the dynamic mode minimises)
 
 
 class ViTCost:
@@ -128,47 +131,71 @@ def _powers_of_two_upto(g: int) -> list[int]:
     return out
 
 
+def _degree(tokens: int, threshold: float, gpus: int) -> int:
+    """Smallest power-of-two CP degree that brings an image's patches per GPU to `threshold`, <= gpus."""
+    c = 1
+    while tokens / c > threshold and c * 2 <= gpus:
+        c *= 2
+    return c
+
+
+def _thresholds(total_tokens: int, gpus: int) -> list[float]:
+    """Patches-per-GPU thresholds tried by the dynamic mode: 0 (every image over all G: `fixed`), the
+    balanced share total / G times powers of two from 1/G to G, and infinity (every image whole: `none`)."""
+    share = total_tokens / gpus
+    out, k = [0.0], 1.0 / gpus
+    while k <= gpus:
+        out.append(share * k)
+        k *= 2
+    return out + [float("inf")]
+
+
+def _spread(vit: "ViTCost", image_tokens: list[int], gpus: int, degrees: list[int]):
+    """Longest image first onto the aligned subgroup of its degree whose busiest GPU is least loaded."""
+    load_f = [0.0] * gpus
+    load_b = [0.0] * gpus
+    comm = 0.0
+    jobs = []
+    for t, c in zip(image_tokens, degrees):
+        ic = vit.image(t, c)
+        jobs.append((ic.forward_s + ic.backward_s, c, ic))
+    jobs.sort(key=lambda j: -j[0])
+    for _, c, ic in jobs:
+        blocks = [range(b, b + c) for b in range(0, gpus - c + 1, c)]
+        best = min(blocks, key=lambda blk: max(load_f[g] + load_b[g] for g in blk))
+        for g in best:
+            load_f[g] += ic.forward_s
+            load_b[g] += ic.backward_s
+        comm += c * (ic.comm_forward_s + ic.comm_backward_s)
+    return load_f, load_b, comm
+
+
 def encoder_step(vit: ViTCost, image_tokens: list[int], gpus: int, mode: str) -> EncoderStep:
     """Spread one micro-batch's images (patch counts) over `gpus` GPUs by `mode` (module docstring)."""
     if mode not in CP_MODES:
         raise InputError(f"unknown encoder CP mode {mode!r}; one of {', '.join(CP_MODES)}", source="--encoder-cp")
     if gpus < 1:
         raise InputError(f"encoder GPUs must be >= 1, got {gpus}", source="--encoder-gpus")
-    load_f = [0.0] * gpus
-    load_b = [0.0] * gpus
-    comm = 0.0
     total_tokens = sum(image_tokens)
     if not image_tokens:
         return EncoderStep(0.0, 0.0, 1.0, 0.0, 0)
     if mode == "fixed":
-        for t in image_tokens:
-            c = vit.image(t, gpus)
-            for g in range(gpus):
-                load_f[g] += c.forward_s
-                load_b[g] += c.backward_s
-            comm += gpus * (c.comm_forward_s + c.comm_backward_s)
+        load_f, load_b, comm = _spread(vit, image_tokens, gpus, [gpus] * len(image_tokens))
+    elif mode == "none":
+        load_f, load_b, comm = _spread(vit, image_tokens, gpus, [1] * len(image_tokens))
     else:
-        target = total_tokens / gpus
-        degrees = _powers_of_two_upto(gpus)
-        jobs = []
-        for t in image_tokens:
-            c = 1
-            if mode == "dynamic":
-                c = next((d for d in degrees if t / d <= target), degrees[-1])
-            ic = vit.image(t, c)
-            jobs.append((ic.forward_s + ic.backward_s, c, ic))
-        jobs.sort(key=lambda j: -j[0])
-        for _, c, ic in jobs:
-            blocks = [range(b, b + c) for b in range(0, gpus - c + 1, c)]
-            best = min(blocks, key=lambda blk: max(load_f[g] + load_b[g] for g in blk))
-            for g in best:
-                load_f[g] += ic.forward_s
-                load_b[g] += ic.backward_s
-            comm += c * (ic.comm_forward_s + ic.comm_backward_s)
+        best = None
+        for thr in _thresholds(total_tokens, gpus):
+            degrees = [_degree(t, thr, gpus) for t in image_tokens]
+            cand = _spread(vit, image_tokens, gpus, degrees)
+            key = max(a + b for a, b in zip(cand[0], cand[1]))
+            if best is None or key < best[0]:
+                best = (key, cand)
+        load_f, load_b, comm = best[1]
     tot = [a + b for a, b in zip(load_f, load_b)]
     mean = sum(tot) / gpus
     return EncoderStep(max(load_f), max(load_b), max(tot) / mean if mean > 0 else 1.0,
-                       comm / sum(tot) if sum(tot) > 0 else 0.0, total_tokens)
+                       comm / sum(tot) if sum(tot) > 0 else 0.0, total_tokens, max(tot))
 
 
 def encoder_steps(model: Any, hw: Any, m: int, *, gpus: int, mode: str = "dynamic", seed: int = 0,

@@ -91,6 +91,7 @@ def simulate(program: Program) -> Timeline:
 
     def device(order: list[int]):
         for op in order:
+            ready = 0.0
             for dep, remote in deps[op]:
                 if finish[dep] < 0:
                     ev = waiting.get(dep)
@@ -98,13 +99,17 @@ def simulate(program: Program) -> Timeline:
                         ev = waiting[dep] = env.event()
                     yield ev
                 t = arrival[dep] if remote else finish[dep]
-                if t > env.now:
-                    yield timeout(t - env.now)
-            start[op] = env.now
+                if t > ready:
+                    ready = t
+            now = env.now
+            if ready > now:
+                yield timeout(ready - now)
+                now = env.now
+            start[op] = now
             c = cost[op]
             if c > 0:
                 yield timeout(c)
-            now = env.now
+                now = env.now
             finish[op] = now
             link = out_link[op]
             if link >= 0:

@@ -61,6 +61,9 @@ class Placed:
     upfront: int = 0
     placed_forward: int = 0
     placed_backward: int = 0
+    synchronous: list[int] = field(default_factory=list)
+    overflow: str = "none"              # bubble: where encodes that fit no bubble went (inline | upfront)
+    timeline: Timeline | None = None    # set when placement already simulated this program
 
 
 class _Builder:
@@ -212,8 +215,7 @@ def place(schedule: Schedule, costs: StageCosts, encoder: EncoderWork | None, po
             mine = list(range(d, m, p))
             orders[d] = [ef[j] for j in mine] + orders[d] + [eb[j] for j in mine]
     else:
-        _bubble(schedule, costs, encoder, bld, orders, ids, ef, eb, eb_cost, placed,
-                p if upfront is None else upfront)
+        return _bubble_best(schedule, costs, encoder, p if upfront is None else upfront)
     placed.program = bld.program(orders)
     return placed
 
@@ -233,46 +235,83 @@ def _link_encoder(bld: _Builder, ids: dict, ef: list[int], eb: list[int], dev: l
             bld.out_seconds[ids[(B, 0, j)]] = send_s
 
 
-def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _Builder,
-            orders: list[list[int]], ids: dict, ef: list[int], eb: list[int], eb_cost: list[float],
-            placed: Placed, upfront: int) -> None:
-    """K3 placement over every device's gaps (each PP rank holds a vision replica, as in DEP).
-
-    1. The first `upfront` encodes run up front, balanced (micro-batch j on device j % p).
-    2. Simulate text + upfront encodes; walk all devices' idle gaps in time order and put each pending
-       encode (earliest micro-batch first) where it finishes, and its output arrives at device 0,
-       before its consumer starts; encodes that fit nowhere run on device 0 just before the consumer.
-    3. Each encoder backward runs on the device that holds its forward's activations, in a gap that
-       opens after its gradient arrives, else after that device's last text op.
-    """
+def _bubble_best(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, upfront: int) -> Placed:
+    """K3 placement (see `_bubble`), with two ways to treat encodes that fit in no bubble: run them on
+    device 0 just before their consumer (torchtitan's "synchronous"), or add them to the up-front
+    encodes, balanced over the devices; both plans are simulated and the faster is kept (the plan is
+    offline and identical on every rank, as in torchtitan)."""
     p, m = schedule.p, schedule.m
     if upfront < 0:
         raise InputError(f"upfront encodes must be >= 0, got {upfront}", source="--encoder-upfront")
     u = min(upfront, m)
+    first = {j: j % p for j in range(u)}
+    inline = _bubble(schedule, costs, encoder, first)
+    if not inline.synchronous:
+        return inline
+    load = [0.0] * p
+    assign = dict(first)
+    for j, d in first.items():
+        load[d] += encoder.forward_s[j]
+    for j in sorted(inline.synchronous, key=lambda j: -encoder.forward_s[j]):   # longest first
+        d = min(range(p), key=load.__getitem__)
+        assign[j] = d
+        load[d] += encoder.forward_s[j]
+    ahead = _bubble(schedule, costs, encoder, assign)
+    inline.timeline = simulate(inline.program)
+    ahead.timeline = simulate(ahead.program)
+    best = ahead if ahead.timeline.step_time_s < inline.timeline.step_time_s else inline
+    best.overflow = "upfront" if best is ahead else "inline"
+    return best
+
+
+def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dict[int, int]) -> Placed:
+    """K3 placement over every device's gaps (each PP rank holds a vision replica, as in DEP).
+
+    1. The encodes in `up` (micro-batch -> device) run up front.
+    2. Simulate text + those; walk all devices' idle gaps in time order and put each pending encode
+       (earliest micro-batch first) where it finishes, and its output arrives at device 0, before its
+       consumer starts; encodes that fit nowhere run on device 0 just before the consumer.
+    3. Each encoder backward runs on the device that holds its forward's activations, in a gap that
+       opens after its gradient arrives, else after that device's last text op.
+    """
+    p, m = schedule.p, schedule.m
     send = encoder.send_s
+    bld = _Builder(p)
+    orders, ids = _text(schedule, costs, bld)
+    ef = [bld.op(encoder.forward_s[j], ("EF", -1, -1, j)) for j in range(m)]
+    eb_cost = list(encoder.backward_s)
+    eb = [bld.op(eb_cost[j], ("EB", -1, -1, j)) for j in range(m)]
+    placed = Placed(None, schedule, "bubble", ids, ef, eb)  # type: ignore[arg-type]
     # step 1-2: timeline of text + upfront encodes
     probe = _Builder(p)
     porders, pids = _text(schedule, costs, probe)
-    pef = [probe.op(encoder.forward_s[j], ("EF", -1, -1, j)) for j in range(u)]
-    peb = [probe.op(0.0, ("EB", -1, -1, j)) for j in range(u)]
-    _link_encoder(probe, pids, pef, peb, [j % p for j in range(u)], send)
-    for j in range(u):
-        porders[j % p].insert(0, pef[j])
-        porders[j % p].append(peb[j])
+    ups = sorted(up)
+    pef = {j: probe.op(encoder.forward_s[j], ("EF", -1, -1, j)) for j in ups}
+    peb = {j: probe.op(0.0, ("EB", -1, -1, j)) for j in ups}
+    for j in ups:
+        d = up[j]
+        probe.deps[pids[(F, 0, j)]].append((pef[j], d != 0))
+        if d != 0:
+            probe.out_link[pef[j]] = probe.link(d, 0, "enc")
+            probe.out_seconds[pef[j]] = send
+    head = [[j for j in ups if up[j] == d] for d in range(p)]
+    for d in range(p):
+        porders[d] = [pef[j] for j in head[d]] + porders[d]
     tl = simulate(probe.program(porders))
+    del peb
     consumer = [tl.start[pids[(F, 0, j)]] for j in range(m)]
     producer = [tl.finish[pids[(B, 0, j)]] for j in range(m)]
     # consumers (stage-0 forwards) and producers (stage-0 backwards) run in micro-batch order on
     # device 0, so both time lists grow with j: eligibility is a suffix / prefix found by bisection
-    min_f = min(encoder.forward_s[u:], default=0.0)
+    pend = [j for j in range(m) if j not in up]
+    min_f = min((encoder.forward_s[j] for j in pend), default=0.0)
     min_b = min(eb_cost, default=0.0)
     shortest = min(min_f, min_b)
     gaps = sorted((g_start, d, idx, g_len) for d in range(p)
                   for idx, g_start, g_len in _gaps(tl, porders[d]) if g_len >= shortest)
     used = [0.0] * len(gaps)
-    dev = [j % p for j in range(u)] + [-1] * (m - u)
+    dev = [up.get(j, -1) for j in range(m)]
     after: dict[tuple[int, int], list[int]] = {}
-    pend = list(range(u, m))
     for gi, (g_start, d, idx, g_len) in enumerate(gaps):
         if not pend or g_len - used[gi] < min_f:
             continue
@@ -314,7 +353,7 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _B
     # assemble orders: upfront first, gap placements after the op that opens the gap
     before0 = {ids[(F, 0, j)]: ef[j] for j in sync}
     for d in range(p):
-        new = [ef[j] for j in range(u) if j % p == d]
+        new = [ef[j] for j in head[d]]
         k = len(new)                   # the probe's orders start with these k upfront encodes
         for i in range(k):
             new.extend(after.get((d, i), ()))
@@ -326,4 +365,7 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, bld: _B
         new.extend(eb[j] for j in pend_b[d])
         orders[d] = new
     _link_encoder(bld, ids, ef, eb, dev, send)
-    placed.upfront = u
+    placed.upfront = len(up)
+    placed.synchronous = sorted(sync)
+    placed.program = bld.program(orders)
+    return placed

@@ -105,7 +105,7 @@ def run_pipeline(schedule: Schedule, costs, encoder: EncoderWork | None = None, 
     ttl = simulate(text.program)
     if encoder is not None and policy != "none":
         placed = place(schedule, costs, encoder, policy, upfront=upfront)
-        tl = simulate(placed.program)
+        tl = placed.timeline or simulate(placed.program)
     else:
         placed, tl, policy = text, ttl, "none"
     prog = placed.program
@@ -124,7 +124,9 @@ def run_pipeline(schedule: Schedule, costs, encoder: EncoderWork | None = None, 
         hidden = min(1.0, max(0.0, 1.0 - overhead / exposed)) if exposed > 0 else 1.0
         if policy == "bubble":
             placed_counts = {"upfront": placed.upfront, "forward_in_bubbles": placed.placed_forward,
-                             "backward_in_bubbles": placed.placed_backward, "microbatches": schedule.m}
+                             "backward_in_bubbles": placed.placed_backward,
+                             "synchronous": len(placed.synchronous), "overflow": placed.overflow,
+                             "microbatches": schedule.m}
     return PipelineResult(
         schedule=schedule.name, stages=schedule.p, virtual=schedule.v, microbatches=schedule.m,
         encoder_policy=policy, step_time_s=tl.step_time_s, text_step_time_s=ttl.step_time_s,

@@ -62,3 +62,16 @@ def test_encoder_steps_needs_a_vision_tower():
 def test_unknown_cp_mode_is_bad_input():
     with pytest.raises(InputError, match="--encoder-cp"):
         encoder_step(vit(), [10], 2, "ring")
+
+
+def test_dynamic_is_never_slower_than_none_or_fixed():
+    import random
+
+    rng = random.Random(3)
+    v = vit()
+    for _ in range(30):
+        tokens = [rng.choice([50, 200, 900, 3000, 12000]) for _ in range(rng.randint(1, 7))]
+        g = rng.choice([1, 2, 4, 8])
+        t = {mode: encoder_step(v, tokens, g, mode) for mode in ("none", "fixed", "dynamic")}
+        assert t["dynamic"].busiest_s <= min(t["none"].busiest_s, t["fixed"].busiest_s) * (1 + 1e-12)
+        assert t["dynamic"].imbalance >= 1.0 - 1e-12
