@@ -253,7 +253,7 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
 
     from k3sim.serving.engine import Replica, StepTimer
     from k3sim.serving.fleet import Fleet, TransferModel
-    from k3sim.serving.metrics import summarize
+    from k3sim.serving.metrics import LITTLE_TOLERANCE, summarize
     t0 = time.perf_counter()
     env = simpy.Environment()
     sv = setup.serving
@@ -284,6 +284,9 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
         raise RuntimeError(f"{fleet.in_system} requests never finished ({stuck} still queued or running)")
     sim_s = env.now
     summary = summarize(fleet, sim_seconds=sim_s, gpus=setup.gpus, slo_ttft_s=sv.slo_ttft_s, slo_tpot_s=sv.slo_tpot_s)
+    if summary["little_law_relative_error"] > LITTLE_TOLERANCE:  # checked on every run: an accounting bug
+        raise RuntimeError(f"Little's law off by {100 * summary['little_law_relative_error']:.2f} %: "
+                           f"mean in system {summary['mean_requests_in_system']:.6g}")
     wall = time.perf_counter() - t0
     evals = sum(getattr(t.fn, "evaluations", len(t.memo)) for t in timers)
     res = ServeResult(summary, fleet.records, fleet.samples, wall, sum(r.steps for r in fleet.replicas), evals,
