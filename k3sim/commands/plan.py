@@ -64,6 +64,10 @@ def register(app: typer.Typer) -> None:
         from k3sim.planner.plan import SECTIONS
 
         path = pick_scenario(scenario_arg, scenario)
+        if out is not None and not no_report:
+            from k3sim.report import check_out_dir
+
+            check_out_dir(out)
         bar = progress_bar(json_out)
         if bar is not None:
             with bar:

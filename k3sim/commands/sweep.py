@@ -64,8 +64,11 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"must be >= 1 (got {workers})", source="--workers")
         if scheduler is not None and not scheduler.startswith(("tcp://", "tls://", "inproc://")):
             raise InputError(f"expected tcp://HOST:PORT, got {scheduler!r}", source="--scheduler")
+        from k3sim.report import check_out_dir
+
         name = load(scenario).scenario.name
         out = out or Path("reports") / f"{name}-sweep"
+        check_out_dir(out)
         progress = None
         if not json_out and sys.stderr.isatty():
             from rich.console import Console

@@ -72,6 +72,7 @@ class PlanResult:
     fits: bool
     verdict: str
     memory: Any = None                 # ServePlan | TrainPlan | None (does not fit a serving plan)
+    memory_rows: list | None = None    # a serving misfit: what one GPU would need, (component, bytes, source)
     training: Any = None               # TrainStepResult
     serving: dict | None = None
     decode: Any = None                 # pandas DataFrame (k3sim.decode.sweep.sweep_table)
@@ -157,10 +158,14 @@ def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Cal
             _section(res, "serving", lambda: _serving(res, inp, kt, serving_requests), progress)
         if "decode" in sections:
             _section(res, "decode", lambda: _decode(res, inp, kt), progress)
-        if "prefix_cache" in sections:
+        if "prefix_cache" in sections and res.fits:
             _section(res, "prefix_cache", lambda: _prefix_cache(res, inp), progress)
-    if "cp" in sections:
+        elif "prefix_cache" in sections:
+            res.notes["prefix_cache"] = f"not computed: {res.verdict}"
+    if "cp" in sections and not (inp.mode == "serve" and not res.fits):
         _section(res, "cp", lambda: _cp(res, inp, kt), progress)
+    elif "cp" in sections:
+        res.notes["cp"] = f"not computed: {res.verdict}"
     if "calibration" in sections:
         _section(res, "calibration", lambda: _calibration(res, inp, kt), progress)
     res.assumptions = _assumptions(res, inp)
@@ -180,6 +185,7 @@ def _memory(res: PlanResult, inp) -> None:
                                     workspace_fraction=w.workspace_fraction, source=src)
         except DoesNotFit as err:
             res.fits, res.verdict = False, err.reason
+            res.memory_rows = _serve_misfit_rows(inp)
             return
         p = res.memory
         res.verdict = (f"fits: {p.max_concurrent_requests} concurrent {w.context_tokens}-token requests per replica "
@@ -194,6 +200,24 @@ def _memory(res: PlanResult, inp) -> None:
                                 num_micro_batches=w.num_micro_batches or sc.parallelism.pp * sc.parallelism.virtual_stages,
                                 workspace_fraction=w.workspace_fraction, source=src, allow_overflow=True)
         res.fits, res.verdict = res.memory.fits, memory_verdict(res.memory)
+
+
+def _serve_misfit_rows(inp) -> list:
+    """What the fullest GPU of a serving layout that does not fit would need: the memory planner's weight
+    rows (computed against an unbounded HBM, so it does not refuse), the workspace reserve of the real HBM
+    and one request's KV cache and state."""
+    from k3sim.memory.plan import Row, serve_plan
+
+    sc, w = inp.scenario, inp.scenario.workload
+    unbounded = inp.hw.model_copy(update={"hbm_bytes": 1e18})
+    p = serve_plan(inp.model, unbounded, sc.parallelism, w.context_tokens,
+                   prefill_chunk_tokens=w.prefill_chunk_tokens, workspace_fraction=0.0)
+    rows = [r for r in p.breakdown if r.component.startswith("weights_") or r.component == "attn_res_blocks"]
+    rows.append(Row("workspace_reserve", int(w.workspace_fraction * inp.hw.hbm_bytes),
+                    f"{w.workspace_fraction:g} x HBM"))
+    rows.append(Row("one_request_kv_and_state", p.per_request_bytes_per_gpu,
+                    f"one {w.context_tokens}-token request"))
+    return rows
 
 
 def _training(res: PlanResult, inp, kt) -> None:

@@ -30,7 +30,7 @@ def _save(fig, path: Path) -> Path:
 def memory_figure(rows: list[tuple[str, float]], hbm_bytes: float, title: str, path: Path) -> Path:
     """One stacked bar of per-GPU bytes by component against the HBM capacity."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     left = 0.0
     cmap = plt.get_cmap("tab20")
     for i, (name, b) in enumerate(rows):
@@ -40,7 +40,7 @@ def memory_figure(rows: list[tuple[str, float]], hbm_bytes: float, title: str, p
     ax.set_yticks([])
     ax.set_xlabel("GB per GPU")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=3)
     return _save(fig, path)
 
 

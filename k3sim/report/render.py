@@ -19,6 +19,16 @@ from k3sim.errors import InputError
 GB = 1e9
 
 
+def check_out_dir(out: str | Path, source: str = "--out") -> None:
+    """Refuse an output directory that cannot be written before any work is done."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", source=f"{source} {out}")
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write under {parent} (permission denied)", source=f"{source} {out}")
+
+
 @contextmanager
 def atomic_dir(out: str | Path, source: str = "--out") -> Iterator[Path]:
     """Yield an empty temp directory beside `out`; on success it replaces `out` whole."""
@@ -96,6 +106,14 @@ def build_context(res, fig_dir: Path) -> dict:
                 {"header": ["component", "bytes per GPU", "source"],
                  "rows": [[r.component, _gb(r.bytes), r.source] for r in mem.breakdown]},
                 [(p, "memory breakdown")])
+    elif res.memory_rows:
+        rows = [(r.component, r.bytes) for r in res.memory_rows]
+        p = F.memory_figure(rows, res.hw.hbm_bytes, f"{res.model} on {res.hardware}: what the fullest GPU would "
+                            "need (does not fit)", fig_dir / "memory.png")
+        section("memory", "Memory per GPU", res.verdict,
+                {"header": ["component", "bytes per GPU", "source"],
+                 "rows": [[r.component, _gb(r.bytes), r.source] for r in res.memory_rows]},
+                [(p, "memory breakdown of a layout that does not fit")])
     else:
         section("memory", "Memory per GPU", res.verdict)
 
@@ -151,6 +169,8 @@ def build_context(res, fig_dir: Path) -> dict:
         section("prefix_cache", "Prefix-cache hit rate", res.notes["prefix_cache"])
 
     # CP crossover
+    if not res.cp_rows and "cp" in res.notes:
+        section("cp", "Context parallelism crossover", res.notes["cp"])
     if res.cp_rows:
         from k3sim.configs.dtypes import bytes_per_element
         from k3sim.cp.sweep import plot_crossover
