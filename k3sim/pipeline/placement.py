@@ -312,6 +312,14 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
     used = [0.0] * len(gaps)
     dev = [up.get(j, -1) for j in range(m)]
     after: dict[tuple[int, int], list[int]] = {}
+    # a device that encodes micro-batch j also runs its backward (it holds the activations), so no
+    # device takes more than a balanced share of the encoder work (plus one encode): otherwise one
+    # early, long gap collects many forwards whose backwards then pile up on that device
+    work = [encoder.forward_s[j] + eb_cost[j] for j in range(m)]
+    cap = sum(work) / p + max(work, default=0.0)
+    owned = [0.0] * p
+    for j, d in up.items():
+        owned[d] += work[j]
     for gi, (g_start, d, idx, g_len) in enumerate(gaps):
         if not pend or g_len - used[gi] < min_f:
             continue
@@ -320,7 +328,9 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
         while i < len(pend) and g_len - used[gi] >= min_f:
             j = pend[i]
             c = encoder.forward_s[j]
-            if used[gi] + c <= g_len and g_start + used[gi] + c + lag <= consumer[j]:
+            if (used[gi] + c <= g_len and g_start + used[gi] + c + lag <= consumer[j]
+                    and owned[d] + work[j] <= cap):
+                owned[d] += work[j]
                 after.setdefault((d, idx), []).append(ef[j])
                 used[gi] += c
                 dev[j] = d

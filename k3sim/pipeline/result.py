@@ -2,9 +2,10 @@
 
 bubble_ratio = (step time - compute time of the busiest device) / that compute time: Megatron's
 "bubble time over ideal time" (Narayanan et al. SC'21), which for uniform stages is (p-1)/m for 1F1B.
-encoder_hidden_share = 1 - (step with encoder - text-only step) / (encoder compute of the busiest
-encoder device, i.e. what the encoder would add if nothing overlapped); 0 when serial, 1 when the step
-does not grow at all. It is clamped to [0, 1]. encoder_placed_in_bubbles counts encodes the bubble
+encoder_hidden_share = 1 - (step with encoder - text-only step) / (all encoder compute, device-seconds,
+forward and backward, including decoupled's recompute): the issue's "fraction of encoder compute that does
+not lengthen the step". Serial gives 0; spreading the encoder over p devices alone (decoupled) gives up
+to 1 - 1/p; overlap with bubbles gives more. Clamped to [0, 1]. encoder_placed_in_bubbles counts encodes the bubble
 policy put into idle gaps (torchtitan's count-based hidden_share).
 """
 
@@ -119,8 +120,8 @@ def run_pipeline(schedule: Schedule, costs, encoder: EncoderWork | None = None, 
     if policy != "none":
         enc_compute = sum(encoder.forward_s) + sum(encoder.backward_s)
         overhead = tl.step_time_s - ttl.step_time_s
-        # what the encoder adds when nothing overlaps: the busiest encoder device's share
-        exposed = max(enc_busy)
+        # all encoder compute (device-seconds): what the step would grow by if it ran alone on one device
+        exposed = sum(enc_busy)
         hidden = min(1.0, max(0.0, 1.0 - overhead / exposed)) if exposed > 0 else 1.0
         if policy == "bubble":
             placed_counts = {"upfront": placed.upfront, "forward_in_bubbles": placed.placed_forward,

@@ -26,6 +26,17 @@ def test_decoupled_hand_worked():
                      "decoupled")
     assert r.text_step_time_s == pytest.approx(9.0)
     assert r.step_time_s == pytest.approx(11.0)
+    # 2 s added out of 4 s of encoder compute (2 x 0.5 forward + 2 x 1.5 recompute + backward)
+    assert r.encoder_hidden_share == pytest.approx(0.5)
+
+
+def test_bubble_spreads_encodes_so_backwards_do_not_pile_up():
+    # ZB-H1 leaves few bubbles; before the per-device cap one early gap on stage 1 took 8 forwards and
+    # their 8 backwards then ran after its last op (step 56.9 s); capped, bubble beats decoupled here
+    s, c, enc = build_schedule("zb-h1", 8, 16), uniform_costs(8, 1, 1.0, 2.0), EncoderWork.uniform(16, 0.1)
+    bub, dec = run_pipeline(s, c, enc, "bubble"), run_pipeline(s, c, enc, "decoupled")
+    assert max(x.encoder_busy_s for x in bub.stage) <= 0.6 + 1e-9
+    assert bub.step_time_s < dec.step_time_s
 
 
 def test_bubble_hides_most_of_a_small_encoder_in_a_deep_pipeline():
