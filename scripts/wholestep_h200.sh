@@ -5,12 +5,15 @@
 # (CSV rows written as they are measured, provenance.yaml, manifest.json, the log).
 #   smoke: every part at one or two small points (Kimi-Linear layers 1-4 with embedding and LM head,
 #          the K3 TP8 slice, the training slices), numerical self-checks on; about 3 minutes.
-#   full:  the brief's grids under the default plan (run.py DEFAULT_PLAN); time-boxed to ~9 minutes.
-# Extra arguments go to run.py (e.g. --expert-kernel mxfp4, --plan ...).
+#   serve: decode (Kimi-Linear-48B whole, K3 TP8 slice with MXFP4 then bf16 experts) and mixed prefill
+#          (Kimi-Linear-48B) on the brief's grids (run.py SERVE_PLAN); about 7 minutes, one device call.
+#   train: training fwd and fwd+bwd of the two layer slices (run.py TRAIN_PLAN); about 5 minutes.
+# The compiled-kernel cache comes back as wholestep.txz.*; put those files in .tcache/ and carry it to
+# skip fla's compiles in a re-run. Extra arguments go to run.py (e.g. --check, --plan ...).
 set -u
-mode=${1:?usage: wholestep_h200.sh smoke|full [run.py options]}
+mode=${1:?usage: wholestep_h200.sh smoke|serve|train [run.py options]}
 shift
-case "$mode" in smoke|full) ;; *) echo "mode must be smoke or full, got '$mode'" >&2; exit 2 ;; esac
+case "$mode" in smoke|serve|train) ;; *) echo "mode must be smoke, serve or train, got '$mode'" >&2; exit 2 ;; esac
 export PYTHONUNBUFFERED=1 FLA_FLASH_KDA=0 TRITON_CACHE_DIR=/tmp/tcache
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD
@@ -25,13 +28,15 @@ if [ "$mode" = smoke ]; then
     --micro-batches 1 \
     --plan kimi-linear-48b-l1-4h:decode=30,k3-tp8-ep8-l5-8@mxfp4:decode=25,kimi-linear-48b-l1-4h:prefill=45,kimi-linear-48b-l5-8:train=60 \
     "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
+elif [ "$mode" = serve ]; then
+  timeout 450 $R --check --plan serve "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 else
-  timeout 560 $R "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
+  timeout 330 $R --check --plan train "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 fi
 for f in $out/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done
 cp /tmp/ws/log-$mode.txt $out/ 2>/dev/null
 tar czf $OUT/wholestep-$mode.tgz -C /tmp/ws $(basename $out)
-if [ "$mode" = full ]; then
+if [ "$mode" != smoke ]; then
   # compiled kernels and fla's autotune choices, for a faster re-run (carry as .tcache/)
   find /tmp/tcache -type f \( -name '*.llir' -o -name '*.ptx' -o -name '*.ttir' -o -name '*.ttgir' -o -name '*.source' \) -delete
   tar cf - -C /tmp/tcache . | xz -T0 -6 | split -b 15m - $OUT/wholestep.txz.

@@ -66,6 +66,20 @@ def test_cache_and_state_bytes_hand_worked(specs):
     assert (64, 65536) in pts and (256, 65536) not in pts   # 33.8 GB + 0.1 GB fits 40 GB; 135 GB does not
 
 
+def test_decode_pools_cover_every_point_that_fits(specs):
+    s = specs["kimi-linear-48b"]
+    free = 40 * 10 ** 9
+    B, C = [1, 64, 256], [4096, 65536]
+    pools = S.plan_pools(s, B, C, free)
+    covered = [p for pts, _, _ in pools for p in pts]
+    assert sorted(covered) == sorted(S.decode_points(s, B, C, free))
+    assert (64, 65536) in covered            # 33.8 GB of cache fits, but not beside B = 256's 11.2 GB of states
+    for pts, mb, tokens in pools:            # each pool holds its states and its largest cache at once
+        assert S.state_bytes(s, mb) + tokens * S.cache_bytes(s, 1, 1) <= free
+        assert all(b <= mb and b * c <= tokens for b, c in pts)
+    assert len(pools) == 2
+
+
 def test_manifest_of_a_k3_decode_step(specs):
     s = specs["k3-tp8-ep8-l5-8"]
     man = S.manifest(s, S.StepShape(decodes=64, context=32768))
@@ -123,7 +137,7 @@ def test_parse_args_and_plan():
     a = R.parse_args(["--out", "x", "--batches", "1,64", "--contexts", "4096"])
     assert a.batches == [1, 64] and a.contexts == [4096]
     plan = R.parse_plan(R.DEFAULT_PLAN, S.load_specs())
-    assert [p for _, _, p, _ in plan] == ["decode", "prefill", "decode", "train", "train", "decode"]
+    assert [p for _, _, p, _ in plan] == ["decode", "decode", "prefill", "decode", "train", "train"]
     assert [k for c, k, p, _ in plan if c.startswith("k3")] == ["mxfp4", "grouped_bf16", "grouped_bf16"]
     with pytest.raises(InputError, match="expert kernel"):
         R.parse_args(["--out", "x", "--plan", "k3-tp8-ep8-l5-8@fp3:decode=10"])

@@ -85,19 +85,9 @@ def measure_point(model, st: S.StepShape, pool, *, eager: bool = True, graph: bo
     return out, traced
 
 
-def plan_pool(model, batches: list[int], contexts: list[int]) -> tuple[list[tuple[int, int]], int, int]:
-    """Points that fit after the weights, the pool's batch and MLA cache tokens (measured free memory)."""
+def free_bytes() -> int:
+    """GPU memory free for decode buffers now, less the reserve."""
     import torch
 
     free, _ = torch.cuda.mem_get_info()
-    budget = max(0, free - RESERVE_BYTES)
-    pts = S.decode_points(model.spec, batches, contexts, budget)
-    if not pts:
-        return [], 0, 0
-    max_b = max(b for b, _ in pts)
-    state = S.state_bytes(model.spec, max_b)
-    per_tok = S.cache_bytes(model.spec, 1, 1)
-    cache_tokens = (budget - state) // per_tok if per_tok else 0
-    pts = [(b, c) for b, c in pts if b * c <= cache_tokens or not per_tok]
-    cache_tokens = max((b * c for b, c in pts), default=0) if per_tok else 0
-    return pts, max_b, cache_tokens
+    return max(0, free - RESERVE_BYTES)

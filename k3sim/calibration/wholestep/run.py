@@ -22,8 +22,13 @@ from pathlib import Path
 from k3sim.calibration.wholestep import spec as S
 
 PARTS = ("decode", "prefill", "train")
-DEFAULT_PLAN = ("kimi-linear-48b:decode=150,kimi-linear-48b:prefill=110,k3-tp8-ep8-l5-8@mxfp4:decode=50,"
-                "kimi-linear-48b-l5-8:train=80,k3-tp8-ep8-l5-8:train=60,k3-tp8-ep8-l5-8@grouped_bf16:decode=40")
+# Time boxes: a box stops new points, not a running one, and the first point of a part pays its fla
+# compiles (smoke run 2026-12-01: chunk_kda forward family ~90 s), so the boxes leave room for that.
+SERVE_PLAN = ("kimi-linear-48b:decode=130,k3-tp8-ep8-l5-8@mxfp4:decode=40,kimi-linear-48b:prefill=170,"
+              "k3-tp8-ep8-l5-8@grouped_bf16:decode=30")
+TRAIN_PLAN = "kimi-linear-48b-l5-8:train=150,k3-tp8-ep8-l5-8:train=140"
+DEFAULT_PLAN = SERVE_PLAN + "," + TRAIN_PLAN
+PLANS = {"serve": SERVE_PLAN, "train": TRAIN_PLAN, "all": DEFAULT_PLAN}  # --plan names
 KERNELS = ("grouped_bf16", "mxfp4")
 # Point grids (issue 10 item 6, issue 14 item 1, issue 15 item 2; the brief's values).
 DECODE_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -40,6 +45,7 @@ def parse_plan(text: str, specs: dict, default_kernel: str = "grouped_bf16") -> 
     """-> [(config, expert kernel, part, seconds)]; training always runs bf16 grouped experts."""
     from k3sim.errors import InputError
 
+    text = PLANS.get(text, text)
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         head, _, secs = item.partition("=")
@@ -158,15 +164,29 @@ class Runner:
         w = self.writer("decode")
         batches = self.a.batches or DECODE_B
         contexts = self.a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
-        pts, max_b, cache_tokens = decode_step.plan_pool(model, batches, contexts)
-        skipped = [(b, c) for c in contexts for b in batches if (b, c) not in pts]
-        for b, c in skipped:
+        pools = S.plan_pools(model.spec, batches, contexts, decode_step.free_bytes())
+        planned = [p for pts, _, _ in pools for p in pts]
+        for b, c in (p for c in contexts for b in batches for p in [(b, c)] if p not in planned):
             w.failed(dict(config=cfg, B=b, C=c, timer="graph"), "skipped: MLA cache + KDA state do not fit beside the weights")
-        if not pts:
-            return 0
-        pool = model.decode_pool(max_b, cache_tokens)
         n = 0
-        for b, c in pts:
+        for pts, max_b, cache_tokens in pools:
+            if time.monotonic() > deadline:
+                for b, c in pts:
+                    w.failed(dict(config=cfg, B=b, C=c, timer="graph"), "skipped: part time budget exhausted")
+                continue
+            pool = model.decode_pool(max_b, cache_tokens)
+            n += self._decode_points(model, cfg, kernel, pts, pool, w, deadline)
+            del pool
+            torch.cuda.empty_cache()
+        return n
+
+    def _decode_points(self, model, cfg, kernel, pts, pool, w, deadline):
+        import torch
+
+        from k3sim.calibration.wholestep import decode_step
+
+        n = 0
+        for b, c in pts:  # noqa: B007
             st = S.StepShape(decodes=b, context=c)
             self.note_manifest(cfg, kernel, "decode", st)
             base = dict(config=cfg, B=b, C=c)
@@ -186,8 +206,6 @@ class Runner:
                 w.failed(dict(base, timer="graph"), err)
                 print(f"[wholestep] decode {cfg} B={b} C={c} failed: {type(err).__name__}: {err}", flush=True)
                 torch.cuda.empty_cache()
-        del pool
-        torch.cuda.empty_cache()
         return n
 
     def prefill(self, cfg, kernel, deadline):
@@ -271,7 +289,7 @@ def run(a) -> Path:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     info = provenance(" ".join(shlex.quote(x) for x in sys.argv), 1, sorted({p for _, _, p, _ in plan}))
-    info["plan"] = a.plan
+    info["plan"] = PLANS.get(a.plan, a.plan)
     info["expert_kernel"] = a.expert_kernel
     info["timing_wholestep"] = ("decode: graph = CUDA-event time of one CUDA-graph replay of the whole step "
                                 "(L2 flushed before each, median); eager_events = same step launched op by op "
@@ -301,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m k3sim.calibration.wholestep.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="run directory (created)")
-    ap.add_argument("--plan", default=DEFAULT_PLAN, help="CONFIG[@KERNEL]:PART=SECONDS,... in order")
+    ap.add_argument("--plan", default="all", help="serve | train | all | CONFIG[@KERNEL]:PART=SECONDS,... in order")
     ap.add_argument("--specs", default="", help="specs JSON (default: specs.json beside this module)")
     ap.add_argument("--expert-kernel", default="grouped_bf16", choices=list(KERNELS),
                     help="routed-expert kernel of plan items without @KERNEL")

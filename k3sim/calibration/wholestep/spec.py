@@ -428,6 +428,29 @@ def decode_points(s: StepSpec, batches: list[int], contexts: list[int], free_byt
     return [(b, c) for c in contexts for b in batches if cache_bytes(s, b, c) + state_bytes(s, b) <= free_bytes]
 
 
+def plan_pools(s: StepSpec, batches: list[int], contexts: list[int], free_bytes: int) -> list[tuple[list, int, int]]:
+    """Group the points that fit into decode pools [(points, pool batch, MLA cache tokens per layer)].
+
+    One pool holds KDA/conv states for its largest batch and one latent cache of its largest B x C; a
+    point needs both at once. Greedy: each pool takes the batch bound that serves the most remaining
+    points (ties: the larger bound); the next pool serves what is left (B = 64 at 64K context, say,
+    which does not fit beside the states of B = 256). Points keep their order inside a pool."""
+    left = decode_points(s, batches, contexts, free_bytes)
+    per_tok = cache_bytes(s, 1, 1)
+    pools = []
+    while left:
+        best = None
+        for mb in sorted({b for b, _ in left}):
+            room = free_bytes - state_bytes(s, mb)
+            pts = [(b, c) for b, c in left if b <= mb and b * c * per_tok <= room]
+            if pts and (best is None or len(pts) >= len(best[0])):
+                best = (pts, mb)
+        pts, mb = best
+        pools.append((pts, mb, max(b * c for b, c in pts) if per_tok else 0))
+        left = [p for p in left if p not in pts]
+    return pools
+
+
 def main() -> None:  # python3 -m k3sim.calibration.wholestep.spec  (CPU): rewrite specs.json
     from k3sim.files import atomic_write_text
 
