@@ -1,10 +1,13 @@
 """simpy serving loop: arrivals from trace timestamps, scheduling steps with a token budget, chunked prefill,
 decode, completion. In-flight requests pin pages, copies land one step later, eviction races happen.
 
-Step durations come from an injected cost function (`StepCost` by default). Hit rates depend on which requests
-overlap in time, not on absolute latency, so the default is a scale knob, not a GPU number. Decode-only stretches
-are batched into one simpy timeout up to the next event (an arrival or a completion): nothing else can happen
-to the cache between those events.
+Step durations come from an injected cost. `ModelStepCost` takes every step's time from the step-cost model of a
+replica (`k3sim.step.StepCostModel` through the serving simulator's fast path), given the step's decodes, their
+context and its prefill chunks with their cached prefixes: the same step times `k3sim serve` uses. Hit rates of
+a bounded pool depend on which requests overlap in time, so the step time matters. `StepCost` (a constant token
+throughput) remains only as a stand-in for tests that need a cheap, model-free clock. Decode-only stretches are
+batched into one simpy timeout up to the next event (an arrival or a completion): nothing else can happen to the
+cache between those events.
 """
 
 from __future__ import annotations
@@ -22,17 +25,60 @@ from k3sim.workloads.request import TraceRequest, prefix_keys
 
 @dataclass(frozen=True)
 class StepCost:
-    """seconds = step_overhead_s + (prefill + decode tokens) / tokens_per_s.
+    """seconds = step_overhead_s + (prefill + decode tokens) / tokens_per_s: a model-free test clock.
 
-    Defaults (modelling choices, a scale knob): a serving instance whose token throughput is ~5x the Mooncake
-    conversation trace's offered prefill load (41k tokens/s: sum of input_length over the trace's time span), so
-    queues stay short, and a 10 ms fixed cost per step; change them to study a saturated server."""
+    Defaults (modelling choices): ~5x the Mooncake conversation trace's offered prefill load (41k tokens/s), and
+    10 ms per step. Real replays use `ModelStepCost`."""
 
     tokens_per_s: float = 2.0e5
     step_overhead_s: float = 0.01
 
     def __call__(self, prefill_tokens: int, decode_tokens: int) -> float:
         return self.step_overhead_s + (prefill_tokens + decode_tokens) / self.tokens_per_s
+
+
+class ModelStepCost:
+    """Step time from the step-cost model of one replica layout (`k3sim.serving.stepcost.step_seconds_for`).
+
+    `step(num_decode, decode_context_sum, prefill_chunks)` is what the replay calls; `(prefill, decode)` tokens
+    alone (the old cost signature) price the prefill as one chunk without a cached prefix and the decodes at
+    `mean_context` tokens."""
+
+    def __init__(self, model, hardware="h200", *, tp: int = 8, pp: int = 2, ep: int = 8, gpus_per_node: int = 8,
+                 mean_context: int = 4096):
+        from k3sim.configs import Parallelism, load_hardware
+        from k3sim.serving.stepcost import step_seconds_for
+
+        hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        self.fn = step_seconds_for(model, hw, Parallelism(tp=tp, pp=pp, ep=ep), gpus_per_node=gpus_per_node)
+        self.mean_context = mean_context
+        self.layout = {"tp": tp, "pp": pp, "ep": ep, "hardware": hw.name}
+
+    @classmethod
+    def from_scenario(cls, path) -> "ModelStepCost":
+        """The model, hardware and layout of a scenario file."""
+        from k3sim.configs import resolve_scenario
+
+        scn, model, hw = resolve_scenario(path)
+        p = scn.parallelism
+        return cls(model, hw, tp=p.tp, pp=p.pp, ep=p.ep, gpus_per_node=scn.cluster.gpus_per_node)
+
+    def step(self, num_decode: int, decode_context_sum: int, prefill: tuple = ()) -> float:
+        return self.fn(num_decode, decode_context_sum, prefill)
+
+    def __call__(self, prefill_tokens: int, decode_tokens: int) -> float:
+        return self.fn(decode_tokens, decode_tokens * self.mean_context, ((prefill_tokens, 0),) if prefill_tokens else ())
+
+
+def _step_time(cost, decoders: list, chunks: list, pf: int, n_steps: int = 1) -> float:
+    """Seconds of `n_steps` steps: the rich call (decode contexts, chunks and their prefixes) when the cost takes
+    it, else (prefill tokens, decode tokens); a decode stretch is priced at its midpoint context."""
+    step = getattr(cost, "step", None)
+    dec = len(decoders)
+    if step is None:
+        return cost(pf, dec) * n_steps
+    ctx = sum(rs.L + rs.generated for rs in decoders) + dec * (n_steps - 1) // 2
+    return step(dec, ctx, tuple(chunks)) * n_steps
 
 
 @dataclass(frozen=True)
@@ -139,13 +185,17 @@ def replay(
             decoders = [rs for rs in running if rs.computed >= rs.L]
             budget = budget0 - len(decoders)
             pf = 0
+            chunks: list[tuple[int, int]] = []  # (tokens, cached prefix) of each prefill chunk of this step
             prefilling = len(running) - len(decoders)
             if prefilling:
                 for rs in running:
                     if rs.computed < rs.L and budget > 0:
+                        before = rs.computed
                         n = cache.schedule_prefill(rs, budget)
                         budget -= n
                         pf += n
+                        if n:
+                            chunks.append((n, before))
             while waiting and budget > 0 and len(running) < max_running:
                 req, keys = waiting[0]
                 rs = cache.admit(keys, req.input_tokens, req.output_tokens, req.arrival_s)
@@ -160,9 +210,12 @@ def replay(
                     per_request.append((req.input_tokens, rs.hit_hb * B_h))
                 running.append(rs)
                 prefilling += 1
+                before = rs.computed
                 n = cache.schedule_prefill(rs, budget)
                 budget -= n
                 pf += n
+                if n:
+                    chunks.append((n, before))
             dec = len(decoders)
             if pf == 0 and dec == 0:
                 if not waiting:
@@ -173,10 +226,10 @@ def replay(
             if pf == 0 and not prefilling:  # decode only: jump to the next completion or arrival
                 rem = min(rs.O - rs.generated for rs in decoders)
                 if not waiting:
-                    dt1 = cost(0, dec)
+                    dt1 = _step_time(cost, decoders, chunks, 0)
                     rem = min(rem, max(1, math.ceil((st["next"] - env.now) / dt1))) if st["next"] < math.inf else rem
                 n_steps = max(1, rem)
-            yield env.timeout(cost(pf, dec) * n_steps)
+            yield env.timeout(_step_time(cost, decoders, chunks, pf, n_steps))
             cache.end_step(n_steps)
             st["steps"] += n_steps
             if check_every and st["steps"] % check_every < n_steps:
