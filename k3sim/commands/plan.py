@@ -98,9 +98,11 @@ def register(app: typer.Typer) -> None:
                 kv.update({f"exposed_{k}_s": f"{v:.4g}" for k, v in t.exposed_comm_s.items() if v})
             if res.memory is not None and hasattr(res.memory, "max_concurrent_requests"):
                 kv["max concurrent requests"] = res.memory.max_concurrent_requests
-            for k, v in (res.serving or {}).items():
-                if isinstance(v, (int, float, str)) and len(kv) < 24:
-                    kv[k] = v
+            srv = res.serving or {}
+            for k in ("requests", "ttft_p99_s", "tpot_p99_s", "goodput_requests_per_s",
+                      "throughput_output_tokens_per_s_per_gpu", "token_hit_rate"):
+                if k in srv:
+                    kv[k] = f"{srv[k]:.4g}" if isinstance(srv[k], float) else srv[k]
             if written:
                 kv["report"] = f"{written}/report.md, {written}/report.html"
             print_kv(f"plan of {res.scenario}", list(kv.items()))

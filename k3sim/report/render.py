@@ -91,7 +91,7 @@ def build_context(res, fig_dir: Path) -> dict:
                     ("MFU", f"{100 * t.mfu:.1f} %"), ("micro-batches", str(t.num_micro_batches)),
                     ("bubble ratio", f"{t.bubble_ratio:.3f}"), ("EP load imbalance (max/mean)", f"{t.ep_imbalance:.3f}")]
     if res.serving:
-        for k in ("goodput_requests_per_s", "throughput_tokens_per_s", "ttft_p99_s", "tpot_p99_s"):
+        for k in ("goodput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "ttft_p99_s", "tpot_p99_s"):
             if k in res.serving:
                 v = res.serving[k]
                 summary.append((k, _s(v) if k.endswith("_s") and isinstance(v, float) else str(v)))
@@ -131,9 +131,20 @@ def build_context(res, fig_dir: Path) -> dict:
     if res.mode == "serve":
         srv = res.serving
         if srv:
-            lat = [(k, v) for k, v in srv.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            keys = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
+                    "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
+                    "token_hit_rate", "slo_ttft_s", "slo_tpot_s", "sim_seconds"]
+            rows = [[k, _s(srv[k]) if k.endswith("_s") and isinstance(srv[k], float) else
+                     (f"{srv[k]:.4g}" if isinstance(srv[k], float) else str(srv[k]))] for k in keys if k in srv]
+            figs = []
+            if res.serving_frame is not None and len(res.serving_frame):
+                from k3sim.serving.report import plot_latency_cdfs
+
+                p = fig_dir / "serving_latency.png"
+                plot_latency_cdfs(res.serving_frame, p, f"{res.scenario}: latency CDFs (serving sample)")
+                figs.append((p, "serving latency CDFs"))
             section("serving", "Serving latency and goodput", res.notes.get("serving", ""),
-                    {"header": ["quantity", "value"], "rows": [[k, f"{v:.4g}"] for k, v in lat]})
+                    {"header": ["quantity", "value"], "rows": rows}, figs)
         else:
             section("serving", "Serving latency and goodput", res.notes.get("serving", "not available"))
 
