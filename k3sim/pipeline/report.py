@@ -72,7 +72,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
     axes[0].set_ylabel("encoder hidden share")
     axes[0].set_ylim(-0.02, 1.02)
     axes[1].axhline(0.9, color="grey", lw=0.8)
-    axes[1].text(0.02, 0.905, "K2.5 DEP: 90 % of text-only", fontsize=7, color="grey")
+    axes[1].text(1.45, 0.905, "K2.5 DEP: 90 % of text-only", fontsize=7, color="grey")
     axes[1].set_xlabel("encoder forward per micro-batch / stage forward (R)")
     axes[1].set_ylabel("text-only step / step with encoder")
     axes[0].legend(fontsize=6, ncol=1)
