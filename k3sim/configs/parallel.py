@@ -116,6 +116,8 @@ class Scenario(BaseModel):
     parallelism: Parallelism
     workload: Workload
     serving: ServingConfig | None = None  # k3sim serve: replicas, engine, router, P/D pools (configs/serving.py)
+    training: TrainingSection | None = None  # k3sim plan: training step-model options (configs/planning.py)
+    sweep: SweepSection | None = None  # k3sim sweep: layout grid (configs/planning.py)
 
     @property
     def replicas(self) -> int:
@@ -178,5 +180,6 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
 
 # serving.py builds on Parallelism above, so it is imported once this module's classes exist
 from k3sim.configs.serving import ServingConfig  # noqa: E402
+from k3sim.configs.planning import SweepSection, TrainingSection  # noqa: E402
 
 Scenario.model_rebuild()

@@ -1,4 +1,4 @@
-"""The scenario's optional `training:` and `sweep:` sections (validated here, one line per error).
+"""The scenario's optional `training:` and `sweep:` sections (`k3sim plan`, `k3sim sweep`).
 
 `training:` sets the step model's knobs (k3sim.training.TrainOptions); `sweep:` the layout grid of
 `k3sim sweep`. Both are optional: without them the step model's defaults and a grid derived from the
@@ -44,32 +44,3 @@ class SweepSection(BaseModel):
     max_batch: list[PositiveInt] | None = Field(None, description="serving: engine batch limits")
     replicas: list[PositiveInt] | None = Field(None, description="serving: replica counts / P:D splits")
     use_all_gpus: bool = Field(True, description="training: keep only layouts that fill the cluster")
-
-
-def sections(data: dict, source: str):
-    """(TrainingSection, SweepSection) from a scenario mapping (missing sections: defaults)."""
-    from k3sim.configs.loaders import validate
-
-    tr = data.get("training") or {}
-    sw = data.get("sweep") or {}
-    if not isinstance(tr, dict):
-        from k3sim.errors import InputError
-
-        raise InputError("expected a mapping", source=source, field="training")
-    if not isinstance(sw, dict):
-        from k3sim.errors import InputError
-
-        raise InputError("expected a mapping", source=source, field="sweep")
-    t = _prefixed(lambda: validate(TrainingSection, tr, source), "training")
-    s = _prefixed(lambda: validate(SweepSection, sw, source), "sweep")
-    return t, s
-
-
-def _prefixed(fn, prefix: str):
-    from k3sim.errors import InputError
-
-    try:
-        return fn()
-    except InputError as err:
-        field = f"{prefix}.{err.field}" if err.field else prefix
-        raise InputError(err.reason, source=err.source, field=field) from None
