@@ -87,6 +87,8 @@ def test_manifest_of_a_k3_decode_step(specs):
     moe = [(o["op"], o["params"]) for o in man["layers"]["moe"]]
     assert ("gemm_bf16", {"M": 64, "N": 3584 + 896, "K": 7168}) in moe     # latent + router fused
     assert ("moe_grouped_bf16", {"B": 64, "E": 112, "K": 3584, "N": 6144, "topk": 2}) in moe
+    # 64 x 16 picks, 1/8 of them local: m = 128, gathered rows = ceil(128 + 6 sqrt(128) + 16) = 212
+    assert ("moe_permute", {"T": 64, "topk": 16, "rows": 212, "D": 3584}) in moe
     mla = [(o["op"], o["params"]) for o in man["layers"]["mla"]]
     assert ("mla_decode", {"B": 64, "C": 32768, "H": 12}) in mla
     assert ("gemm_bf16", {"M": 64, "N": 2112, "K": 7168}) in mla            # q_a + kv_a, grids.GEMM_NK
@@ -95,6 +97,12 @@ def test_manifest_of_a_k3_decode_step(specs):
     assert ("recurrent_kda_decode", {"B": 64, "T": 1, "H": 12}) in kda
     mx = S.manifest(s, S.StepShape(decodes=64, context=32768), "mxfp4")["layers"]["moe"]
     assert [o["op"] for o in mx].count("moe_mxfp4_decode") == 1 and "moe_permute" not in [o["op"] for o in mx]
+
+
+def test_moe_rows_hand_worked():
+    assert S.moe_rows(64, 8, 256, 256) == 512                  # no EP: every pick
+    assert S.moe_rows(1, 16, 112, 896) == 16                   # 2 + 8.5 + 16 > 16 picks: all of them
+    assert S.moe_rows(8192, 16, 112, 896) == 16384 + 768 + 16  # K3 training slice, EP8
 
 
 def test_manifest_of_a_mixed_prefill_step(specs):

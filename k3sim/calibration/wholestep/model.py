@@ -23,10 +23,11 @@ run, which `run.py` compares with `spec.manifest` (the CPU-side list the analyti
 against).
 
 MoE routing is capturable in a CUDA graph (no host sync): sigmoid scores + a score-correction bias,
-top-k, renormalise; picks sorted by local expert (non-local picks sort last), group ends by cumsum; the
-grouped GEMM computes only rows up to the last group end. Known overhead of this stand-in for EP: the
-gather and combine move all N*k picks, local or not (the all-to-all of a real engine moves only the
-local ones; at EP8 that is 8x the rows of a (N*k/8) x latent bf16 copy, a few microseconds at N <= 256).
+top-k, renormalise; picks sorted by local expert (other EP ranks' picks sort last), group ends by
+cumsum; only the first `spec.moe_rows` sorted picks (all of them without EP; under EP the expected
+local count plus six standard deviations) are gathered, computed and combined (fp32 index_add), as
+the picks an all-to-all would deliver to this rank; the grouped GEMM computes rows up to the last
+group end only.
 """
 
 from __future__ import annotations
@@ -429,31 +430,35 @@ class WholeStepModel:
             y = self.buf(("mx_y", N * k, xw), (N * k, xw), torch.bfloat16, fill=0.0)  # unwritten rows stay 0
             routed = L["experts"](xin.contiguous(), meta, N, k, y=y)
         else:
-            self.rec.op("moe_permute", T=N, topk=k, D=xw)
+            rows = S.moe_rows(N, k, El, e.experts)
+            self.rec.op("moe_permute", T=N, topk=k, rows=rows, D=xw)
             flat = ids.reshape(-1)
-            local = flat < El
-            key = torch.where(local, flat, torch.full_like(flat, El))
+            key = torch.where(flat < El, flat, torch.full_like(flat, El))   # other ranks' picks sort last
             key_sorted, order = torch.sort(key, stable=True)
+            key_sorted, order = key_sorted[:rows], order[:rows]            # local picks first: keep `rows`
             counts = torch.zeros(El + 1, device=x.device, dtype=torch.int32).scatter_add_(
                 0, key, torch.ones_like(key, dtype=torch.int32))
-            offs = torch.cumsum(counts[:El], 0, dtype=torch.int32)
-            xs = xin[order // k]
+            # group ends; clamped so a (6-sigma) overflow past `rows` is dropped, never read out of bounds
+            offs = torch.cumsum(counts[:El], 0, dtype=torch.int32).clamp_(max=rows)
+            local = (key_sorted < El)[:, None]
+            tok = order // k
+            xs = xin[tok]
             if xs.requires_grad:
                 # Training: the grouped GEMM's backward leaves the rows past the last group end unwritten
                 # in grad(xs); a select (not a multiply) keeps them out of grad(xin).
-                xs = torch.where((key_sorted < El)[:, None], xs, torch.zeros((), dtype=xs.dtype, device=xs.device))
+                xs = torch.where(local, xs, torch.zeros((), dtype=xs.dtype, device=xs.device))
             self.rec.op("moe_grouped_bf16", B=N, E=El, K=xw, N=2 * e.width, topk=tk)
             gu = torch._grouped_mm(xs, L["e_gu"], offs=offs, out_dtype=torch.bfloat16)
             a = self.silu_mul(gu, e.width, T=f"{N}x{tk}")
             self.rec.op("moe_grouped_bf16", B=N, E=El, K=e.width, N=xw, topk=tk)
             dn = torch._grouped_mm(a, L["e_dn"], offs=offs, out_dtype=torch.bfloat16)
-            self.rec.op("moe_combine", T=N, topk=tk, D=xw)
-            # Rows past the last group end are not computed by the grouped GEMM: select, don't multiply.
-            w_sorted = wts.reshape(-1)[order].to(dn.dtype)
-            # (select before the multiply: in training, grad(w) = sum(grad * dn) must not see those rows)
-            dn = torch.where((key_sorted < El)[:, None], dn, torch.zeros((), dtype=dn.dtype, device=dn.device))
-            contrib = dn * w_sorted[:, None]
-            routed = torch.zeros_like(contrib).index_copy(0, order, contrib).view(N, k, xw).sum(1)
+            self.rec.op("moe_combine", T=N, rows=rows, D=xw)
+            # Rows past the last group end are not computed by the grouped GEMM: select before the
+            # multiply (in training, grad(w) = sum(grad * dn) must not see those rows either).
+            dn = torch.where(local, dn, torch.zeros((), dtype=dn.dtype, device=dn.device))
+            contrib = dn * wts.reshape(-1)[order].to(dn.dtype)[:, None]
+            routed = torch.zeros((N, xw), dtype=torch.float32, device=x.device).index_add(
+                0, tok, contrib.float()).to(dn.dtype)
         if e.latent:
             routed = self.gemm(routed, L["w_up"])
         ys = [routed]

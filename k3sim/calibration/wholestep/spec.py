@@ -26,6 +26,7 @@ TP all-reduce and the EP dispatch/combine are NOT run, so a measured step is the
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -289,6 +290,18 @@ def dense_ffn_ops(s: StepSpec, st: StepShape) -> list[dict]:
             _op("residual_add", "residual", T=N, D=d)]
 
 
+def moe_rows(tokens: int, topk: int, local: int, experts: int) -> int:
+    """Sorted picks a rank gathers for its grouped GEMM: all tokens*topk without EP; under EP the
+    expected local picks m = tokens*topk*local/experts plus 6 sqrt(m) + 16 (modelling choice: a pick
+    count is binomial, sd <= sqrt(m), so an overflow is a 6-sigma event; the 16 covers tiny batches),
+    never more than tokens*topk. Standing in for the picks an all-to-all delivers to the rank."""
+    total = tokens * topk
+    if local >= experts:
+        return total
+    m = total * local / experts
+    return min(total, math.ceil(m + 6 * math.sqrt(m) + 16))
+
+
 def moe_ops(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") -> list[dict]:
     """expert_kernel: "grouped_bf16" (torch._grouped_mm) or "mxfp4" (helper H4's token-centric kernel)."""
     e, N, d = s.moe, st.tokens, s.hidden
@@ -308,11 +321,12 @@ def moe_ops(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") -> 
         ops.append(_op("moe_mxfp4_decode", "routed experts: gate/up + SwiGLU + down (MXFP4 weights, reads the ids)",
                        B=N, E=e.experts_local, K=x_w, N=e.width, topk=tk))
     else:
-        ops += [_op("moe_permute", f"sort picks by expert, gather rows ({local_picks})", T=N, topk=e.topk, D=x_w),
+        rows = moe_rows(N, e.topk, e.experts_local, e.experts)
+        ops += [_op("moe_permute", f"sort picks by expert, gather rows ({local_picks})", T=N, topk=e.topk, rows=rows, D=x_w),
                 _op("moe_grouped_bf16", "routed experts gate+up", B=N, E=e.experts_local, K=x_w, N=2 * e.width, topk=tk),
                 _op("silu_mul", "SwiGLU (routed)", T=f"{N}x{tk}", N=e.width),
                 _op("moe_grouped_bf16", "routed experts down", B=N, E=e.experts_local, K=e.width, N=x_w, topk=tk),
-                _op("moe_combine", "weighted sum of the picks", T=N, topk=tk, D=x_w)]
+                _op("moe_combine", "weighted sum of the picks (fp32 accumulate)", T=N, rows=rows, D=x_w)]
     if e.latent:
         ops.append(_gemm(N, d, e.latent, "latent up-projection"))
     if e.shared_width:
