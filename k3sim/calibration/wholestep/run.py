@@ -24,7 +24,7 @@ from k3sim.calibration.wholestep import spec as S
 PARTS = ("decode", "prefill", "train")
 # Time boxes: a box stops new points, not a running one, and the first point of a part pays its fla
 # compiles (smoke run 2026-12-01: chunk_kda forward family ~90 s), so the boxes leave room for that.
-SERVE_PLAN = ("kimi-linear-48b:decode=130,k3-tp8-ep8-l5-8@mxfp4:decode=40,kimi-linear-48b:prefill=170,"
+SERVE_PLAN = ("kimi-linear-48b:decode=120,k3-tp8-ep8-l5-8@mxfp4:decode=40,kimi-linear-48b:prefill=190,"
               "k3-tp8-ep8-l5-8@grouped_bf16:decode=30")
 TRAIN_PLAN = "kimi-linear-48b-l5-8:train=150,k3-tp8-ep8-l5-8:train=140"
 DEFAULT_PLAN = SERVE_PLAN + "," + TRAIN_PLAN
