@@ -15,6 +15,7 @@ from k3sim.pipeline.schedules import build_schedule
 from k3sim.pipeline.stagecosts import uniform_costs
 
 ENCODER_BACKWARD_FACTOR = 2.0   # uniform encoder: backward = 2 x forward (2x the GEMM FLOPs), modelling choice
+MAX_OPS = 4_000_000             # resource limit (about 2 GB of op tables), 30x the 64 x 2 x 512 benchmark
 MERGE = 4                       # MoonViT 2x2 patch merger: LLM tokens = patches / 4 (K2.5 report), for the send size
 
 
@@ -52,6 +53,18 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
                       ("--microbatch-tokens", spec.microbatch_tokens), ("--seq-len", spec.seq_len)):
         if val < 1:
             raise InputError(f"must be >= 1, got {val}", source=name)
+    if spec.microbatch_tokens % spec.seq_len:
+        raise InputError(f"{spec.microbatch_tokens} tokens per micro-batch is not a whole number of "
+                         f"{spec.seq_len}-token sequences", source="--microbatch-tokens")
+    if spec.seed < 0:
+        raise InputError(f"seed must be >= 0, got {spec.seed}", source="--seed")
+    from k3sim.pipeline.schedules import check_shape
+
+    check_shape(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
+    ops = spec.stages * spec.virtual * spec.microbatches * (3 if spec.schedule == "zb-h1" else 2)
+    if ops > MAX_OPS:
+        raise InputError(f"{ops:,} compute ops (stages x virtual x micro-batches x ops per micro-batch) exceed "
+                         f"the {MAX_OPS:,} this engine holds in memory", source="--microbatches")
     sched = build_schedule(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
     p, v, m = spec.stages, spec.virtual, spec.microbatches
     need_encoder = spec.encoder_policy != "none"
@@ -64,6 +77,13 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
         if p * v > model.num_layers:
             raise InputError(f"stages x virtual = {p * v} exceeds the {model.num_layers} layers of {model.name}",
                              source="--stages")
+        from k3sim.configs.parallel import Parallelism
+
+        try:
+            Parallelism(tp=spec.tp, pp=p, virtual_stages=v, ep=spec.ep, cp=spec.cp).check_against(model)
+        except InputError as err:
+            option = {"pp": "--stages"}.get(err.field or "", f"--{err.field}")
+            raise InputError(err.reason, source=option) from None
         from k3sim.pipeline.costs import model_stage_costs
 
         msc = model_stage_costs(model, hw, p, v, tp=spec.tp, ep=spec.ep, cp=spec.cp,
