@@ -59,10 +59,8 @@ def pipeline_time(fwd: list[float], bwd: list[float], *, virtual_stages: int = 1
 
 
 def run_engine(fwd, bwd, v, m, send_s):
-    """The engine's timeline of (interleaved) 1F1B for these per-rank costs."""
-    from k3sim.pipeline.engine import simulate
-    from k3sim.pipeline.placement import text_program
-    from k3sim.pipeline.schedules import build_schedule
+    """The engine's timeline of (interleaved) 1F1B for these per-rank costs (k3sim.pipeline.run_pipeline)."""
+    from k3sim.pipeline import build_schedule, run_pipeline
     from k3sim.pipeline.stagecosts import StageCosts
 
     p = len(fwd)
@@ -72,7 +70,7 @@ def run_engine(fwd, bwd, v, m, send_s):
     f = tuple(fwd[s % p] / v for s in range(n))
     b = tuple(bwd[s % p] / v for s in range(n))
     costs = StageCosts(f, b, (0.0,) * n, (send_s,) * n, (send_s,) * n, source="k3sim.training")
-    return simulate(text_program(sched, costs).program)
+    return run_pipeline(sched, costs).timeline
 
 
 def _engine_time(fwd, bwd, v, m, send_s) -> PipelineTime:
