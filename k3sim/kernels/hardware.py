@@ -42,7 +42,11 @@ def measured_dir(hw: Any) -> Path | None:
     if rel:
         path = Path(rel)
         path = path if path.is_absolute() else profiles_dir() / path
-        return path if path.is_dir() else None
+        if not path.is_dir():  # a typo or data not installed: never a silent datasheet answer (issue 11)
+            raise InputError(f"{uncalibrated_reason(hw)} (a typo, or measured data not installed); fix the path "
+                             "or remove the field to use datasheet figures", source=str(hw.name),
+                             field="calibration_dir")
+        return path
     conv = profiles_dir() / "measured" / str(hw.name)
     return conv if conv.is_dir() else None
 

@@ -96,9 +96,24 @@ def test_named_profile_through_configs():
     assert 2 ** 30 / 4.8e12 < kt.seconds < 2 * 2 ** 30 / 4.8e12
 
 
-def test_missing_calibration_dir_is_named_in_the_detail(tmp_path):
+def test_missing_calibration_dir_is_an_error(tmp_path):
+    """A profile naming a calibration_dir that is not there must not fall back to datasheet times."""
     hw = hardware(tmp_path / "typo", name="bare")
-    kt = predict_kernel_time("hbm_copy", dict(bytes=2 ** 20), hw)
-    assert kt.source == "datasheet-roofline"
-    assert "names calibration_dir" in kt.detail and "typo" in kt.detail and "not a directory" in kt.detail
-    assert kt.seconds == pytest.approx(2 * 2 ** 20 / HBM_BW)
+    with pytest.raises(InputError) as e:
+        predict_kernel_time("hbm_copy", dict(bytes=2 ** 20), hw)
+    assert e.value.field == "calibration_dir" and "typo" in str(e.value)
+
+
+def test_other_head_dim_scales_from_128_and_says_so(synth):
+    """No KDA measurement in the synthetic store: the datasheet roofline's ratio scales the 128 answer;
+    chunk_kda_fwd is memory-bound there, so the ratio is the bytes ratio, worked by hand:
+    per token-head (3K + 2V) x 2 + 2 bytes, plus the K x V fp32 state per head."""
+    p = dict(T=4096, H=12)
+    base = predict_kernel_time("chunk_kda_fwd", p, synth.hw)
+    half = predict_kernel_time("chunk_kda_fwd", dict(p, K=64, V=64), synth.hw)
+    assert half.source == "extrapolated" and "K=64, V=64" in half.detail
+    by_hand = (4096 * 12 * (5 * 64 * 2 + 2) + 12 * 64 * 64 * 4) / (4096 * 12 * (5 * 128 * 2 + 2) + 12 * 128 * 128 * 4)
+    assert half.seconds / base.seconds == pytest.approx(by_hand, rel=1e-9)
+    with pytest.raises(InputError) as e:
+        predict_kernel_time("chunk_kda_fwd", dict(p, K=0), synth.hw)
+    assert e.value.field == "K"
