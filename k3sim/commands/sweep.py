@@ -10,8 +10,8 @@ from pathlib import Path
 import typer
 
 
-def int_list(text: str | None, option: str) -> list[int] | None:
-    """'1,2,4' -> [1, 2, 4]; each value a positive integer, else one InputError line naming the option."""
+def int_list(text: str | None, option: str, minimum: int = 1) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4]; each value an integer >= `minimum`, else one InputError line naming the option."""
     from k3sim.errors import InputError
 
     if text is None:
@@ -19,8 +19,9 @@ def int_list(text: str | None, option: str) -> list[int] | None:
     out = []
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise InputError(f"expected comma-separated positive integers, got {text!r}", source=option)
+        if not part.isdigit() or int(part) < minimum:
+            kind = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+            raise InputError(f"expected comma-separated {kind}, got {text!r}", source=option)
         out.append(int(part))
     if not out:
         raise InputError("empty list", source=option)
@@ -41,13 +42,17 @@ def register(app: typer.Typer) -> None:
                                                    "attention-DP)"),
         micro_batches: str = typer.Option(None, "--micro-batches", help="micro-batches per step (training; "
                                                                        "default keeps the scenario's global batch)"),
-        max_batch: str = typer.Option(None, "--max-batch", help="serving: decode batch limits"),
+        max_batch: str = typer.Option(None, "--max-batch", help="serving: engine batch limits (max_num_seqs)"),
+        prefill_replicas: str = typer.Option(None, "--prefill-replicas",
+                                             help="serving: prefill replicas of P:D splits (0: the scenario's fleet)"),
+        requests: int = typer.Option(200, "--requests", min=1, help="serving: requests simulated per point"),
         workers: int = typer.Option(1, "--workers", help="local processes (1: in this process)"),
         scheduler: str = typer.Option(None, "--scheduler", help="Dask scheduler address tcp://HOST:PORT"),
         chunk_size: int = typer.Option(None, "--chunk-size", min=1, help="points per task"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
-        """Sweep layouts of a scenario; Pareto front of tokens/s per GPU vs step time (serving: vs TPOT)."""
+        """Sweep layouts of a scenario; Pareto front of tokens/s per GPU vs step time (serving: goodput per GPU
+        vs p99 TTFT over batch limits and P:D splits)."""
         import sys
 
         from k3sim.errors import InputError
@@ -59,7 +64,8 @@ def register(app: typer.Typer) -> None:
                  "virtual_stages": int_list(virtual, "--virtual"), "ep": int_list(ep, "--ep"),
                  "cp": int_list(cp, "--cp"), "dp": int_list(dp, "--dp"),
                  "num_micro_batches": int_list(micro_batches, "--micro-batches"),
-                 "max_batch": int_list(max_batch, "--max-batch")}
+                 "max_batch": int_list(max_batch, "--max-batch"),
+                 "prefill_replicas": int_list(prefill_replicas, "--prefill-replicas", minimum=0)}
         if workers < 1:
             raise InputError(f"must be >= 1 (got {workers})", source="--workers")
         if scheduler is not None and not scheduler.startswith(("tcp://", "tls://", "inproc://")):
@@ -80,7 +86,7 @@ def register(app: typer.Typer) -> None:
             progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         try:
             res = run_sweep(scenario, out, given=given, workers=workers, scheduler=scheduler,
-                            chunk_size=chunk_size, progress=progress)
+                            chunk_size=chunk_size, progress=progress, serving_requests=requests)
         finally:
             if progress is not None:
                 bar.stop()
@@ -93,7 +99,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print_json({**summary, "pareto": res.front})
             return
-        dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "max_batch")
+        dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "max_batch",
+                            "prefill_replicas", "decode_replicas")
                 if c in res.front.columns]
         print(f"{summary['points']} points ({summary['ok']} evaluated, {summary['errors']} refused, "
               f"{summary['fit']} fit) in {res.wall_s:.2f} s on {res.scheduler} ({res.workers} worker(s))")

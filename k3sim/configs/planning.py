@@ -42,5 +42,6 @@ class SweepSection(BaseModel):
     dp: list[PositiveInt] | None = None
     num_micro_batches: list[PositiveInt] | None = None
     max_batch: list[PositiveInt] | None = Field(None, description="serving: engine batch limits")
-    replicas: list[PositiveInt] | None = Field(None, description="serving: replica counts / P:D splits")
+    prefill_replicas: list[NonNegativeInt] | None = Field(
+        None, description="serving: prefill replicas of a P:D split (0: the scenario's own fleet)")
     use_all_gpus: bool = Field(True, description="training: keep only layouts that fill the cluster")

@@ -3,8 +3,9 @@
 Training: every (tp, pp, virtual_stages, ep, cp, dp, micro-batches) point runs the training step model
 (closed-form pipeline: the analytic path) and the memory planner; by default dp fills the cluster and the
 micro-batch count keeps the scenario's global batch (sequences per step), so every point trains the same
-tokens per step. Serving: every (tp, pp, ep, attention-DP, batch limit) point runs the decode model
-(k3sim.decode) against the memory cap: tokens/s per GPU against TPOT, per replica.
+tokens per step. Serving: every (batch limit, prefill:decode replica split) point runs the serving
+simulation (k3sim.serving, the same run as `k3sim serve --workload chat`) on a seeded request sample:
+goodput per GPU against p99 TTFT.
 
 Points are split into chunks; a chunk runs in one process, which loads the scenario once and shares the
 memoised kernel times across its points. Results are sorted by point index, and every random choice is
@@ -26,13 +27,17 @@ from typing import Any, Callable
 from k3sim.errors import InputError
 
 TRAIN_DIMS = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches")
-SERVE_DIMS = ("tp", "pp", "ep", "dp", "max_batch")
+SERVE_DIMS = ("max_batch", "prefill_replicas")
 TRAIN_COLUMNS = ["index", *TRAIN_DIMS, "gpus", "status", "error", "step_time_s", "tokens_per_step", "tokens_per_s",
                  "tokens_per_s_per_gpu", "mfu", "fits", "memory_per_gpu_bytes", "bubble_ratio", "ep_imbalance",
                  "compute_s", "exposed_tp_s", "exposed_ep_s", "exposed_cp_s", "exposed_pp_s", "exposed_dp_s",
                  "bubble_s"]
-SERVE_COLUMNS = ["index", *SERVE_DIMS, "gpus", "replicas", "status", "error", "tpot_s", "tokens_per_s_per_gpu",
-                 "tokens_per_s_per_replica", "fits", "max_batch_by_memory", "limiter"]
+SERVE_COLUMNS = ["index", *SERVE_DIMS, "decode_replicas", "gpus", "status", "error", "fits", "ttft_p50_s",
+                 "ttft_p99_s", "tpot_p99_s", "goodput_requests_per_s", "goodput_requests_per_s_per_gpu",
+                 "throughput_output_tokens_per_s_per_gpu", "token_hit_rate", "requests"]
+# Serving points: a seeded synthetic chat sample per point (a modelling choice: enough requests to load the
+# fleet, few enough that a point takes seconds); `sweep(..., serving_requests=)` changes it.
+SERVING_REQUESTS = 200
 
 
 @dataclass
@@ -86,22 +91,17 @@ def training_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
 
 
 def serving_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
-    sc, model = inp.scenario, inp.model
-    par = sc.parallelism
-    heads = math.gcd(*(c.num_heads for c in (model.kda, model.mla) if c is not None)) if (model.kda or model.mla) else 1
-    domain = int(inp.hw.scaleup_domain_gpus)
-    tps = given.get("tp") or _divisors_in(heads, [t for t in (1, 2, 4, 8) if t <= domain])
-    pps = given.get("pp") or [1, 2, 4]
-    experts = model.moe.num_routed_experts if model.moe else 1
-    eps = given.get("ep") or ([e for e in (1, 2, 4, 8, 16) if experts % e == 0] if model.moe else [1])
-    dps = given.get("dp") or [1, 2]
-    batches = given.get("max_batch") or [8, 16, 32, 64, 128, 256]
+    """Batch limits x prefill replicas (0: the scenario's own fleet, mixed or as its serving section
+    splits it; p >= 1: p prefill and R - p decode replicas of the scenario's layout)."""
+    sc = inp.scenario
+    sv = sc.serving
+    R = (sv.replicas if sv is not None and sv.replicas else None) or sc.replicas
+    batches = given.get("max_batch") or [16, 64, 256]
+    splits = given.get("prefill_replicas") or ([0] + list(range(1, R)) if R > 1 else [0])
     pts = []
-    for tp, pp, ep, dp, b in itertools.product(tps, pps, eps, dps, batches):
-        if tp * pp * dp <= sc.cluster.num_gpus:
-            pts.append({"tp": tp, "pp": pp, "ep": ep, "dp": dp, "max_batch": b})
-    del par
-    return [{"index": i, **p} for i, p in enumerate(pts)]
+    for b, p in itertools.product(batches, splits):
+        pts.append({"max_batch": b, "prefill_replicas": p, "decode_replicas": (R - p) if p else 0})
+    return [{"index": i, **q} for i, q in enumerate(pts)]
 
 
 def grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
@@ -154,36 +154,36 @@ def _train_point(inp, ctx, p: dict) -> dict:
             **{f"exposed_{k}_s": e[k] for k in ("tp", "ep", "cp", "pp", "dp")}, "bubble_s": r.bubble_s}
 
 
-def _serve_point(inp, kt, p: dict) -> dict:
-    from k3sim.configs.parallel import Parallelism
-    from k3sim.decode.model import decode_step
-    from k3sim.step import StepLayout
+def _serve_point(inp, kt, p: dict, requests: int) -> dict:
+    from k3sim.serving.run import ServeSetup, request_source, simulate
 
-    sc = inp.scenario
-    Parallelism(tp=p["tp"], pp=p["pp"], ep=p["ep"], dp=p["dp"]).check_against(inp.model, source="sweep point")
-    lay = StepLayout(tp=p["tp"], pp=p["pp"], ep=p["ep"], attention_dp=p["dp"],
-                     gpus_per_node=sc.cluster.gpus_per_node)
-    r = decode_step(inp.model, inp.hw, lay, p["max_batch"], sc.workload.context_tokens, kernel_time=kt)
-    cap = r.max_batch_by_memory
-    return {"gpus": lay.gpus, "replicas": sc.cluster.num_gpus // lay.gpus, "tpot_s": r.tpot_s,
-            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "tokens_per_s_per_replica": r.tokens_per_s,
-            "fits": bool(cap is not None and cap >= p["max_batch"]), "max_batch_by_memory": cap,
-            "limiter": r.limiter}
+    split = f"{p['prefill_replicas']}:{p['decode_replicas']}" if p["prefill_replicas"] else None
+    setup = ServeSetup.from_scenario(inp.path, disaggregate=split)
+    sv = setup.serving
+    setup.serving = sv.model_copy(update={"engine": sv.engine.model_copy(update={"max_batch": p["max_batch"]})})
+    src = request_source(trace=None, workload="chat", n_requests=requests, seed=sv.seed, arrival="poisson",
+                         cv=2.0, limit=None)
+    s = simulate(setup, src(None)).summary
+    return {"gpus": setup.gpus, "fits": True, "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
+            "tpot_p99_s": s["tpot_p99_s"], "goodput_requests_per_s": s["goodput_requests_per_s"],
+            "goodput_requests_per_s_per_gpu": s["goodput_requests_per_s"] / setup.gpus,
+            "throughput_output_tokens_per_s_per_gpu": s["throughput_output_tokens_per_s_per_gpu"],
+            "token_hit_rate": s["token_hit_rate"], "requests": s["requests"]}
 
 
 def evaluate_chunk(args: tuple) -> list[dict]:
     """Run one chunk of points (top-level: picklable for process pools and Dask)."""
-    path, points, kernel_key = args
+    path, points, kernel_key, requests = (*args, SERVING_REQUESTS)[:4]
     inp, ctx, kt = _worker_state(path, kernel_key)
     out = []
     for p in points:
         row = dict(p)
         try:
-            row.update(_train_point(inp, ctx, p) if inp.mode == "train" else _serve_point(inp, kt, p))
+            row.update(_train_point(inp, ctx, p) if inp.mode == "train" else _serve_point(inp, kt, p, requests))
             row["status"], row["error"] = "ok", ""
         except InputError as err:
             row["status"], row["error"] = "error", str(err)
-        except (ValueError, ArithmeticError, KeyError) as err:  # a model refusing a shape: recorded, not fatal
+        except (ValueError, ArithmeticError, KeyError, RuntimeError) as err:  # a model refusing: recorded, not fatal
             row["status"], row["error"] = "error", f"{type(err).__name__}: {err}"
         out.append(row)
     return out
@@ -195,7 +195,8 @@ def _chunks(points: list[dict], size: int) -> list[list[dict]]:
 
 def run_points(path: str | Path, points: list[dict], *, workers: int = 1, scheduler: str | None = None,
                chunk_size: int | None = None, kernel_key: str | None = None,
-               progress: Callable[[int, int], None] | None = None) -> list[dict]:
+               progress: Callable[[int, int], None] | None = None,
+               serving_requests: int = SERVING_REQUESTS) -> list[dict]:
     """Evaluate `points`: in this process (workers 1), local processes through Dask's multiprocessing
     scheduler (workers > 1), or on a Dask distributed cluster (`scheduler` = tcp://HOST:PORT)."""
     path = str(path)
@@ -203,7 +204,7 @@ def run_points(path: str | Path, points: list[dict], *, workers: int = 1, schedu
     if chunk_size is None:
         parallel = max(workers, 1) * 4
         chunk_size = max(1, math.ceil(n / parallel))
-    chunks = [(path, c, kernel_key) for c in _chunks(points, chunk_size)]
+    chunks = [(path, c, kernel_key, serving_requests) for c in _chunks(points, chunk_size)]
     results: list[list[dict]] = []
     if scheduler:
         results = _run_distributed(scheduler, chunks, progress, n)
@@ -271,7 +272,8 @@ def pareto_front(df, minimize: str, maximize: str):
 
 def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | None] | None = None,
           workers: int = 1, scheduler: str | None = None, chunk_size: int | None = None,
-          kernel_key: str | None = None, progress: Callable | None = None) -> SweepResult:
+          kernel_key: str | None = None, progress: Callable | None = None,
+          serving_requests: int = SERVING_REQUESTS) -> SweepResult:
     """Grid -> rows -> Parquet, Pareto front listed (CSV, Markdown) and plotted; written atomically."""
     import pandas as pd
 
@@ -287,7 +289,7 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
     points = grid(inp, merged)
     t0 = time.perf_counter()
     rows = run_points(path, points, workers=workers, scheduler=scheduler, chunk_size=chunk_size,
-                      kernel_key=kernel_key, progress=progress)
+                      kernel_key=kernel_key, progress=progress, serving_requests=serving_requests)
     wall = time.perf_counter() - t0
     cols = TRAIN_COLUMNS if inp.mode == "train" else SERVE_COLUMNS
     df = pd.DataFrame(rows)
@@ -299,8 +301,8 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
         x, y = "step_time_s", "tokens_per_s_per_gpu"
         xl, yl = "step time (s)", "tokens/s per GPU"
     else:
-        x, y = "tpot_s", "tokens_per_s_per_gpu"
-        xl, yl = "TPOT (s)", "decode tokens/s per GPU"
+        x, y = "ttft_p99_s", "goodput_requests_per_s_per_gpu"
+        xl, yl = "p99 TTFT (s)", "goodput (requests/s) per GPU"
     ok = df[(df["status"] == "ok") & (df["fits"] == True)]  # noqa: E712 (pandas mask)
     front = pareto_front(ok, x, y) if len(ok) else ok
     with atomic_dir(out) as tmp:
@@ -326,7 +328,7 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
 
 def _front_md(inp, front, df, x, y) -> str:
     dims = list(TRAIN_DIMS if inp.mode == "train" else SERVE_DIMS)
-    head = dims + [x, y] + (["mfu", "memory_per_gpu_bytes"] if inp.mode == "train" else ["max_batch_by_memory"])
+    head = dims + [x, y] + (["mfu", "memory_per_gpu_bytes"] if inp.mode == "train" else ["tpot_p99_s"])
     lines = [f"# Sweep of {inp.scenario.name}: Pareto front ({y} up, {x} down)", "",
              f"{len(df)} points, {int((df['status'] == 'ok').sum())} evaluated, "
              f"{int((df['status'] == 'error').sum())} refused with their error (see sweep.parquet).", "",

@@ -76,3 +76,19 @@ def test_sweep_writes_parquet_and_front(tmp_path):
     assert len(res.front) >= 1
     best = back[back["fits"]].sort_values("step_time_s").iloc[0]
     assert best["step_time_s"] == res.front["step_time_s"].min()
+
+
+def test_serving_sweep_points_run_the_serving_simulation(root=None):
+    from conftest_helpers import ROOT
+
+    path = ROOT / "scenarios/k3-h200-serve-pd.yaml"
+    inp = load(path)
+    pts = grid(inp, {"max_batch": [8]})
+    # 2 replicas: the scenario's own 1:1 split (0) and an explicit 1:1
+    assert [(p["prefill_replicas"], p["decode_replicas"]) for p in pts] == [(0, 0), (1, 1)]
+    rows = run_points(path, pts[:1], serving_requests=20)
+    r = rows[0]
+    assert r["status"] == "ok", r["error"]
+    assert r["requests"] == 20 and r["gpus"] == 32
+    assert r["goodput_requests_per_s_per_gpu"] == pytest.approx(r["goodput_requests_per_s"] / 32)
+    assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
