@@ -154,15 +154,15 @@ def expert_kernel_table(model, hw, layout: StepLayout, b: Batch, timer: Timer) -
     """Routed-expert seconds per step (all MoE layers of the busiest stage... summed over the model and
     divided by pp) for each expert kernel the profile knows: tile-centric grouped GEMMs vs token-centric
     MXFP4 streaming, side by side."""
-    from k3sim.step.forward import _eval_calls
+    from k3sim.step.forward import _eval_calls, expert_kernel_known
     from k3sim.step.layers import expert_calls
 
     out = {}
     n_moe = model.num_moe_layers / layout.pp
     for k in ("mxfp4_token", "grouped_fp8", "grouped_bf16"):
-        calls = list(expert_calls(model, layout, b, k))
-        if not all(timer.known(c.op) or c.op.startswith("swiglu") for c in calls):
+        if not expert_kernel_known(model, layout, b, k, timer):
             continue
+        calls = list(expert_calls(model, layout, b, k))
         out[k] = n_moe * sum(r.seconds for r in _eval_calls(timer, calls, 0))
     return out
 

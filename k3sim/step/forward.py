@@ -86,12 +86,19 @@ def expert_kernel_candidates(model: ModelConfig, layout: StepLayout) -> list[str
     return ["grouped_bf16"]
 
 
+def expert_kernel_known(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: str, timer: Timer) -> bool:
+    """The kernel's expert GEMM ops are in the registry (its glue kernels may still be proxies)."""
+    from k3sim.step.layers import expert_calls
+
+    return all(timer.known(c.op) for c in expert_calls(model, layout, batch, kernel)
+               if c.op.startswith(("moe_grouped", "moe_mxfp4")))
+
+
 def choose_expert_kernel(model: ModelConfig, layout: StepLayout, batch: Batch, timer: Timer) -> str:
     """The cheapest routed-expert kernel the profile has (registered ops only), for this batch."""
     from k3sim.step.layers import expert_calls
 
-    cands = [k for k in expert_kernel_candidates(model, layout)
-             if all(timer.known(c.op) or c.op.startswith("swiglu") for c in expert_calls(model, layout, batch, k))]
+    cands = [k for k in expert_kernel_candidates(model, layout) if expert_kernel_known(model, layout, batch, k, timer)]
     if not cands:
         cands = ["grouped_bf16"]
     if len(cands) == 1 or model.moe is None:

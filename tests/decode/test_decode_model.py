@@ -38,3 +38,9 @@ def test_distinct_experts_reported_per_layer_and_rank():
     assert r.expected_distinct_experts_per_layer == pytest.approx(613.2, abs=0.5)
     assert r.expected_distinct_experts_per_rank == pytest.approx(613.2 / 8, abs=0.1)
     assert r.router_fusion["fused_s"] < r.router_fusion["unfused_s"]
+
+
+def test_expert_kernel_table_lists_every_registered_kernel():
+    r = decode_step(K3, HW, StepLayout(tp=8, pp=2, ep=8), 8, 4096)
+    assert "grouped_bf16" in r.expert_kernels and r.expert_kernels["grouped_bf16"] > 0
+    assert r.expert_kernel in r.expert_kernels
