@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 D_LATENT = 512  # kv_lora_rank of K3 / Kimi-Linear
 D_ROPE = 64  # qk_rope_head_dim
@@ -26,6 +27,7 @@ SM_SCALE = 1.0 / math.sqrt(128 + 64)  # K3 qk_nope_head_dim + qk_rope_head_dim
 BLOCK_C = 32
 MAX_BLOCK_H = 32
 TARGET_PROGRAMS = 2 * 132  # harness choice: two waves of the H200's 132 SMs
+MERGE_BLOCK_S = 16  # kernel choice: splits merged per step ([16, 512] fp32 in registers)
 MIN_CHUNK = 256  # harness choice: a split reads at least this many positions (amortises its merge)
 
 
@@ -117,42 +119,70 @@ if triton is not None:
     @triton.jit
     def _merge_kernel(o_ptr, lse_ptr, out_ptr, H, splits, s_ob, s_oh,
                       DL: tl.constexpr, BLOCK_S: tl.constexpr):
+        # online merge over the splits, BLOCK_S at a time (registers stay bounded at any split count)
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        rs = tl.arange(0, BLOCK_S)
-        s_mask = rs < splits
-        idx = (b * splits + rs) * H + h
-        lse = tl.load(lse_ptr + idx, mask=s_mask, other=float("-inf"))
-        m = tl.max(lse, 0)
-        w = tl.where(s_mask & (lse > float("-inf")), tl.exp2(lse - m), 0.0)
         rl = tl.arange(0, DL)
-        o = tl.load(o_ptr + idx[:, None] * DL + rl[None, :], mask=s_mask[:, None], other=0.0)
-        res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-        tl.store(out_ptr + b * s_ob + h * s_oh + rl, res.to(tl.bfloat16))
+        m = tl.full((), float("-inf"), tl.float32)
+        den = tl.zeros((), tl.float32)
+        acc = tl.zeros((DL,), tl.float32)
+        for s0 in range(0, splits, BLOCK_S):
+            rs = s0 + tl.arange(0, BLOCK_S)
+            s_mask = rs < splits
+            idx = (b * splits + rs) * H + h
+            lse = tl.load(lse_ptr + idx, mask=s_mask, other=float("-inf"))
+            m_new = tl.maximum(m, tl.max(lse, 0))
+            w = tl.where(lse > float("-inf"), tl.exp2(lse - m_new), 0.0)
+            alpha = tl.where(m > float("-inf"), tl.exp2(m - m_new), 0.0)
+            o = tl.load(o_ptr + idx[:, None] * DL + rl[None, :], mask=s_mask[:, None], other=0.0)
+            acc = acc * alpha + tl.sum(o * w[:, None], 0)
+            den = den * alpha + tl.sum(w, 0)
+            m = m_new
+        tl.store(out_ptr + b * s_ob + h * s_oh + rl, (acc / den).to(tl.bfloat16))
 
 
-def num_splits(B: int, C: int, H: int) -> int:
+@dataclass(frozen=True)
+class Variant:
+    """Launch configuration; `graph_parts.mla_variants` picks one on the H200 (correct, then fastest)."""
+
+    block_c: int = BLOCK_C
+    num_warps: int = 8
+    num_stages: int = 2
+    max_block_h: int = MAX_BLOCK_H
+
+    @property
+    def name(self) -> str:
+        return f"c{self.block_c}-w{self.num_warps}-s{self.num_stages}-h{self.max_block_h}"
+
+
+VARIANTS = [Variant(32, 8, 2, 32), Variant(64, 8, 2, 32), Variant(32, 4, 2, 32), Variant(32, 8, 2, 64),
+            Variant(32, 8, 3, 32), Variant(64, 8, 1, 32)]
+DEFAULT = VARIANTS[0]
+
+
+def num_splits(B: int, C: int, H: int, max_block_h: int = MAX_BLOCK_H) -> int:
     """Context chunks per sequence: enough programs for two waves of SMs, none shorter than MIN_CHUNK."""
-    tiles = math.ceil(H / block_h(H))
+    tiles = math.ceil(H / block_h(H, max_block_h))
     want = math.ceil(TARGET_PROGRAMS / max(1, B * tiles))
     return max(1, min(want, math.ceil(C / MIN_CHUNK)))
 
 
-def block_h(H: int) -> int:
-    """Heads per program: a power of two, at least 16 (Triton's smallest dot), at most MAX_BLOCK_H."""
-    return min(MAX_BLOCK_H, max(16, 1 << (max(1, H) - 1).bit_length()))
+def block_h(H: int, max_block_h: int = MAX_BLOCK_H) -> int:
+    """Heads per program: a power of two, at least 16 (Triton's smallest dot), at most `max_block_h`."""
+    return min(max_block_h, max(16, 1 << (max(1, H) - 1).bit_length()))
 
 
 class MLADecode:
     """Buffers for one (B, C_max, H) decode shape, reused across calls (and by a captured graph)."""
 
-    def __init__(self, B: int, C: int, H: int, device, splits: int | None = None):
+    def __init__(self, B: int, C: int, H: int, device, splits: int | None = None, variant: Variant | None = None):
         import torch
 
         self.B, self.C, self.H = B, C, H
-        self.splits = splits or num_splits(B, C, H)
-        self.chunk = math.ceil(math.ceil(C / self.splits) / BLOCK_C) * BLOCK_C
-        self.bh = block_h(H)
+        self.variant = v = variant or DEFAULT
+        self.splits = splits or num_splits(B, C, H, v.max_block_h)
+        self.chunk = math.ceil(math.ceil(C / self.splits) / v.block_c) * v.block_c
+        self.bh = block_h(H, v.max_block_h)
         self.o_part = torch.empty((B, self.splits, H, D_LATENT), dtype=torch.float32, device=device)
         self.lse = torch.empty((B, self.splits, H), dtype=torch.float32, device=device)
         self.out = torch.empty((B, H, D_LATENT), dtype=torch.bfloat16, device=device)
@@ -168,10 +198,10 @@ class MLADecode:
             q_lat, q_rope, cache, lens, self.o_part, self.lse,
             q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), cache.stride(0), cache.stride(1),
             H, self.chunk, self.splits, sm_scale * 1.4426950408889634,
-            DL=D_LATENT, DR=D_ROPE, BLOCK_H=self.bh, BLOCK_C=BLOCK_C, F32=f32, num_warps=8)
+            DL=D_LATENT, DR=D_ROPE, BLOCK_H=self.bh, BLOCK_C=self.variant.block_c, F32=f32,
+            num_warps=self.variant.num_warps, num_stages=self.variant.num_stages)
         _merge_kernel[(B, H)](self.o_part, self.lse, self.out, H, self.splits, self.out.stride(0),
-                              self.out.stride(1), DL=D_LATENT,
-                              BLOCK_S=max(2, 1 << (self.splits - 1).bit_length()), num_warps=4)
+                              self.out.stride(1), DL=D_LATENT, BLOCK_S=MERGE_BLOCK_S, num_warps=4)
         return self.out
 
 

@@ -27,6 +27,7 @@ group scale, which multiplies the group's partial dot product rather than every 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 GROUP = 32  # elements per e8m0 scale (OCP MX)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0..7 (OCP MX, FP4 E2M1)
@@ -192,13 +193,49 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 if triton is not None:
     @triton.jit
-    def _dq(c, HIGH: tl.constexpr):
-        # e2m1 nibble -> the e4m3 byte of the same value x 2^-6 -> bf16 (exact)
-        if HIGH:
-            b = (c & 0x80) | ((c & 0x70) >> 2)
+    def _dq(c, HIGH: tl.constexpr, MODE: tl.constexpr):
+        """Codes (uint8, two nibbles) -> one nibble's values, exactly, times 2^-6 (MODE 0, bf16) or
+        2^-14 (MODE 1 and 2, fp16); the group scale takes the power of two back."""
+        if MODE == 0:
+            # e2m1 s|e1 e0|m -> e4m3 byte s|0 0 e1 e0|m 0 0 -> hardware cvt to bf16
+            c = c.to(tl.int32)
+            if HIGH:
+                b = (c & 0x80) | ((c & 0x70) >> 2)
+            else:
+                b = ((c & 8) << 4) | ((c & 7) << 2)
+            return b.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        elif MODE == 1:
+            # e2m1 -> fp16 bits s|0 0 0 e1 e0|m 0..0: exponent bias 15 vs 1 (2^-14), subnormals
+            # included (fp16 subnormal 2^-14 x 0.m); no conversion instruction at all
+            c = c.to(tl.int32)
+            if HIGH:
+                b = ((c & 0x80) << 8) | ((c & 0x70) << 5)
+            else:
+                b = ((c & 8) << 12) | ((c & 7) << 9)
+            return b.to(tl.int16).to(tl.float16, bitcast=True)
         else:
-            b = ((c & 8) << 4) | ((c & 7) << 2)
-        return b.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            # the same bit placement on 4 bytes per 32-bit register (prmt spreads them into 16-bit lanes)
+            if HIGH:
+                return tl.inline_asm_elementwise(
+                    asm="""{
+                    .reg .b32 t0, t1, u, v;
+                    prmt.b32 t0, $2, 0, 0x4140;
+                    prmt.b32 t1, $2, 0, 0x4342;
+                    shl.b32 u, t0, 8; and.b32 u, u, 0x80008000; shl.b32 v, t0, 5; and.b32 v, v, 0x0E000E00;
+                    or.b32 $0, u, v;
+                    shl.b32 u, t1, 8; and.b32 u, u, 0x80008000; shl.b32 v, t1, 5; and.b32 v, v, 0x0E000E00;
+                    or.b32 $1, u, v;
+                    }""", constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True, pack=4)
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 t0, t1, u, v;
+                prmt.b32 t0, $2, 0, 0x4140;
+                prmt.b32 t1, $2, 0, 0x4342;
+                shl.b32 u, t0, 12; and.b32 u, u, 0x80008000; shl.b32 v, t0, 9; and.b32 v, v, 0x0E000E00;
+                or.b32 $0, u, v;
+                shl.b32 u, t1, 12; and.b32 u, u, 0x80008000; shl.b32 v, t1, 9; and.b32 v, v, 0x0E000E00;
+                or.b32 $1, u, v;
+                }""", constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True, pack=4)
 
     @triton.jit
     def _mma(a, b, F32: tl.constexpr):
@@ -208,20 +245,30 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _group_dot(w_ptr, s_ptr, xT_ptrs, rn, m_mask, acc, F32: tl.constexpr):
-        # one 32-element group: codes [BN, 16] (low: inputs 0-15, high: 16-31), scale [BN]
-        c = tl.load(w_ptr + rn[:, None] * 16 + tl.arange(0, 16)[None, :]).to(tl.int32)
+    def _group_dot(w_ptr, s_ptr, x_lo, x_hi, rn, acc, F32: tl.constexpr, MODE: tl.constexpr):
+        # one 32-element group: codes [BN, 16] (low nibbles: inputs 0-15, high: 16-31), scale [BN]
+        c = tl.load(w_ptr + rn[:, None] * 16 + tl.arange(0, 16)[None, :])
         s = tl.load(s_ptr + rn).to(tl.int32)
-        scale = ((s + 6) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127) x 2^6
-        x_lo = tl.load(xT_ptrs, mask=m_mask[None, :], other=0.0)
-        x_hi = tl.load(xT_ptrs + 16, mask=m_mask[None, :], other=0.0)
-        part = _mma(_dq(c, False), x_lo, F32) + _mma(_dq(c, True), x_hi, F32)
+        if MODE == 0:
+            scale = ((s + 6) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127) x 2^6
+        else:
+            scale = ((s + 14) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127) x 2^14
+        part = _mma(_dq(c, False, MODE), x_lo, F32) + _mma(_dq(c, True, MODE), x_hi, F32)
         return acc + part * scale[:, None]
+
+    @triton.jit
+    def _x_group(xT, m_mask, MODE: tl.constexpr):
+        x_lo = tl.load(xT, mask=m_mask[None, :], other=0.0)
+        x_hi = tl.load(xT + 16, mask=m_mask[None, :], other=0.0)
+        if MODE != 0:  # fp16 operands (activations of a normed latent stay far inside fp16's range)
+            x_lo = x_lo.to(tl.float16)
+            x_hi = x_hi.to(tl.float16)
+        return x_lo, x_hi
 
     @triton.jit
     def gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, tok_ptr, slot_expert_ptr, slot_start_ptr, num_slots_ptr,
                        K: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       F32: tl.constexpr = False):
+                       F32: tl.constexpr = False, MODE: tl.constexpr = 1):
         pid = tl.program_id(0)
         NT: tl.constexpr = N // BLOCK_N
         Q: tl.constexpr = K // 32
@@ -246,8 +293,9 @@ if triton is not None:
             for q in range(0, Q):
                 wq = tile_w + q * (2 * BLOCK_N * 16)
                 sq = tile_s + q * (2 * BLOCK_N)
-                acc_g = _group_dot(wq, sq, xT + q * 32, rn, m_mask, acc_g, F32)
-                acc_u = _group_dot(wq + BLOCK_N * 16, sq + BLOCK_N, xT + q * 32, rn, m_mask, acc_u, F32)
+                x_lo, x_hi = _x_group(xT + q * 32, m_mask, MODE)
+                acc_g = _group_dot(wq, sq, x_lo, x_hi, rn, acc_g, F32, MODE)
+                acc_u = _group_dot(wq + BLOCK_N * 16, sq + BLOCK_N, x_lo, x_hi, rn, acc_u, F32, MODE)
             h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SwiGLU
             cols = t * BLOCK_N + rn
             tl.store(h_ptr + rm[None, :].to(tl.int64) * N + cols[:, None], h.to(tl.bfloat16), mask=m_mask[None, :])
@@ -255,7 +303,7 @@ if triton is not None:
     @triton.jit
     def down_kernel(h_ptr, w_ptr, s_ptr, y_ptr, wt_ptr, slot_expert_ptr, slot_start_ptr, num_slots_ptr,
                     K: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       F32: tl.constexpr = False):
+                    F32: tl.constexpr = False, MODE: tl.constexpr = 1):
         # h [R, K] (sorted rows; K = expert width) -> y [R, N] (N = latent), times the routing weight
         pid = tl.program_id(0)
         NT: tl.constexpr = N // BLOCK_N
@@ -277,12 +325,12 @@ if triton is not None:
             hT = h_ptr + rm[None, :].to(tl.int64) * K + rk[:, None]
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for q in range(0, Q):
-                acc = _group_dot(tile_w + q * (BLOCK_N * 16), tile_s + q * BLOCK_N, hT + q * 32, rn, m_mask, acc, F32)
+                x_lo, x_hi = _x_group(hT + q * 32, m_mask, MODE)
+                acc = _group_dot(tile_w + q * (BLOCK_N * 16), tile_s + q * BLOCK_N, x_lo, x_hi, rn, acc, F32, MODE)
             wt = tl.load(wt_ptr + rm, mask=m_mask, other=0.0)
             cols = t * BLOCK_N + rn
             tl.store(y_ptr + rm[None, :].to(tl.int64) * N + cols[:, None], (acc * wt[None, :]).to(tl.bfloat16),
                      mask=m_mask[None, :])
-
 
 
 def interpreted() -> bool:
@@ -298,32 +346,55 @@ def _kernels():
     return gate_up_kernel, down_kernel
 
 
-# Kernel choices (not measured optima): 64 output neurons per program keeps a program's weight stream
-# (2 x 64 x 16 B per group) a few KB per step; 16 tokens per MMA is Triton's smallest dot width.
+# Kernel choices: 16 tokens per MMA is Triton's smallest dot width. The variant (dequantisation MODE,
+# output neurons per program, warps, pipeline stages) is picked on the H200 by `graph_parts.moe_ffn_variants`
+# (correct on the reference, then fastest on probe shapes); these defaults are its first candidate.
 BLOCK_N = 64
 BLOCK_M = 16
+
+
+@dataclass(frozen=True)
+class Variant:
+    """MODE 0: e4m3 cvt -> bf16; 1: fp16 bit placement in Triton; 2: the same in inline PTX, 4 bytes a register."""
+
+    mode: int = 1
+    block_n: int = BLOCK_N
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        return f"m{self.mode}-n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+VARIANTS = [Variant(2, 64, 4, 3), Variant(1, 64, 4, 3), Variant(0, 64, 4, 3), Variant(2, 128, 8, 3),
+            Variant(2, 32, 4, 4), Variant(2, 64, 4, 5), Variant(1, 128, 8, 3)]
 
 
 class MXFP4Experts:
     """One layer's routed experts in the kernel's layout: gate/up [E, N, K] and down [E, K, N]
     (K = latent/hidden width, N = expert width), from standard-packed MXFP4 tensors."""
 
-    def __init__(self, gate, up, down, block_n: int = BLOCK_N):
+    def __init__(self, gate, up, down, block_n: int = BLOCK_N, variant: "Variant | None" = None):
         (gc, gs), (uc, us), (dc, ds) = gate, up, down
         self.E, self.N, half = gc.shape
         self.K = 2 * half
-        self.block_n = block_n
+        self.variant = variant or Variant(block_n=block_n)
+        block_n = self.block_n = self.variant.block_n
         self.gu_codes, self.gu_scales = relayout([gc, uc], [gs, us], block_n)
         self.d_codes, self.d_scales = relayout([dc], [ds], block_n)
 
     @classmethod
-    def random(cls, E: int, K: int, N: int, device, seed: int = 0, block_n: int = BLOCK_N):
+    def random(cls, E: int, K: int, N: int, device, seed: int = 0, block_n: int = BLOCK_N,
+               variant: "Variant | None" = None):
         """Random codes and scales drawn directly in the kernel layout (the timing runs: quantising
         tens of GB of bf16 would take longer than the measurement). Scales 2^-8..2^-6 keep
         |w| <= 0.1, like trained expert weights."""
         import torch
 
         self = cls.__new__(cls)
+        self.variant = variant or Variant(block_n=block_n)
+        block_n = self.variant.block_n
         self.E, self.N, self.K, self.block_n = E, N, K, block_n
         g = torch.Generator(device=device).manual_seed(seed)
         self.gu_codes = torch.randint(0, 256, (E, N // block_n, K // GROUP, 2, block_n, 16), generator=g,
@@ -349,14 +420,15 @@ class MXFP4Experts:
         slots = min(R, self.E)
         h = torch.empty((R, self.N), dtype=torch.bfloat16, device=x.device) if h is None else h
         y = torch.empty((R, self.K), dtype=torch.bfloat16, device=x.device) if y is None else y
+        v = self.variant
+        cfg = dict(BLOCK_N=self.block_n, BLOCK_M=BLOCK_M, F32=interpreted(), MODE=v.mode, num_warps=v.num_warps,
+                   num_stages=v.num_stages)
         gate_up[(slots * (self.N // self.block_n),)](
             x, self.gu_codes, self.gu_scales, h, meta["tok"], meta["slot_expert"], meta["slot_start"],
-            meta["num_slots"], K=self.K, N=self.N, BLOCK_N=self.block_n, BLOCK_M=BLOCK_M, F32=interpreted(),
-            num_warps=4)
+            meta["num_slots"], K=self.K, N=self.N, **cfg)
         down[(slots * (self.K // self.block_n),)](
             h, self.d_codes, self.d_scales, y, meta["wt"], meta["slot_expert"], meta["slot_start"],
-            meta["num_slots"], K=self.N, N=self.K, BLOCK_N=self.block_n, BLOCK_M=BLOCK_M, F32=interpreted(),
-            num_warps=4)
+            meta["num_slots"], K=self.N, N=self.K, **cfg)
         return combine(y, meta["perm"], B, topk)
 
     def dequantized(self, dtype=None):
