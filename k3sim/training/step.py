@@ -215,7 +215,8 @@ class TrainingContext:
             timer = Timer(self.hw, self.kernel_time)
             rows = [timer.row(c, 0) for c in expert_calls(self.model, lay, Batch(prefill=((tokens, 0),)),
                                                           "grouped_bf16")]
-            self._experts[key] = (sum(r.seconds for r in rows), rows[0].source if rows else "none")
+            main = max(rows, key=lambda r: r.seconds) if rows else None
+            self._experts[key] = (sum(r.seconds for r in rows), f"{main.op} {main.source}" if main else "none")
         return self._experts[key]
 
     def model_flop_per_token(self, seq_len: int) -> float:
