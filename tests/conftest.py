@@ -25,12 +25,19 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     )
 
 
-def run_cli_json(*args: str) -> dict:
-    proc = run_cli(*args, "--json")
-    assert proc.returncode == 0, proc.stderr
+def run_cli_json(*args: str, code: int = 0, cwd: Path = ROOT) -> dict:
+    """The one CLI-JSON helper: `run_cli` with --json, exit code checked, stdout parsed."""
+    proc = run_cli(*args, "--json", cwd=cwd)
+    assert proc.returncode == code, proc.stderr
     return json.loads(proc.stdout)
 
 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_json():
+    """`run_cli_json` as a fixture: `from conftest import` would pick up a sub-package's conftest.py."""
+    return run_cli_json

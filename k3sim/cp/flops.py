@@ -11,22 +11,11 @@ FLA_CHUNK = 64  # fla chunk_kda chunk size
 
 
 def chunk_fwd_flops(C: int = FLA_CHUNK, K: int = 128, V: int = 128) -> dict[str, float]:
-    """chunk_kda forward, split into the parallel (intra-chunk) and serial (state) parts."""
-    parallel = {
-        "A_kk = K diag K^T": 2.0 * C * C * K,
-        "A_qk = Q diag K^T": 2.0 * C * C * K,
-        "(I + beta A)^-1": C ** 3 / 3.0,
-        "W = T beta K Gamma": 2.0 * C * C * K,
-        "U~ = T beta V": 2.0 * C * C * V,
-        "o_intra = A_qk U": 2.0 * C * C * V,
-    }
-    serial = {
-        "U = U~ - W S": 2.0 * C * K * V,
-        "S += K^T U": 2.0 * C * K * V,
-        "o_inter = Q Gamma S": 2.0 * C * K * V,
-    }
-    return {"parallel": sum(parallel.values()), "serial": sum(serial.values()),
-            "total": sum(parallel.values()) + sum(serial.values())}
+    """chunk_kda forward per chunk and head, split into the parallel (intra-chunk) and serial (state) parts:
+    the one formula, `kernels.ops.kda_fwd_flop_terms`."""
+    from k3sim.kernels.ops import kda_fwd_flop_terms
+
+    return kda_fwd_flop_terms(C, K, V)
 
 
 def kcp_preprocess_flops(C: int = FLA_CHUNK, K: int = 128, V: int = 128) -> float:

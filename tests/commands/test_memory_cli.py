@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+
 
 import pytest
 
@@ -11,8 +11,8 @@ SERVE = ["memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200", "--mo
          "--tp", "8", "--ep", "8", "--context", "131072"]
 
 
-def test_serve_k3_tp8_pp2_ep8(cli):
-    out = run_cli_json(cli, *SERVE, "--pp", "2")
+def test_serve_k3_tp8_pp2_ep8(cli_json, cli):
+    out = cli_json(*SERVE, "--pp", "2")
     assert out["kda_state_bytes_per_request"] == 434110464
     assert out["mla_kv_bytes_per_token"] == 27648
     assert isinstance(out["per_gpu_bytes"], dict) and out["per_gpu_bytes"]["total"] <= 141e9
@@ -36,17 +36,24 @@ def test_serve_k3_pp1_does_not_fit(cli):
     assert "does not fit" in line and "180.8 GB" in line
 
 
-def test_hf_model_and_hardware_path(cli):
-    out = run_cli_json(cli, "memory", "--model", "tests/data/hf/kimi-k3/config.json",
+def test_hf_model_and_hardware_path(cli_json, cli):
+    out = cli_json("memory", "--model", "tests/data/hf/kimi-k3/config.json",
                        "--hardware", "hardware_profiles/b200.yaml", "--tp", "8", "--pp", "2", "--ep", "8")
     assert out["hardware"] == "b200" and out["mla_kv_bytes_per_token"] == 27648
 
 
-def test_train_mode_table(cli):
-    proc = cli("memory", "--model", "models/kimi-linear-48b.yaml", "--mode", "train",
-                   "--pp", "2", "--ep", "8", "--dp", "8", "--context", "8192")
-    assert proc.returncode == 0, proc.stderr
-    assert "optimizer_states" in proc.stdout and "activations" in proc.stdout
+def test_train_mode_state_bytes_by_hand(cli_json):
+    """Kimi-Linear 48B, pp 2, ep 8, dp 8, worst stage: 949,321,120 non-expert + 2,944,401,408 expert
+    params on the GPU. Weights bf16: 2 x 3,893,722,528 = 7,787,445,056 B; gradients fp32: 4 x that =
+    15,574,890,112 B; ZeRO-1 optimizer (12 B/param) shards non-expert params over dp 8 and expert params
+    over dp / ep = 1: 12 x (949,321,120 / 8 + 2,944,401,408) = 36,756,798,576 B; logits of 8192 tokens x
+    163,840 vocab x fp32 = 5,368,709,120 B."""
+    out = cli_json("memory", "--model", "models/kimi-linear-48b.yaml", "--mode", "train",
+                       "--pp", "2", "--ep", "8", "--dp", "8", "--context", "8192")
+    got = {r["component"]: r["bytes"] for r in out["breakdown"]}
+    assert out["params_per_gpu"] == 949_321_120 + 2_944_401_408
+    assert got["weights"] == 7_787_445_056 and got["gradients"] == 15_574_890_112
+    assert got["optimizer_states"] == 36_756_798_576 and got["logits"] == 5_368_709_120
 
 
 @pytest.mark.parametrize("args, words", [
@@ -90,8 +97,3 @@ def test_infinite_hbm_profile_one_line(cli, root, tmp_path):
     assert str(hw) in err and "field 'hbm_bytes'" in err and "finite" in err
 
 
-def run_cli_json(cli, *args: str) -> dict:
-    """tests/conftest.py's run_cli (the `cli` fixture) with --json, parsed."""
-    proc = cli(*args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 
 
-def test_model_info_json_k3(cli):
-    info = run_cli_json(cli, "model-info", "--model", "models/kimi-k3.yaml")
+
+def test_model_info_json_k3(cli_json, cli):
+    info = cli_json("model-info", "--model", "models/kimi-k3.yaml")
     assert isinstance(info["total_params"], int) and isinstance(info["active_params"], int)
     assert abs(info["total_params"] / 2.8e12 - 1) < 0.03 and abs(info["active_params"] / 104e9 - 1) < 0.03
     assert info["layers"]["num_kda_layers"] == 69 and info["layers"]["num_mla_layers"] == 24
@@ -44,8 +44,3 @@ def test_model_info_binary_file(cli, tmp_path):
     assert "\n" not in err and "Traceback" not in err and str(bad) in err and "not a UTF-8 text file" in err
 
 
-def run_cli_json(cli, *args: str) -> dict:
-    """tests/conftest.py's run_cli (the `cli` fixture) with --json, parsed."""
-    proc = cli(*args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)

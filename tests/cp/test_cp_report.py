@@ -48,7 +48,7 @@ def test_report_with_measured_data(tmp_path):
 def _hw(tmp_path):
     return SimpleNamespace(name="fakegpu", scaleup_domain_gpus=8, scaleup_bandwidth_bytes_per_s=4.5e11,
                            scaleout_bandwidth_bytes_per_s=5e10, num_sms=132, peak_flops_per_s={"bf16": 1e15},
-                           calibration_dir=str(tmp_path / "none"))
+                           calibration_dir=None)  # uncalibrated: datasheet times
 
 
 def test_report_failure_leaves_out_as_it_was(tmp_path):

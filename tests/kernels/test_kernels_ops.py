@@ -12,10 +12,22 @@ from k3sim.kernels.ops import (OPS, expected_distinct_experts, get_op, kda_fwd_f
 
 
 def test_gemm_counts():
+    """M=64, N=7168, K=2048, worked by hand: 2MNK = 1,879,048,192 FLOP; bf16 A (131,072) + B (14,680,064)
+    + C (458,752) elements x 2 B = 30,539,776 B; fp8 inputs 1 B, bf16 output: 15,728,640 B."""
     p = dict(M=64, N=7168, K=2048)
-    assert OPS["gemm_bf16"].flop(p) == 2 * 64 * 7168 * 2048
-    assert OPS["gemm_bf16"].bytes(p) == 2 * (64 * 2048 + 2048 * 7168 + 64 * 7168)
-    assert OPS["gemm_fp8"].bytes(p) == 64 * 2048 + 2048 * 7168 + 2 * 64 * 7168
+    assert OPS["gemm_bf16"].flop(p) == 1_879_048_192
+    assert OPS["gemm_bf16"].bytes(p) == 30_539_776
+    assert OPS["gemm_fp8"].bytes(p) == 15_728_640
+
+
+def test_one_chunk_kda_flop_formula():
+    """C = 64, K = V = 128 by hand: parallel 2 x 64^2 x (3 x 128 + 2 x 128) + 64^3 / 3 = 5,330,261.33 per
+    chunk, serial 3 x 2 x 64 x 128^2 = 6,291,456; per token (sum / 64) 181,589.33. cp/flops.py reads it."""
+    from k3sim.cp.flops import chunk_fwd_flops
+
+    assert kda_fwd_flop_per_token_head() == pytest.approx(181_589.333, abs=1e-3)
+    f = chunk_fwd_flops()
+    assert f["serial"] == 6_291_456 and f["parallel"] == pytest.approx(5_330_261.333, abs=1e-3)
     assert OPS["gemm_fp8"].dtype == "fp8"
 
 
