@@ -3,8 +3,11 @@ each op starts when the device is free and its inputs have arrived; transfers oc
 device.
 
 Design for speed (the planner calls this thousands of times): one simpy process per device walks its
-precomputed op order; an op yields only one timeout for its own duration, plus a wait on a dependency
-only when that dependency has not finished yet (an event is created lazily, just for that waiter). A
+precomputed op order. It waits on a dependency only when that dependency has not finished yet (an event
+created lazily, just for that waiter). When it starts an op, it also runs on through every following op
+whose inputs were already complete at that moment (their times are then fixed: start = max(device
+free, inputs ready)) and yields one timeout for the whole run; a device waiting on an op inside the run
+is woken at that op's finish time. Same timeline as one timeout per op, fewer simpy events. A
 link is a FIFO modelled by its next-free time: a transfer starts when its producer finishes or when
 the link frees, whichever is later. Every directed link has one sending device, which issues its
 sends in its own op order, so FIFO-by-issue-time equals FIFO-by-order and needs no process of its
@@ -89,8 +92,13 @@ def simulate(program: Program) -> Timeline:
     link_free = [0.0] * (max(out_link, default=-1) + 1)
     done_devices = [0]
 
+    def wake_later(ev, delay: float) -> None:
+        timeout(delay).callbacks.append(lambda _e: ev.succeed())
+
     def device(order: list[int]):
-        for op in order:
+        i, n = 0, len(order)
+        while i < n:
+            op = order[i]
             ready = 0.0
             for dep, remote in deps[op]:
                 if finish[dep] < 0:
@@ -105,22 +113,47 @@ def simulate(program: Program) -> Timeline:
             if ready > now:
                 yield timeout(ready - now)
                 now = env.now
-            start[op] = now
-            c = cost[op]
-            if c > 0:
-                yield timeout(c)
-                now = env.now
-            finish[op] = now
-            link = out_link[op]
-            if link >= 0:
-                s = link_free[link]
-                if s < now:
-                    s = now
-                xfer_start[op] = s
-                arrival[op] = link_free[link] = s + out_seconds[op]
-            ev = waiting.pop(op, None)
-            if ev is not None:
-                ev.succeed()
+            # Run this op and every following one whose inputs were already complete at `now`: their
+            # start and finish times are fixed (start = max(device free, input ready)), so one timeout
+            # covers the run; anyone waiting on an op inside it is woken at that op's finish time.
+            t = now
+            while True:
+                if ready > t:
+                    t = ready
+                start[op] = t
+                t += cost[op]
+                finish[op] = t
+                link = out_link[op]
+                if link >= 0:
+                    s = link_free[link]
+                    if s < t:
+                        s = t
+                    xfer_start[op] = s
+                    arrival[op] = link_free[link] = s + out_seconds[op]
+                ev = waiting.pop(op, None)
+                if ev is not None:
+                    if t > now:
+                        wake_later(ev, t - now)
+                    else:
+                        ev.succeed()
+                i += 1
+                if i == n:
+                    break
+                nxt = order[i]
+                ready = 0.0
+                for dep, remote in deps[nxt]:
+                    f = finish[dep]
+                    if f < 0 or f > now:
+                        ready = -1.0
+                        break
+                    r = arrival[dep] if remote else f
+                    if r > ready:
+                        ready = r
+                if ready < 0:
+                    break
+                op = nxt
+            if t > now:
+                yield timeout(t - now)
         done_devices[0] += 1
 
     for order in program.orders:
