@@ -74,7 +74,7 @@ def bench_sweep(trace: Path, model, policies: list[str], runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default="/work/shared/data/traces/conversation_trace.jsonl")
+    ap.add_argument("--trace", default=str(Path(__file__).resolve().parents[1] / "data/traces/conversation_trace.jsonl"))
     ap.add_argument("--model", default=str(ROOT / "models/kimi-k3.yaml"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sweep-runs", type=int, default=1)

@@ -13,8 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = {"conversation": ROOT.parent / "shared/data/traces/conversation_trace.jsonl",
-          "synthetic": ROOT.parent / "shared/data/traces/synthetic_trace.jsonl"}
+TRACES = {"conversation": ROOT / "data/traces/conversation_trace.jsonl",
+          "synthetic": ROOT / "data/traces/synthetic_trace.jsonl"}
 CAPACITIES = (32e9, 64e9, 128e9, 256e9)
 SETTINGS = (("lru", 0.0), ("flop-aware", 0.5), ("flop-aware", 1.0), ("flop-aware", 2.0))
 

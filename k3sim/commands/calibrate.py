@@ -11,6 +11,7 @@ import typer
 from k3sim.errors import InputError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REPORT = Path("reports/calibration")
 
 
 def _measured_dir(hardware: str):
@@ -103,7 +104,8 @@ def register(app: typer.Typer) -> None:
     @cal.command("validate")
     def validate(
         hardware: str = typer.Option("h200", "--hardware", help="Profile name or path."),
-        out: Path = typer.Option(REPO_ROOT / "reports" / "calibration", "--out", help="Report directory."),
+        out: Path = typer.Option(DEFAULT_REPORT, "--out", help="Report directory (the default is the "
+                                 "project's reports/calibration from any working directory)."),
         refit: bool = typer.Option(True, "--refit/--no-refit", help="Refit the model without each left-out point."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -112,10 +114,15 @@ def register(app: typer.Typer) -> None:
         from k3sim.kernels.validate import ensure_out_dir, validate_profile, write_report
         from k3sim.output import print_json, print_table
 
+        from k3sim.files import output_dir
+
         hw, _ = _measured_dir(hardware)
-        ensure_out_dir(out)
-        loo, summary, meta, shapes = validate_profile(hw, refit=refit)
-        paths = write_report(loo, summary, out, meta, shapes)
+        if out == DEFAULT_REPORT:
+            out = REPO_ROOT / DEFAULT_REPORT
+        with output_dir(out):  # a failed or interrupted run leaves no empty --out behind
+            ensure_out_dir(out)
+            loo, summary, meta, shapes = validate_profile(hw, refit=refit)
+            paths = write_report(loo, summary, out, meta, shapes)
         if as_json:
             print_json({**meta, "files": [str(p) for p in paths], "summary": summary, "leave_shape_out": shapes})
             return

@@ -24,13 +24,20 @@ def parse_tokens(text: str, option: str) -> int:
         raise InputError(f"not a token count: {text!r}", source=option)
     if v != int(v):
         raise InputError(f"not a whole number of tokens: {text!r}", source=option)
+    from k3sim.configs.bounds import check_range
+
     if abs(v) >= 2 ** 63:                               # the model holds token positions in int64 arrays
-        raise InputError(f"token count out of range (64-bit): {text!r}", source=option)
-    return int(v)
+        raise InputError(f"token count out of range (64-bit): {text[:40]!r}", source=option)
+    return int(check_range(int(v), "tokens", option, integer=True))
 
 
 def parse_list(text: str, option: str) -> list[int]:
     return [parse_tokens(x, option) for x in text.split(",") if x.strip()]
+
+
+# Kernel parameters (k3sim.kernels.ops) and the cp options that set them: an out-of-range `T` is the user's
+# --seq-len (T = S / P tokens per rank), `docs` is --docs.
+KERNEL_FIELD_OPTIONS = {"T": "--seq-len", "docs": "--docs"}
 
 
 def register(app: typer.Typer) -> None:
@@ -66,8 +73,17 @@ def register(app: typer.Typer) -> None:
                               geometry_from_model)
         from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
 
+        from k3sim.configs import Parallelism, check_layout
+        from k3sim.configs.bounds import check_range
+
+        for opt, v in (("--cp", cp_degree), ("--tp", tp)):
+            check_range(v, "parallel", opt, integer=True)
         m = load_model(model)
         hw = load_hardware(hardware)
+        try:  # the one layout check; its fields are the options here
+            check_layout(m, Parallelism(tp=tp, cp=cp_degree))
+        except InputError as err:
+            raise InputError(err.reason, source=f"--{(err.field or 'tp').split('.')[-1]}") from None
         g = geometry_from_model(m, tp=tp)
         # an option given as "" is bad input (checked below), not a request for the default
         sdt = default_state_dtype(m) if state_dtype is None else state_dtype
@@ -99,9 +115,17 @@ def register(app: typer.Typer) -> None:
             from k3sim.cp.docs import sample_doc_lengths
 
             lengths = sample_doc_lengths(S, doc_mean, seed)
-        r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
-                    DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
-                    mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
+        try:
+            r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
+                        DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
+                        mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
+        except InputError as err:
+            # a kernel's range (T tokens per rank, docs) reached through an option: name the option
+            option = KERNEL_FIELD_OPTIONS.get(err.field or "")
+            if option is None or (err.source or "").startswith("--"):
+                raise
+            raise InputError(f"{err.reason} (reached from {option} {S if option == '--seq-len' else docs} "
+                             f"with --cp {cp_degree})", source=option) from None
         if as_json:
             print_json(r)
             return

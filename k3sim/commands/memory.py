@@ -17,27 +17,29 @@ def print_plan(plan: Any, json_out: bool) -> None:
         return
     par = plan.parallelism
     layout = " ".join(f"{k}={v}" for k, v in par.items() if k != "zero_stage" and v != 1) or "single GPU"
+    pp = par.get("pp", 1)
     pairs = [("model", plan.model), ("hardware", plan.hardware), ("mode", plan.mode), ("layout", layout),
-             ("HBM per GPU", human_bytes(plan.hbm_bytes)), ("worst pipeline stage", plan.worst_stage)]
+             ("HBM per GPU", f"{human_bytes(plan.hbm_bytes)} ({plan.hbm_bytes / 1e9:,.1f} GB datasheet)"),
+             ("fullest pipeline stage (numbered from 0)", f"{plan.worst_stage} of 0..{pp - 1}")]
     if plan.mode == "serve":
         pairs += [
             ("context per request", f"{plan.context_tokens:,} tokens"),
             ("KDA state per request (model)", human_bytes(plan.kda_state_bytes_per_request)),
             ("MLA KV per token (model)", human_bytes(plan.mla_kv_bytes_per_token)),
-            ("per request on this GPU", human_bytes(plan.per_request_bytes_per_gpu)),
-            ("max concurrent requests", plan.max_concurrent_requests),
+            ("per request on this GPU (fullest stage)", human_bytes(plan.per_request_bytes_per_gpu)),
+            ("max concurrent requests (each at the full context)", plan.max_concurrent_requests),
         ]
     else:
         pairs += [
             ("sequence x micro-batch", f"{plan.seq_len_tokens:,} x {plan.micro_batch_size}"),
             ("activation checkpointing", plan.activation_checkpointing),
             ("micro-batches in flight", f"{plan.in_flight_micro_batches:g}"),
-            ("params on this GPU", f"{plan.params_per_gpu:,}"),
+            ("params per GPU (fullest stage)", f"{plan.params_per_gpu:,}"),
         ]
-    pairs += [("total used", human_bytes(plan.per_gpu_bytes["total"])),
-              ("free", human_bytes(plan.per_gpu_bytes["free"]))]
-    print_kv("memory plan", pairs)
-    print_table("per-GPU breakdown", ["component", "bytes", "from"],
+    pairs += [("total used per GPU (fullest stage)", human_bytes(plan.per_gpu_bytes["total"])),
+              ("free per GPU (fullest stage)", human_bytes(plan.per_gpu_bytes["free"]))]
+    print_kv("memory plan (per GPU; sizes in GiB = 2^30 bytes)", pairs)
+    print_table(f"per-GPU breakdown, pipeline stage {plan.worst_stage}", ["component", "size", "from"],
                 [(r.component, human_bytes(r.bytes), r.source) for r in plan.breakdown])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,7 @@ import typer
 
 
 def _ints(text: str, option: str) -> list[int]:
+    from k3sim.configs.bounds import check_range
     from k3sim.errors import InputError
 
     out: list[int] = []
@@ -21,12 +23,13 @@ def _ints(text: str, option: str) -> list[int]:
         except ValueError:
             v = math.nan
         if not (math.isfinite(v) and v == int(v)):
-            raise InputError(f"expected comma-separated integers, got '{x.strip()}'", source=option)
-        out.append(int(v))
+            raise InputError(f"expected comma-separated integers, got '{x.strip()[:40]}'", source=option)
+        out.append(int(check_range(int(v), "tokens", option, integer=True)))
     return out
 
 
 def _capacities(text: str) -> list[float | None]:
+    from k3sim.configs.bounds import check_range
     from k3sim.errors import InputError
 
     out: list[float | None] = []
@@ -38,10 +41,44 @@ def _capacities(text: str) -> list[float | None]:
             out.append(None)
             continue
         try:
-            out.append(float(x))
+            value = float(x)
         except ValueError:
-            raise InputError(f"expected bytes or 'none', got '{x}'", source="--capacities") from None
+            raise InputError(f"expected bytes or 'none', got '{x[:40]}'", source="--capacities") from None
+        out.append(check_range(value, "capacity_bytes", "--capacities"))
     return out
+
+
+def _check_tp(model: Path, tp: int) -> None:
+    """--tp splits the KDA heads (and sizes the pool per GPU): the one layout check, as memory and cp use it."""
+    from k3sim.configs import Parallelism, check_layout, load_model
+    from k3sim.errors import InputError
+
+    try:
+        check_layout(load_model(str(model)), Parallelism(tp=tp))
+    except InputError as err:
+        if err.field in ("tp", "parallelism.tp"):
+            raise InputError(err.reason, source="--tp") from None
+        raise
+
+
+def _sweep_progress(enabled: bool):
+    """(callback, context) for a rich progress bar on stderr over the sweep's configurations; a no-op when
+    stderr is not a terminal or --json is given (scripts read stdout, logs do not want bars)."""
+    import contextlib
+    import sys
+
+    if not enabled or not sys.stderr.isatty():
+        return None, contextlib.nullcontext()
+    from rich.console import Console
+    from rich.progress import Progress
+
+    bar = Progress(console=Console(stderr=True), transient=True)
+    task = bar.add_task("prefix-cache sweep", total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update, bar
 
 
 def register(app: typer.Typer) -> None:
@@ -88,30 +125,53 @@ def register(app: typer.Typer) -> None:
         from k3sim.prefix_cache.run import make_config, simulate, sweep_report
         from k3sim.prefix_cache.serving import SchedulerConfig, StepCost
 
+        from k3sim.configs.bounds import check_range
+        from k3sim.files import project_path
+
         if (trace is None) == (workload is None):
             raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
-        for opt, v in (("--token-budget", token_budget), ("--max-running", max_running)):
-            if v <= 0:
-                raise InputError(f"must be positive (got {v})", source=opt)
-        if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
-            raise InputError(f"must be a finite positive number (got {tokens_per_s})", source="--tokens-per-s")
-        if not (math.isfinite(step_overhead_s) and step_overhead_s >= 0):
-            raise InputError(f"must be a finite number >= 0 (got {step_overhead_s})", source="--step-overhead-s")
-        if processes is not None and processes <= 0:
-            raise InputError(f"must be positive (got {processes})", source="--processes")
+        if trace is not None:
+            trace = project_path(trace)  # data/traces/... works from any directory
+            if trace.is_dir():
+                raise InputError("is a directory, expected a Mooncake JSONL file", source=f"--trace {trace}")
+        for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
+                             ("--hash-block", hash_block, "tokens"), ("--physical-block", physical_block, "tokens"),
+                             ("--tp", tp, "parallel")):
+            check_range(v, kind, opt, integer=True)
+        if kda_groups is not None:
+            check_range(kda_groups, "layers", "--kda-groups", integer=True)
+        if retention_interval:
+            check_range(retention_interval, "tokens", "--retention-interval", integer=True)
+        if capacity_bytes is not None:
+            check_range(capacity_bytes, "capacity_bytes", "--capacity-bytes")
+        check_range(tokens_per_s, "rate", "--tokens-per-s")
+        check_range(step_overhead_s, "seconds", "--step-overhead-s")
+        if processes is not None:
+            # a modelling choice: more workers than 4x the cores only adds memory (each holds a trace copy)
+            check_range(processes, "parallel", "--processes", integer=True)
+            if processes > 4 * (os.cpu_count() or 1):
+                raise InputError(f"{processes} workers on {os.cpu_count()} cores: at most 4 per core",
+                                 source="--processes")
         if limit is not None and limit <= 0:
             raise InputError(f"must be positive (got {limit})", source="--limit")
+        if n_requests != 1000 and workload is None:
+            raise InputError("sizes a synthetic --workload only; a trace is replayed whole (use --limit)",
+                             source="--requests")
+        _check_tp(model, tp)
         sched = SchedulerConfig(token_budget, max_running)
         cost = StepCost(tokens_per_s, step_overhead_s)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
                           retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
         if sweep:
             pols = [p.strip() for p in policies.split(",") if p.strip()]
-            rep = sweep_report(trace, cfg, policies=pols, hash_blocks=_ints(hash_blocks, "--hash-blocks"),
-                               physical_blocks=_ints(physical_blocks, "--physical-blocks"),
-                               capacities=_capacities(capacities), out_dir=out, name=name, strict=strict,
-                               limit=limit, sched=sched, cost=cost, processes=processes, workload=workload,
-                               seed=seed, n_requests=n_requests)
+            progress, bar = _sweep_progress(not json_out)
+            grid_hash, grid_phys = _ints(hash_blocks, "--hash-blocks"), _ints(physical_blocks, "--physical-blocks")
+            grid_caps = _capacities(capacities)
+            with bar:
+                rep = sweep_report(trace, cfg, policies=pols, hash_blocks=grid_hash, physical_blocks=grid_phys,
+                                   capacities=grid_caps, out_dir=out, name=name, strict=strict, limit=limit,
+                                   sched=sched, cost=cost, processes=processes, workload=workload, seed=seed,
+                                   n_requests=n_requests, progress=progress)
             if json_out:
                 print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
                             "wall_s": rep.wall_s, "rows": rep.table})
@@ -136,8 +196,8 @@ def register(app: typer.Typer) -> None:
             ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
                      f"{res.num_kda_groups} groups"),
             ("requests (rejected)", f"{res.requests:,} ({res.requests_rejected})"),
-            ("token hit rate", f"{100 * res.token_hit_rate:.2f} %"),
-            ("request hit rate", f"{100 * res.request_hit_rate:.2f} %"),
+            ("token hit rate (prompt tokens served from the cache)", f"{100 * res.token_hit_rate:.2f} %"),
+            ("request hit rate (requests reusing >= 1 cached block)", f"{100 * res.request_hit_rate:.2f} %"),
             ("MLA-only token hit rate", f"{100 * res.mla_only_token_hit_rate:.2f} %"),
             ("prefill tokens saved", f"{res.prefill_tokens_saved:,}"),
             ("prefill FLOP saved", f"{res.prefill_flop_saved:.3g} ({100 * res.prefill_flop_saved_fraction:.2f} %)"),

@@ -36,7 +36,7 @@ class Range:
 
 
 def _fmt(v: float) -> str:
-    if float(v).is_integer() and abs(v) < 1e7:
+    if float(v).is_integer() and abs(v) < 1e13:
         return f"{int(v):,}"
     return f"{v:.3g}"
 
@@ -54,8 +54,8 @@ BOUNDS: dict[str, Range] = {
     "request_tokens": Range(0, 2 ** 24, "tokens", "one request's input or output in a replayed trace: 16x K3's "
                             "1M context (a replay steps through every output token)"),
     "batch": Range(1, 1_048_576, "sequences", "micro-batches and micro-batch sizes"),
-    "requests": Range(1, 100_000, "requests", "synthetic workloads are held in memory (chat: ~10 KiB of token "
-                      "ids per request, ~1 GiB at the top); replay a Mooncake trace for more, it streams"),
+    "requests": Range(1, 100_000, "requests", "a synthetic workload is held in memory: chat at 100,000 requests "
+                      "measured 2.2 GB peak and 22 s; replay a Mooncake trace for more, it streams"),
     "gpus": Range(1, 1_048_576, "GPUs", "~10x the largest announced clusters (~100k GPUs)"),
     "parallel": Range(1, 65_536, "ranks", "one parallel degree (tp, pp, ep, cp, dp, virtual stages)"),
     "hbm_bytes": Range(1, 2 ** 46, "bytes", "up to 64 TiB per GPU: B300 has 288 GB"),
@@ -82,7 +82,10 @@ def check_range(value: Any, name: str, option: str | None = None, *, field: str 
         raise InputError(f"must be a finite number in {r.text()}, got {value}", source=option, field=field)
     if integer and value != int(value):
         raise InputError(f"must be a whole number in {r.text()}, got {_short(value)}", source=option, field=field)
-    if not r.lo <= value <= r.hi:
+    if value < r.lo:
+        what = "positive (at least 1)" if r.lo == 1 else f"at least {_fmt(r.lo)}"
+        raise InputError(f"must be {what}, got {_short(value)}", source=option, field=field)
+    if value > r.hi:
         raise InputError(f"{_short(value)} is outside {r.text()} ({r.why})", source=option, field=field)
     return value
 

@@ -45,24 +45,35 @@ def _flag(cfg: dict, key: str, source: str) -> bool:
     return value
 
 
-def _quant_formats(quant: dict | None) -> tuple[str, str]:
+# quantization_config schemes we know, as (quant_method, format) -> (non-routed format, routed format).
+# K3: compressed-tensors `mxfp4-pack-quantized`, ignore list holds attention, shared experts, lm_head
+# and vision, so only routed experts are MXFP4 (an NVFP4 pack likewise). K2-Instruct: `quant_method: fp8`
+# block-wise on all linear weights (DeepSeek-V3 style); compressed-tensors `float-quantized` is the same FP8.
+KNOWN_QUANTIZATION = {
+    ("compressed-tensors", "mxfp4-pack-quantized"): ("bf16", "mxfp4"),
+    ("compressed-tensors", "nvfp4-pack-quantized"): ("bf16", "nvfp4"),
+    ("compressed-tensors", "float-quantized"): ("fp8", "fp8"),
+    ("fp8", ""): ("fp8", "fp8"),
+    ("mxfp4", ""): ("bf16", "mxfp4"),
+}
+
+
+def _quant_formats(quant: dict | None, source: str = "config.json") -> tuple[str, str]:
     """(non-routed weight format, routed expert format) from `quantization_config`.
 
-    K3: compressed-tensors `mxfp4-pack-quantized`, ignore list holds attention, shared experts, lm_head
-    and vision, so only routed experts are MXFP4. K2-Instruct: `quant_method: fp8` block-wise on all
-    linear weights (DeepSeek-V3 style).
-    """
+    A scheme not in `KNOWN_QUANTIZATION` (AWQ, GPTQ, bitsandbytes, ...) is refused with the known list: read
+    as bf16 it would overstate the weights several times over without a word."""
     if not quant:
         return "bf16", "bf16"
     method = str(quant.get("quant_method", "")).lower()
-    fmt = str(quant.get("format", "")).lower()
-    if "mxfp4" in fmt or "mxfp4" in method:
-        return "bf16", "mxfp4"
-    if "nvfp4" in fmt or "nvfp4" in method:
-        return "bf16", "nvfp4"
-    if method == "fp8" or "fp8" in fmt:
-        return "fp8", "fp8"
-    return "bf16", "bf16"
+    fmt = str(quant.get("format", "") or "").lower()
+    for key in ((method, fmt), (method, "")):
+        if key in KNOWN_QUANTIZATION:
+            return KNOWN_QUANTIZATION[key]
+    known = ", ".join(f"{m}" + (f" format {f}" if f else "") for m, f in KNOWN_QUANTIZATION)
+    got = method + (f" format {fmt}" if fmt else "")
+    raise InputError(f"unknown quantization scheme '{got[:60]}' (known: {known})", source=source,
+                     field="quantization_config")
 
 
 def _vision(vc: dict | None) -> dict | None:
@@ -93,13 +104,14 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
     hidden = get("hidden_size")
     quant = (_section(data, "quantization_config", source)
              or _section(text, "quantization_config", source))
-    weight_format, routed_format = _quant_formats(quant)
+    weight_format, routed_format = _quant_formats(quant, source)
     out: dict[str, Any] = {
         "name": str(data.get("_name_or_path") or name),
         "source": f"Hugging Face config.json ({source})",
         "hidden_size": hidden,
         "num_layers": num_layers,
         "vocab_size": get("vocab_size"),
+        "max_context_tokens": text.get("max_position_embeddings") or data.get("max_position_embeddings"),
         "tie_word_embeddings": _flag(text, "tie_word_embeddings", source),
         "weight_format": weight_format,
     }

@@ -19,7 +19,8 @@ from k3sim.memory import sizes
 from k3sim.memory.layout import expert_tp, rank_layers
 from k3sim.memory.params import ROUTED, layer_params, non_layer_params, stored_format
 
-GB = 1e9
+GB = 1e9  # datasheet gigabytes (HBM capacities are quoted in them)
+GiB = 2 ** 30  # what tables and errors print
 # The router is fused with the latent down-projection and sharded with it (MISSION sec. 4).
 TP_SHARDED = ("kda", "mla", "dense_ffn", "shared_experts", "latent_projections", "router")
 REPLICATED = ("norms", "attn_res")  # small; kept whole on every rank
@@ -161,20 +162,27 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
     if max_req < 1:
         weights = sum(r.bytes for r in worst.rows if r.component.startswith("weights_"))
         routed = next((r.bytes for r in worst.rows if r.component == f"weights_{ROUTED}"), 0)
-        routed_txt = (f" (routed experts {routed / GB:.1f} GB in {model.moe.routed_weight_format})"
-                      if routed else "")
+        attn_res = next((r.bytes for r in worst.rows if r.component == "attn_res_blocks"), 0)
+        routed_txt = (f" (routed experts {routed / GiB:.1f} GiB = {routed / GB:.1f} GB in "
+                      f"{model.moe.routed_weight_format})" if routed else "")
+        # the advice follows from the largest term (a huge prefill chunk is not cured by more pipeline stages)
+        terms = {"weights": weights, "attn_res": attn_res, "request": worst.per_request_bytes}
+        advice = {"weights": "raise pp or ep (fewer weights per GPU)",
+                  "attn_res": f"lower the prefill chunk ({prefill_chunk_tokens:,} tokens of AttnRes blocks)",
+                  "request": f"lower the context ({context_tokens:,} tokens) or raise cp or pp"}[max(terms, key=terms.get)]
         raise DoesNotFit(
-            f"does not fit: pipeline stage {worst.stage} needs {weights / GB:.1f} GB of weights per GPU"
-            f"{routed_txt} + {(worst.fixed_bytes - weights) / GB:.1f} GB AttnRes blocks and workspace + "
-            f"{worst.per_request_bytes / GB:.2f} GB for one {context_tokens}-token request > "
-            f"{hbm / GB:.1f} GB HBM of {hw.name}; raise pp or ep", source=source)
+            f"does not fit: pipeline stage {worst.stage} (of 0..{par.pp - 1}) needs {weights / GiB:.1f} GiB of "
+            f"weights per GPU{routed_txt} + {(worst.fixed_bytes - weights) / GiB:.1f} GiB AttnRes blocks and "
+            f"workspace + {worst.per_request_bytes / GiB:.2f} GiB for one {context_tokens:,}-token request > "
+            f"{hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB datasheet); {advice}", source=source)
     kv_total = max_req * worst.per_request_bytes
     per_gpu = {r.component: r.bytes for r in worst.rows}
     per_gpu["kv_cache_and_state"] = kv_total
     per_gpu["total"] = worst.fixed_bytes + kv_total
     per_gpu["free"] = hbm - per_gpu["total"]
     breakdown = worst.rows + [Row("kv_cache_and_state", kv_total,
-                                  f"{max_req} requests x {worst.per_request_bytes} B")]
+                                  f"{max_req} requests x {worst.per_request_bytes / 2 ** 20:,.2f} MiB "
+                                  f"(each at the full {context_tokens:,}-token context)")]
     return ServePlan(
         model=model.name, hardware=hw.name, mode="serve", parallelism=par.model_dump(),
         context_tokens=context_tokens, hbm_bytes=hbm,
@@ -306,10 +314,11 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     total = worst.fixed_bytes
     fits = total <= hbm
     if not fits and not allow_overflow:
-        parts = ", ".join(f"{r.component} {r.bytes / GB:.1f}" for r in worst.rows)
+        parts = ", ".join(f"{r.component} {r.bytes / GiB:.1f}" for r in worst.rows)
         raise DoesNotFit(
-            f"does not fit: pipeline stage {worst.stage} needs {total / GB:.1f} GB per GPU ({parts} GB) "
-            f"> {hbm / GB:.1f} GB HBM of {hw.name}", source=source)
+            f"does not fit: pipeline stage {worst.stage} (of 0..{par.pp - 1}) needs {total / GiB:.1f} GiB per "
+            f"GPU ({parts} GiB) > {hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB datasheet)",
+            source=source)
     per_gpu = {r.component: r.bytes for r in worst.rows}
     per_gpu["total"] = total
     per_gpu["free"] = hbm - total

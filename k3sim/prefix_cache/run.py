@@ -116,9 +116,12 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
                  name: str | None = None, strict: bool = False, limit: int | None = None,
                  sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
                  processes: int | None = None, workload: str | None = None, seed: int = 0,
-                 n_requests: int = 1000) -> SweepReport:
+                 n_requests: int = 1000, progress=None) -> SweepReport:
     """Replay every valid configuration of the grid; write `<name>_sweep.csv`, `<name>_sweep.md` and the two
-    plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block)."""
+    plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block).
+
+    `name` defaults to the trace's stem without a `_trace` suffix (`conversation_trace.jsonl` ->
+    `conversation`), so re-running a sweep on a shipped trace refreshes the committed report files."""
     import time
 
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
@@ -154,7 +157,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
         _check_some_requests(trace, stats)
         label = Path(trace).name
-        name = name or Path(trace).stem
+        name = name or Path(trace).stem.removesuffix("_trace")
     else:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
     with _named_options(_SWEEP_OPTIONS):
@@ -162,7 +165,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     if not configs:
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
                          source="--hash-blocks")
-    df = run_sweep(requests, configs, sched, cost, processes)
+    df = run_sweep(requests, configs, sched, cost, processes, progress)
     if "token_hit_rate" not in df:  # every row is a "capacity below one request" note
         raise InputError("every capacity is below what one request needs (1 KV page + one state slot per KDA "
                          "group) at every physical block", source="--capacities")

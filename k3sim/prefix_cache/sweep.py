@@ -10,7 +10,8 @@ import dataclasses
 import itertools
 import multiprocessing as mp
 import os
-from typing import Sequence
+import signal
+from typing import Callable, Sequence
 
 from k3sim.prefix_cache.config import CacheConfig
 from k3sim.prefix_cache.serving import SchedulerConfig, StepCost, replay
@@ -57,14 +58,23 @@ def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int,
     return i, row
 
 
+def _quiet_worker() -> None:
+    """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone reports it
+    (one line) and terminates the pool; without this every worker printed its own traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_sweep(
     requests: Sequence[TraceRequest],
     configs: Sequence[CacheConfig],
     sched: SchedulerConfig = SchedulerConfig(),
     cost: StepCost = StepCost(),
     processes: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ):
-    """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`."""
+    """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`.
+
+    `progress(done, total)` is called after each configuration (the CLI draws a bar on stderr with it)."""
     import pandas as pd
 
     global _REQUESTS
@@ -74,12 +84,27 @@ def run_sweep(
     order = sorted(range(len(configs)), key=lambda i: (configs[i].physical_block_tokens, configs[i].policy != "coarse"))
     tasks = [(i, configs[i], sched, cost) for i in order]
     rows: list[dict | None] = [None] * len(configs)
+    done = 0
+
+    def record(i: int, row: dict) -> None:
+        nonlocal done
+        rows[i] = row
+        done += 1
+        if progress is not None:
+            progress(done, len(tasks))
+
     if processes <= 1:
         for t in tasks:
-            i, row = _one(t)
-            rows[i] = row
+            record(*_one(t))
     else:
-        with mp.get_context("fork").Pool(processes) as pool:
+        pool = mp.get_context("fork").Pool(processes, initializer=_quiet_worker)
+        try:
             for i, row in pool.imap_unordered(_one, tasks, chunksize=1):
-                rows[i] = row
+                record(i, row)
+            pool.close()
+        except BaseException:
+            pool.terminate()  # Ctrl-C or an error: stop the workers now, without their tracebacks
+            raise
+        finally:
+            pool.join()
     return pd.DataFrame(rows)

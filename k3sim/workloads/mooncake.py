@@ -13,10 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from k3sim.configs.bounds import BOUNDS
 from k3sim.errors import InputError
 from k3sim.workloads.request import TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
+# One request's input or output length: the documented range of k3sim.configs.bounds (a replay steps through
+# every output token, so 1e15 would run for days).
+MAX_REQUEST_TOKENS = int(BOUNDS["request_tokens"].hi)
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """An echoed field value cut short, so a problem line stays readable."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -43,12 +53,14 @@ def _check(rec: object, block_tokens: int, last_ts: float) -> str | None:
             return f"missing field '{key}'"
     ts, n_in, n_out, ids = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts) or ts < 0:
-        return f"timestamp {ts!r} is not a non-negative number"
+        return f"timestamp {_short(ts)} is not a non-negative number"
     if ts / 1e3 < last_ts:
         return f"timestamp {ts} ms is earlier than the previous request's"
     for key, v in (("input_length", n_in), ("output_length", n_out)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            return f"{key} {v!r} is not a non-negative integer"
+            return f"{key} {_short(v)} is not a non-negative integer"
+        if v > MAX_REQUEST_TOKENS:
+            return f"{key} {v:,} exceeds {MAX_REQUEST_TOKENS:,} tokens ({BOUNDS['request_tokens'].why})"
     if n_in == 0:
         return "input_length is 0"
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):

@@ -58,7 +58,7 @@ def test_unwritable_outputs_are_one_line_exit_2_and_leave_nothing(cli, tmp_path)
     proc = cli("calibrate", "validate", "--hardware", hw, "--out", blocker / "report")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot create the report directory" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "cannot create the output directory" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):

@@ -94,7 +94,7 @@ def test_cp_sweep_writes_plot_and_table(cli, tmp_path):
     # the message names the option
     (["--seq-len", "65536", "--docs", "0"], "--docs: docs must be between 1"),
     (["--seq-len", "65536", "--doc-mean-tokens", "nan"], "--doc-mean-tokens: mean document length"),
-    (["--seq-len", "65536", "--tp", "5"], "--tp: TP=5 does not divide the 96 KDA heads"),
+    (["--seq-len", "65536", "--tp", "5"], "--tp: tp=5 does not divide the 96 KDA heads"),
 ])
 def test_cp_bad_input_exits_2(cli, args, needle):
     proc = cli(*BASE, *args)

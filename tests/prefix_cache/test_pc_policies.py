@@ -9,7 +9,7 @@ from k3sim.prefix_cache.serving import SchedulerConfig, StepCost, replay
 from k3sim.workloads import multi_turn_chat, rag_shared_documents, read_mooncake
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
-SHARED = Path("/work/shared/data/traces")
+SHARED = Path(__file__).resolve().parents[2] / "data" / "traces"  # shipped Mooncake traces
 MLA_B, KDA_B = 27648, 449372160
 
 
