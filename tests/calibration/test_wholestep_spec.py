@@ -165,3 +165,18 @@ def test_cli_bad_plan_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "--plan" in p.stderr and "warp" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_manifest_only_needs_no_gpu(tmp_path):
+    # The lead's step model is checked against these lists before the device run.
+    assert R.main(["--out", str(tmp_path), "--manifest-only"]) == 0
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    kl = doc["kimi-linear-48b"]
+    assert len(kl["decode@grouped_bf16"]["points"]) == 9 * 4 and len(kl["prefill@grouped_bf16"]["points"]) == 5 * 2 * 2
+    assert kl["prefill@grouped_bf16"]["points"][-1] == dict(decodes=32, context=4096, chunk=8192, prefix=8192, seqs=1,
+                                                            train=False)
+    k3 = doc["k3-tp8-ep8-l5-8"]
+    assert set(k3) == {"decode@mxfp4", "decode@grouped_bf16", "train"}
+    assert [p["context"] for p in k3["decode@mxfp4"]["points"]][::9] == [4096, 32768]
+    assert "moe_mxfp4_decode" in [o["op"] for o in k3["decode@mxfp4"]["layers"]["moe"]]
+    assert [p["seqs"] for p in doc["kimi-linear-48b-l5-8"]["train"]["points"]] == [1, 2]

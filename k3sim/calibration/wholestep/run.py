@@ -17,6 +17,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from k3sim.calibration.wholestep import spec as S
@@ -162,11 +163,12 @@ class Runner:
 
         model = self.get_model(cfg, kernel, grad=False)
         w = self.writer("decode")
-        batches = self.a.batches or DECODE_B
-        contexts = self.a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
+        want = [(st.decodes, st.context) for st in item_points(self.a, cfg, "decode")]
+        batches = sorted({b for b, _ in want})
+        contexts = list(dict.fromkeys(c for _, c in want))
         pools = S.plan_pools(model.spec, batches, contexts, decode_step.free_bytes())
         planned = [p for pts, _, _ in pools for p in pts]
-        for b, c in (p for c in contexts for b in batches for p in [(b, c)] if p not in planned):
+        for b, c in (p for p in want if p not in planned):
             w.failed(dict(config=cfg, B=b, C=c, timer="graph"), "skipped: MLA cache + KDA state do not fit beside the weights")
         n = 0
         for pts, max_b, cache_tokens in pools:
@@ -216,27 +218,23 @@ class Runner:
         model = self.get_model(cfg, kernel, grad=False)
         w = self.writer("prefill")
         n = 0
-        for ride in self.a.ride_decodes:
-            for prefix in self.a.prefixes:
-                for chunk in self.a.chunks:
-                    st = S.StepShape(decodes=ride, context=self.a.ride_context if ride else 0, chunk=chunk, prefix=prefix)
-                    self.note_manifest(cfg, kernel, "prefill", st)
-                    base = dict(config=cfg, chunk=chunk, prefix=prefix, decodes=ride, decode_context=st.context)
-                    if time.monotonic() > deadline:
-                        w.failed(base, "skipped: part time budget exhausted")
-                        continue
-                    try:
-                        t, traced = prefill_step.measure_point(model, st, trace=not self.a.no_trace)
-                        ex = self.extras(model, st, traced)
-                        w.ok(base, t, **ex)
-                        n += 1
-                        print(f"[wholestep] prefill {cfg} chunk={chunk} prefix={prefix} decodes={ride}: "
-                              f"{t.seconds * 1e3:.3f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
-                    except Exception as err:  # noqa: BLE001
-                        w.failed(base, err)
-                        print(f"[wholestep] prefill {cfg} chunk={chunk} prefix={prefix} decodes={ride} failed: "
-                              f"{type(err).__name__}: {err}", flush=True)
-                        torch.cuda.empty_cache()
+        for st in item_points(self.a, cfg, "prefill"):
+            self.note_manifest(cfg, kernel, "prefill", st)
+            base = dict(config=cfg, chunk=st.chunk, prefix=st.prefix, decodes=st.decodes, decode_context=st.context)
+            what = f"prefill {cfg} chunk={st.chunk} prefix={st.prefix} decodes={st.decodes}"
+            if time.monotonic() > deadline:
+                w.failed(base, "skipped: part time budget exhausted")
+                continue
+            try:
+                t, traced = prefill_step.measure_point(model, st, trace=not self.a.no_trace)
+                ex = self.extras(model, st, traced)
+                w.ok(base, t, **ex)
+                n += 1
+                print(f"[wholestep] {what}: {t.seconds * 1e3:.3f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
+            except Exception as err:  # noqa: BLE001
+                w.failed(base, err)
+                print(f"[wholestep] {what} failed: {type(err).__name__}: {err}", flush=True)
+                torch.cuda.empty_cache()
         return n
 
     def train(self, cfg, kernel, deadline):
@@ -247,8 +245,8 @@ class Runner:
         model = self.get_model(cfg, kernel, grad=True)
         w = self.writer("train")
         n = 0
-        for mb in self.a.micro_batches:
-            st = S.StepShape(chunk=self.a.seq, seqs=mb, train=True)
+        for st in item_points(self.a, cfg, "train"):
+            mb = st.seqs
             self.note_manifest(cfg, kernel, "train", st)
             base = dict(config=cfg, seq=self.a.seq, micro_batch=mb)
             if time.monotonic() > deadline:
@@ -267,6 +265,35 @@ class Runner:
                 print(f"[wholestep] train {cfg} mb={mb} failed: {type(err).__name__}: {err}", flush=True)
                 torch.cuda.empty_cache()
         return n
+
+
+def item_points(a, cfg: str, part: str) -> list[S.StepShape]:
+    """The step shapes a plan item measures, in order (decode: before the memory filter)."""
+    if part == "decode":
+        contexts = a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
+        return [S.StepShape(decodes=b, context=c) for c in contexts for b in (a.batches or DECODE_B)]
+    if part == "prefill":
+        return [S.StepShape(decodes=r, context=a.ride_context if r else 0, chunk=ch, prefix=p)
+                for r in a.ride_decodes for p in a.prefixes for ch in a.chunks]
+    return [S.StepShape(chunk=a.seq, seqs=mb, train=True) for mb in a.micro_batches]
+
+
+def write_manifest_only(a) -> Path:
+    """CPU side, no torch: for every plan item its points and the kernel list of one layer of each kind
+    at the first point, so a step model can be checked op by op before the device run."""
+    from k3sim.files import atomic_write_text
+
+    specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
+    out = Path(a.out)
+    doc: dict = {}
+    for cfg, kernel, part, _ in parse_plan(a.plan, specs, a.expert_kernel):
+        pts = item_points(a, cfg, part)
+        name = part if part == "train" else f"{part}@{kernel}"
+        doc.setdefault(cfg, {})[name] = dict(S.manifest(specs[cfg], pts[0], kernel),
+                                             points=[asdict(p) for p in pts])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "manifest.json", json.dumps(doc, indent=1) + "\n")
+    return out
 
 
 def run(a) -> Path:
@@ -333,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro-batches", default=",".join(map(str, TRAIN_MB)))
     ap.add_argument("--check", action="store_true", help="numerical self-checks after each model build")
     ap.add_argument("--no-trace", action="store_true", help="skip the per-point kernel-list check")
+    ap.add_argument("--manifest-only", action="store_true",
+                    help="write DIR/manifest.json (points and kernel lists of the plan) without a GPU, and stop")
     return ap
 
 
@@ -364,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         a = parse_args(argv)
-        out = run(a)
+        out = write_manifest_only(a) if a.manifest_only else run(a)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
