@@ -70,7 +70,7 @@ class _Builder:
     def __init__(self, p: int):
         self.p = p
         self.cost: list[float] = []
-        self.deps: list[list[tuple[int, bool]]] = []
+        self.deps: list[tuple[tuple[int, bool], ...]] = []
         self.out_link: list[int] = []
         self.out_seconds: list[float] = []
         self.labels: list[tuple[str, int, int, int]] = []
@@ -78,7 +78,7 @@ class _Builder:
 
     def op(self, cost: float, label: tuple[str, int, int, int]) -> int:
         self.cost.append(cost)
-        self.deps.append([])
+        self.deps.append(())
         self.out_link.append(-1)
         self.out_seconds.append(0.0)
         self.labels.append(label)
@@ -90,10 +90,12 @@ class _Builder:
             self.links[key] = len(self.links)
         return self.links[key]
 
+    def add_dep(self, op: int, dep: int, remote: bool) -> None:
+        self.deps[op] = (*self.deps[op], (dep, remote))
+
     def program(self, orders: list[list[int]]) -> Program:
         names = [f"{tag} {s}->{d}" for (s, d, tag) in sorted(self.links, key=self.links.get)]
-        return Program(self.p, orders, self.cost, [tuple(d) for d in self.deps], self.out_link,
-                       self.out_seconds, self.labels, names)
+        return Program(self.p, orders, self.cost, self.deps, self.out_link, self.out_seconds, self.labels, names)
 
 
 def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], "_Ids"]:
@@ -107,19 +109,18 @@ def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[li
                                                                           costs.backward_weight_s))
     wgt = costs.backward_weight_s
     flat = [-1] * (3 * S * m)                      # (kind * S + stage) * m + mb -> op id
-    orders = []
+    per_kind = (fwd, bwd, wgt)
     cost, labels = bld.cost, bld.labels
+    orders = []
     for order in schedule.orders:
-        row = []
-        for kind, st, mb in order:
-            i = len(cost)
-            cost.append(fwd[st] if kind == F else bwd[st] if kind == B else wgt[st])
-            labels.append((KIND_NAMES[kind], st, st // p, mb))
-            flat[(kind * S + st) * m + mb] = i
-            row.append(i)
-        orders.append(row)
+        base = len(cost)
+        orders.append(list(range(base, base + len(order))))
+        cost.extend([per_kind[k][st] for k, st, _ in order])
+        labels.extend([(KIND_NAMES[k], st, st // p, mb) for k, st, mb in order])
+        for i, (k, st, mb) in enumerate(order, base):
+            flat[(k * S + st) * m + mb] = i
     n = len(cost)
-    deps: list[list[tuple[int, bool]]] = [[] for _ in range(n)]
+    deps: list[tuple[tuple[int, bool], ...]] = [()] * n
     out_link = [-1] * n
     out_seconds = [0.0] * n
     remote_next = [(st + 1) % p != st % p for st in range(S)]
@@ -127,23 +128,32 @@ def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[li
     bl = [bld.link(st % p, (st - 1) % p, "grad") if st > 0 and remote_next[st - 1] else -1 for st in range(S)]
     sf, sb = costs.send_forward_s, costs.send_backward_s
     for st in range(S):
-        base_f, base_b, base_w = st * m, (S + st) * m, (2 * S + st) * m
-        for mb in range(m):
-            f = flat[base_f + mb]
-            b = flat[base_b + mb]
-            if st > 0:
-                deps[f].append((flat[base_f - m + mb], remote_next[st - 1]))
-            deps[b].append((f, False))
-            if st < S - 1:
-                deps[b].append((flat[base_b + m + mb], remote_next[st]))
-                if fl[st] >= 0:
-                    out_link[f] = fl[st]
-                    out_seconds[f] = sf[st]
-            if st > 0 and bl[st] >= 0:
-                out_link[b] = bl[st]
-                out_seconds[b] = sb[st]
-            if split:
-                deps[flat[base_w + mb]].append((b, False))
+        fs = flat[st * m:(st + 1) * m]
+        bs = flat[(S + st) * m:(S + st + 1) * m]
+        if st > 0:
+            prev, rem = flat[(st - 1) * m:st * m], remote_next[st - 1]
+            for f, pf in zip(fs, prev):
+                deps[f] = ((pf, rem),)
+        if st < S - 1:
+            nxt, rem = flat[(S + st + 1) * m:(S + st + 2) * m], remote_next[st]
+            for f, b, nb in zip(fs, bs, nxt):
+                deps[b] = ((f, False), (nb, rem))
+            if fl[st] >= 0:
+                link, sec = fl[st], sf[st]
+                for f in fs:
+                    out_link[f] = link
+                    out_seconds[f] = sec
+        else:
+            for f, b in zip(fs, bs):
+                deps[b] = ((f, False),)
+        if st > 0 and bl[st] >= 0:
+            link, sec = bl[st], sb[st]
+            for b in bs:
+                out_link[b] = link
+                out_seconds[b] = sec
+        if split:
+            for w, b in zip(flat[(2 * S + st) * m:(2 * S + st + 1) * m], bs):
+                deps[w] = ((b, False),)
     bld.deps, bld.out_link, bld.out_seconds = deps, out_link, out_seconds
     return orders, _Ids(flat, S, m)
 
@@ -203,14 +213,14 @@ def place(schedule: Schedule, costs: StageCosts, encoder: EncoderWork | None, po
     placed = Placed(None, schedule, policy, ids, ef, eb)  # type: ignore[arg-type]
     if policy == "serial":
         for j in range(m):
-            bld.deps[ids[(F, 0, j)]].append((ef[j], False))
-            bld.deps[eb[j]].append((ids[(B, 0, j)], False))
+            bld.add_dep(ids[(F, 0, j)], ef[j], False)
+            bld.add_dep(eb[j], ids[(B, 0, j)], False)
         orders[0] = ef + orders[0] + eb
     elif policy == "decoupled":
         _link_encoder(bld, ids, ef, eb, [j % p for j in range(m)], encoder.send_s)
         first = ids[(F, 0, 0)]
         for j in range(m):                             # phase barrier: text starts after every encode
-            bld.deps[first].append((ef[j], j % p != 0))
+            bld.add_dep(first, ef[j], j % p != 0)
         for d in range(p):
             mine = list(range(d, m, p))
             orders[d] = [ef[j] for j in mine] + orders[d] + [eb[j] for j in mine]
@@ -226,8 +236,8 @@ def _link_encoder(bld: _Builder, ids: dict, ef: list[int], eb: list[int], dev: l
     backward of j; both travel over a link when the encode ran off device 0."""
     for j, d in enumerate(dev):
         remote = d != 0
-        bld.deps[ids[(F, 0, j)]].append((ef[j], remote))
-        bld.deps[eb[j]].append((ids[(B, 0, j)], remote))
+        bld.add_dep(ids[(F, 0, j)], ef[j], remote)
+        bld.add_dep(eb[j], ids[(B, 0, j)], remote)
         if remote:
             bld.out_link[ef[j]] = bld.link(d, 0, "enc")
             bld.out_seconds[ef[j]] = send_s
@@ -290,7 +300,7 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
     peb = {j: probe.op(0.0, ("EB", -1, -1, j)) for j in ups}
     for j in ups:
         d = up[j]
-        probe.deps[pids[(F, 0, j)]].append((pef[j], d != 0))
+        probe.add_dep(pids[(F, 0, j)], pef[j], d != 0)
         if d != 0:
             probe.out_link[pef[j]] = probe.link(d, 0, "enc")
             probe.out_seconds[pef[j]] = send
