@@ -22,8 +22,8 @@ def _rates(text: str) -> list[float]:
             v = float(x)
         except ValueError:
             v = math.nan
-        if not (math.isfinite(v) and v > 0):
-            raise InputError(f"rates must be finite positive numbers of requests/s, got '{x.strip()}'",
+        if not (math.isfinite(v) and 0 < v <= 1e12):  # configs/bounds.py "rate"
+            raise InputError(f"rates must be positive numbers of requests/s up to 1e12, got '{x.strip()[:40]}'",
                              source="--sweep-rate")
         return v
 
@@ -95,8 +95,9 @@ def register(app: typer.Typer) -> None:
                                                  help="per-GPU pool bytes or 'unbounded' [default: memory planner]"),
         router: Optional[str] = typer.Option(None, "--router", help="round-robin | least-loaded | prefix-aware"),
         disaggregate: Optional[str] = typer.Option(None, "--disaggregate", help="P:D prefill:decode replicas"),
-        replicas: Optional[int] = typer.Option(None, "--replicas", help="replicas [default: serving section or "
-                                                                        "cluster GPUs / GPUs per replica]"),
+        replicas: Optional[int] = typer.Option(None, "--replicas", help="replicas of the layout (a what-if: may "
+                                                                        "exceed the cluster) [default: serving "
+                                                                        "section or cluster GPUs / GPUs per replica]"),
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="vllm | sarathi"),
         slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="goodput: TTFT SLO (s)"),
         slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="goodput: TPOT SLO (s)"),
@@ -114,16 +115,23 @@ def register(app: typer.Typer) -> None:
         from k3sim.output import human_seconds, print_json, print_kv, print_table
         from k3sim.serving.run import ServeSetup, check_trace, request_source, simulate, sweep_rates
 
-        if arrival_rate is not None and not (math.isfinite(arrival_rate) and arrival_rate > 0):
-            raise InputError(f"must be a finite positive number of requests/s (got {arrival_rate})",
-                             source="--arrival-rate")
+        from k3sim.configs.bounds import check_range
+
+        if arrival_rate is not None:
+            check_range(arrival_rate, "rate", "--arrival-rate")
+            if arrival_rate <= 0:
+                raise InputError(f"must be a positive number of requests/s (got {arrival_rate})",
+                                 source="--arrival-rate")
         if arrival not in ("poisson", "gamma"):
             raise InputError(f"unknown arrival process '{arrival}' (choose poisson, gamma)", source="--arrival")
-        if not (math.isfinite(arrival_cv) and arrival_cv > 0):
-            raise InputError(f"must be a finite positive number (got {arrival_cv})", source="--arrival-cv")
-        for opt, v in (("--limit", limit), ("--requests", n_requests), ("--processes", processes)):
-            if v is not None and v <= 0:
-                raise InputError(f"must be positive (got {v})", source=opt)
+        # gamma gaps with cv above 100 are all but one huge gap (a modelling-choice bound against typos)
+        if not (math.isfinite(arrival_cv) and 0 < arrival_cv <= 100):
+            raise InputError(f"must be a number in (0, 100] (got {arrival_cv})", source="--arrival-cv")
+        for opt, v, hi in (("--limit", limit, 2 ** 40), ("--processes", processes, 1024),
+                           ("--requests", n_requests, 10 ** 9 if workload == "stream" else 100_000)):
+            # a streamed workload may be as long as a trace; in-memory synthetic ones use bounds.py's range
+            if v is not None and not 1 <= v <= hi:
+                raise InputError(f"must be between 1 and {hi:,} (got {v})", source=opt)
         rates = _rates(sweep_rate) if sweep_rate is not None else None
         if rates is not None and arrival_rate is not None:
             raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")

@@ -98,16 +98,18 @@ class ServeSetup:
             upd["router"] = router
         for opt, v, key in (("--slo-ttft", slo_ttft_s, "slo_ttft_s"), ("--slo-tpot", slo_tpot_s, "slo_tpot_s")):
             if v is not None:
-                if not (math.isfinite(v) and v > 0):
+                if not (math.isfinite(v) and 0 < v <= 1e9):
                     raise InputError(f"must be a finite positive number of seconds (got {v})", source=opt)
                 upd[key] = v
         if replicas is not None:
-            if replicas <= 0:
-                raise InputError(f"must be positive (got {replicas})", source="--replicas")
+            from k3sim.configs.serving import MAX_REPLICAS
+
+            if not 1 <= replicas <= MAX_REPLICAS:
+                raise InputError(f"must be between 1 and {MAX_REPLICAS} (got {replicas})", source="--replicas")
             upd["replicas"] = replicas
         if seed is not None:
-            if seed < 0:
-                raise InputError(f"must be a non-negative integer (got {seed})", source="--seed")
+            if not 0 <= seed < 2 ** 63:
+                raise InputError(f"must be a non-negative 64-bit integer (got {seed})", source="--seed")
             upd["seed"] = seed
         n_rep = upd.get("replicas", sv.replicas) or scn.replicas
         if disaggregate is not None:

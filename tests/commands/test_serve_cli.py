@@ -76,10 +76,16 @@ def _train_scenario(tmp_path: Path) -> Path:
     (["--trace", TRACE, "--router", "random"], "--router"),
     (["--trace", TRACE, "--cache-policy", "lru"], "--cache-policy"),
     (["--trace", TRACE, "--sweep-rate", "1,0"], "--sweep-rate"),
+    (["--trace", TRACE, "--replicas", "1000000000"], "--replicas"),
+    (["--trace", TRACE, "--arrival-rate", "1e30"], "--arrival-rate"),
+    (["--workload", "chat", "--requests", "1000000000"], "--requests"),
+    (["--trace", "MISSING"], "cannot read"),
+    (["--trace", TRACE, "--workload", "chat"], "--trace"),
 ])
 def test_bad_input_one_line_exit_2_no_out(tmp_path, args, needle):
-    args = [str(_bad_trace(tmp_path)) if a == "BAD" else str(_train_scenario(tmp_path)) if a == "TRAIN" else a
-            for a in args]
+    subst = {"BAD": lambda: str(_bad_trace(tmp_path)), "TRAIN": lambda: str(_train_scenario(tmp_path)),
+             "MISSING": lambda: str(tmp_path / "nope.jsonl")}
+    args = [subst[a]() if a in subst else a for a in args]
     out = tmp_path / "out"
     p = run_cli("serve", *args, "--out", out)
     assert p.returncode == 2, (p.stdout, p.stderr)
