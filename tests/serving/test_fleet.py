@@ -114,3 +114,27 @@ def test_p99_ttft_does_not_fall_as_the_rate_rises(scenario):
         p99.append(simulate(setup, reqs, step_seconds=linear(0.02, 2e-5)).summary["ttft_p99_s"])
     assert all(b >= a for a, b in itertools.pairwise(p99)), p99
     assert p99[-1] > 3 * p99[0]
+
+
+def test_prefix_aware_load_cap():
+    """The replica with the longest cached prefix wins unless it is more than `load_cap` requests above the
+    least loaded one; then the choice falls back among the replicas within the cap."""
+    import simpy
+
+    from k3sim.serving.entities import Request
+    from k3sim.serving.fleet import Fleet
+
+    class Stub:
+        def __init__(self, idx, load, keys):
+            self.idx, self._load = idx, load
+            self.cache = type("C", (), {"mla_index": {k: 0 for k in keys}})()
+
+        def load(self):
+            return self._load
+
+    fleet = Fleet(simpy.Environment(), router="prefix-aware", load_cap=4)
+    req = Request(0, 0.0, 2048, 10, [11, 12, 13, 14])
+    fleet.front = [Stub(0, 2, []), Stub(1, 6, [11, 12, 13]), Stub(2, 3, [11])]
+    assert fleet.route(req).idx == 1  # 3 cached blocks, load 6 <= 2 + 4
+    fleet.front[1]._load = 7
+    assert fleet.route(req).idx == 2  # over the cap: the next-longest prefix among the rest
