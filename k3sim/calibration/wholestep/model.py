@@ -452,7 +452,7 @@ class WholeStepModel:
             a = self.silu_mul(gu, e.width, T=f"{N}x{tk}")
             self.rec.op("moe_grouped_bf16", B=N, E=El, K=e.width, N=xw, topk=tk)
             dn = torch._grouped_mm(a, L["e_dn"], offs=offs, out_dtype=torch.bfloat16)
-            self.rec.op("moe_combine", T=N, rows=rows, D=xw)
+            self.rec.op("moe_combine", T=N, topk=tk, rows=rows, D=xw)
             # Rows past the last group end are not computed by the grouped GEMM: select before the
             # multiply (in training, grad(w) = sum(grad * dn) must not see those rows either).
             dn = torch.where(local, dn, torch.zeros((), dtype=dn.dtype, device=dn.device))

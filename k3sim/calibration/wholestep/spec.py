@@ -326,7 +326,7 @@ def moe_ops(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") -> 
                 _op("moe_grouped_bf16", "routed experts gate+up", B=N, E=e.experts_local, K=x_w, N=2 * e.width, topk=tk),
                 _op("silu_mul", "SwiGLU (routed)", T=f"{N}x{tk}", N=e.width),
                 _op("moe_grouped_bf16", "routed experts down", B=N, E=e.experts_local, K=e.width, N=x_w, topk=tk),
-                _op("moe_combine", "weighted sum of the picks (fp32 accumulate)", T=N, rows=rows, D=x_w)]
+                _op("moe_combine", "weighted sum of the picks (fp32 accumulate)", T=N, topk=tk, rows=rows, D=x_w)]
     if e.latent:
         ops.append(_gemm(N, d, e.latent, "latent up-projection"))
     if e.shared_width:
