@@ -101,3 +101,88 @@ def model_prediction(model, hw: Any, *, tp: int, ep: int, layers: list[int], emb
         calls += [c for c in lm_head_calls(model, lay, batch) if c.component != "sampling"]
     calls = [c for c in calls if c.op not in COLLECTIVES]
     return sum(r.seconds for r in _eval_calls(timer, calls, 0) if not r.hidden)
+
+
+# ---------------------------------------------------------------------------------------- tables
+def _spec_layers(spec) -> list[int]:
+    return [r["index"] - 1 for r in spec.layers]
+
+
+def _decode_kernel(spec, kernel: str) -> str:
+    return "mxfp4_token" if kernel == "mxfp4" else "grouped_bf16"
+
+
+def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan: str | None = None) -> list[dict]:
+    """One row per point the whole-step run measures (its default grids and plan), with both predictions."""
+    from k3sim.calibration.wholestep import run as R
+    from k3sim.calibration.wholestep import spec as S
+    from k3sim.configs import load_hardware, load_model
+    from k3sim.step.training import training_layer_costs
+
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    specs = S.load_specs(S.SPECS_PATH)
+    items = R.parse_plan(plan or R.DEFAULT_PLAN, specs, "grouped_bf16")
+    rows: list[dict] = []
+    for cfg, kernel, part, _secs in items:
+        spec = specs[cfg]
+        model = load_model(spec.model if not spec.model.startswith("/") else spec.model)
+        layers = _spec_layers(spec)
+        ek = _decode_kernel(spec, kernel)
+        if part == "decode":
+            for c in R.DECODE_C.get(cfg, R.DECODE_C["default"]):
+                for b in R.DECODE_B:
+                    st = S.StepShape(decodes=b, context=c)
+                    man, info = manifest_prediction(S.sequence(spec, st, kernel), hw, kernel_time)
+                    mod = model_prediction(model, hw, tp=spec.tp, ep=spec.ep, layers=layers,
+                                           embed_head=spec.embed_head, batch=Batch.decode(b, c),
+                                           expert_kernel=ek, kernel_time=kernel_time)
+                    rows.append(dict(config=cfg, part="decode", expert_kernel=kernel, B=b, C=c,
+                                     predicted_model_s=mod, predicted_manifest_s=man,
+                                     proxy_share=info["by_source"].get("proxy", 0.0) / man))
+        elif part == "prefill":
+            for r in R.PREFILL_RIDE:
+                for p in R.PREFILL_PREFIX:
+                    for ch in R.PREFILL_CHUNKS:
+                        st = S.StepShape(decodes=r, context=R.RIDE_CONTEXT if r else 0, chunk=ch, prefix=p)
+                        man, info = manifest_prediction(S.sequence(spec, st, kernel), hw, kernel_time)
+                        b = Batch(decode_contexts=(R.RIDE_CONTEXT,) * r, prefill=((ch, p),))
+                        mod = model_prediction(model, hw, tp=spec.tp, ep=spec.ep, layers=layers,
+                                               embed_head=spec.embed_head, batch=b, expert_kernel=ek,
+                                               kernel_time=kernel_time)
+                        rows.append(dict(config=cfg, part="prefill", expert_kernel=kernel, chunk=ch, prefix=p,
+                                         decodes=r, predicted_model_s=mod, predicted_manifest_s=man,
+                                         proxy_share=info["by_source"].get("proxy", 0.0) / man))
+        else:
+            for mb in R.TRAIN_MB:
+                costs = training_layer_costs(model, hw, tp=spec.tp, ep=spec.ep, tokens=R.TRAIN_SEQ * mb,
+                                             seq_len=R.TRAIN_SEQ, kernel_time=kernel_time)
+                sel = [c for c in costs if c.layer in layers]
+                fwd = sum(c.forward_s for c in sel)
+                both = fwd + sum(c.backward_s for c in sel)
+                for phase, v in (("fwd", fwd), ("fwd_bwd", both)):
+                    rows.append(dict(config=cfg, part="train", expert_kernel="bf16", seq=R.TRAIN_SEQ, micro_batch=mb,
+                                     phase=phase, predicted_model_s=v, predicted_manifest_s=float("nan"),
+                                     proxy_share=float("nan")))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python3 -m k3sim.step.wholestep predict OUT.csv`: the predictions, written before the run."""
+    import argparse
+
+    import pandas as pd
+
+    from k3sim.files import atomic_write_text
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["predict"])
+    ap.add_argument("out")
+    ap.add_argument("--plan", default=None)
+    a = ap.parse_args(argv)
+    df = pd.DataFrame(prediction_rows(plan=a.plan))
+    atomic_write_text(a.out, df.to_csv(index=False, float_format="%.6g"))
+    print(f"{len(df)} predictions -> {a.out}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
