@@ -155,3 +155,20 @@ def test_training_backward_reaches_every_weight(spec):
     assert model.params and all(p.grad is not None for p in model.params)
     assert all(torch.isfinite(p.grad.float()).all() for p in model.params)
     assert torch.isfinite(x.grad.float()).all()
+
+
+def test_prefix_attention_mask_fallback_equals_lower_right(spec):
+    # The boolean-mask fallback must compute the same attention as causal_lower_right.
+    if spec.mla is None:
+        pytest.skip("no MLA layer")
+    model = WholeStepModel(spec, fla=_fake_fla(), device="cpu")
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn((1, 2, n, 8), generator=g) for n in (5, 12, 12))
+    a = model.sdpa_prefix((q, k, v), 5, 12, 0.3)
+    assert model.impl["sdpa_prefix"] == "causal_lower_right"
+    model.impl["sdpa_prefix"] = "bool-mask"
+    b = model.sdpa_prefix((q, k, v), 5, 12, 0.3)
+    assert torch.allclose(a, b, atol=1e-5)
+    # the last query row sees every key; the first sees the 7 prefix keys and itself
+    m = model._bufs[("prefix_mask", 5, 12)]
+    assert m[-1].all() and int(m[0].sum()) == 8

@@ -324,6 +324,29 @@ class WholeStepModel:
         p = torch.softmax(s, dim=-1).to(cache.dtype)
         return torch.bmm(p, cache[:, :, :R])                                   # [B, H, 512]
 
+    def sdpa_prefix(self, args, Tq: int, Tk: int, scale: float):
+        """Chunk queries against prefix + chunk keys, causal aligned to the bottom right: torch's
+        `causal_lower_right` (flash backend); if this torch refuses it, an explicit boolean mask
+        (memory-efficient backend) and `impl["sdpa_prefix"]` says so in every row."""
+        torch = self.torch
+        F = torch.nn.functional
+        if self.impl.get("sdpa_prefix") != "bool-mask":
+            try:
+                from torch.nn.attention.bias import causal_lower_right
+
+                o = F.scaled_dot_product_attention(*args, attn_mask=causal_lower_right(Tq, Tk), scale=scale)
+                self.impl["sdpa_prefix"] = "causal_lower_right"
+                return o
+            except (RuntimeError, ImportError, NotImplementedError) as err:
+                self.impl["sdpa_prefix"] = "bool-mask"
+                print(f"[wholestep] causal_lower_right refused ({type(err).__name__}: {str(err)[:120]}); "
+                      "using a boolean mask", flush=True)
+        key = ("prefix_mask", Tq, Tk)
+        if key not in self._bufs:
+            q_pos = torch.arange(Tk - Tq, Tk, device=self.dev)[:, None]
+            self._bufs[key] = q_pos >= torch.arange(Tk, device=self.dev)[None, :]
+        return F.scaled_dot_product_attention(*args, attn_mask=self._bufs[key], scale=scale)
+
     def mla(self, L, x, st: S.StepShape, state: dict):
         torch = self.torch
         F = torch.nn.functional
@@ -362,10 +385,8 @@ class WholeStepModel:
             qq = q[:P].view(st.seqs, st.chunk, H, qk)
             args = (qq.transpose(1, 2), k_full.transpose(1, 2), v.transpose(1, 2))
             if st.prefix:
-                from torch.nn.attention.bias import causal_lower_right
-
                 self.rec.op("sdpa_prefix_causal_fwd", Tq=st.chunk, Tkv=Lk, H=H, D=D)
-                o = F.scaled_dot_product_attention(*args, attn_mask=causal_lower_right(st.chunk, Lk), scale=scale)
+                o = self.sdpa_prefix(args, st.chunk, Lk, scale)
             else:
                 p = dict(T=st.chunk, H=H, D=D) if st.seqs == 1 else dict(T=st.chunk, H=H, D=D, B=st.seqs)
                 self.rec.op("sdpa_causal_fwd_bwd" if st.train else "sdpa_causal_fwd", **p)
