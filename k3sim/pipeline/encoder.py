@@ -34,6 +34,7 @@ from typing import Any, Callable
 from k3sim.errors import InputError
 
 CP_MODES = ("none", "fixed", "dynamic")
+MAX_IMAGES = 10_000       # per micro-batch: a resource limit (images are held in lists), not a physical one
 BF16 = 2
 
 
@@ -110,8 +111,8 @@ def sample_images(m: int, seed: int, *, mean_images: float = 4.0, min_side_px: i
     (documents and screenshots make the tail long; no public size distribution of K3's data)."""
     import numpy as np
 
-    if m < 1 or mean_images < 1 or min_side_px < 1 or max_side_px < min_side_px:
-        raise InputError("image sampler needs m >= 1, mean_images >= 1, 1 <= min side <= max side",
+    if not (m >= 1 and 1 <= mean_images <= MAX_IMAGES and 1 <= min_side_px <= max_side_px):
+        raise InputError(f"image sampler needs 1 <= images per micro-batch <= {MAX_IMAGES:,}, got {mean_images}",
                          source="--images-per-microbatch")
     rng = np.random.default_rng(seed)
     out = []
