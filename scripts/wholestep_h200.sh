@@ -7,7 +7,8 @@
 #          the K3 TP8 slice, the training slices), numerical self-checks on; about 3 minutes.
 #   serve: decode (Kimi-Linear-48B whole, K3 TP8 slice with MXFP4 then bf16 experts) and mixed prefill
 #          (Kimi-Linear-48B) on the brief's grids (run.py SERVE_PLAN); about 7 minutes, one device call.
-#   train: training fwd and fwd+bwd of the two layer slices (run.py TRAIN_PLAN); about 5 minutes.
+#   train: training fwd and fwd+bwd of the two layer slices (run.py TRAIN_PLAN); up to 9 minutes, most
+#          of it fla's forward+backward compiles (one family per KDA head count: 32, then 12).
 # The compiled-kernel cache comes back as wholestep.txz.*; put those files in .tcache/ and carry it to
 # skip fla's compiles in a re-run. Extra arguments go to run.py (e.g. --check, --plan ...).
 set -u
@@ -31,7 +32,7 @@ if [ "$mode" = smoke ]; then
 elif [ "$mode" = serve ]; then
   timeout 450 $R --check --plan serve "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 else
-  timeout 330 $R --check --plan train "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
+  timeout 530 $R --check --plan train "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 fi
 for f in $out/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done
 cp /tmp/ws/log-$mode.txt $out/ 2>/dev/null
