@@ -3,6 +3,15 @@ context parallelism (KCP) with a numerical check against the single-GPU kernel.
 
 Rank 0 writes the rows; a collective's time is the slowest rank's median.
 Run: torchrun --standalone --nproc_per_node=N -m k3sim.calibration.distributed --out DIR --parts ...
+
+Collectives are timed three ways (`convention` column in every row):
+  barrier - each call starts from a host barrier and is timed alone (the 2026-11-30 runs): holds the
+            barrier's skew between ranks and the launch;
+  stream  - calls back to back in one stream, total / calls, as nccl-tests times them;
+  graph   - the calls captured in one CUDA graph and replayed (what a graph-captured step pays).
+The barrier rows go to `<op>.csv` (what the kernel store reads today); stream and graph rows to
+`<op>.<convention>.csv`, which the store ignores until it learns to choose a convention, so new runs cannot mix
+conventions inside one op. On CPU (gloo, for tests) the clock is the host's and "graph" is recorded as failed.
 """
 
 from __future__ import annotations
@@ -17,11 +26,18 @@ from k3sim.calibration.records import OpWriter
 from k3sim.calibration.timing import Timing, time_cuda
 
 
+_DEVICE = "cuda"  # "cpu" under gloo (tests)
+COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+CONVENTIONS = ("barrier", "stream", "graph")
+CONVENTION_REPS = 20     # harness choice: calls per stream/graph timing, and timings per shape (below)
+CONVENTION_SAMPLES = 5
+
+
 def _max_over_ranks(t: Timing) -> Timing:
     import torch
     import torch.distributed as dist
 
-    v = torch.tensor([t.seconds, t.seconds_p20, t.seconds_p80, t.host_s], device="cuda", dtype=torch.float64)
+    v = torch.tensor([t.seconds, t.seconds_p20, t.seconds_p80, t.host_s], device=_DEVICE, dtype=torch.float64)
     dist.all_reduce(v, op=dist.ReduceOp.MAX)  # NaN host_s (never timed) stays NaN
     return Timing(float(v[0]), float(v[1]), float(v[2]), t.reps, float(v[3]))
 
@@ -31,7 +47,7 @@ def _past(deadline: float) -> bool:
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([1.0 if time.monotonic() > deadline else 0.0], device="cuda")
+    flag = torch.tensor([1.0 if time.monotonic() > deadline else 0.0], device=_DEVICE)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
 
@@ -41,8 +57,9 @@ def _align() -> None:
     import torch
     import torch.distributed as dist
 
-    dist.all_reduce(torch.ones(1, device="cuda"))
-    torch.cuda.synchronize()
+    dist.all_reduce(torch.ones(1, device=_DEVICE))
+    if _DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 class _RankWriter:
@@ -60,48 +77,130 @@ class _RankWriter:
             self.w.failed(*a, **k)
 
 
-def collectives(out_dir: Path, deadline: float, rank: int, world: int) -> None:
+def _op_fn(op: str, nbytes: int, rank: int, world: int):
+    """One collective of a per-rank shard of `nbytes` (nccl-tests' size convention), as a closure."""
     import torch
     import torch.distributed as dist
 
-    def op_fn(op: str, nbytes: int):
-        n = nbytes // 2  # bf16 elements in the per-rank shard
-        if op == "all_gather":
-            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n * world, device="cuda", dtype=torch.bfloat16)
-            return lambda: dist.all_gather_into_tensor(y, x)
-        if op == "reduce_scatter":
-            x, y = torch.randn(n * world, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
-            return lambda: dist.reduce_scatter_tensor(y, x)
-        if op == "all_reduce":
-            x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            return lambda: dist.all_reduce(x)
-        if op == "all_to_all":
-            n = max(world, n - n % world)
-            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
-            return lambda: dist.all_to_all_single(y, x)
-        if op == "send_recv":  # every rank sends to the next and receives from the previous (nccl-tests sendrecv)
-            x, y = torch.randn(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
-            ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, y, (rank - 1) % world)]
+    dev = _DEVICE
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32  # gloo reduces float32
+    n = max(1, nbytes // (2 if dev == "cuda" else 4))  # elements in the per-rank shard
+    if op == "all_gather":
+        x, y = torch.randn(n, device=dev).to(dt), torch.empty(n * world, device=dev, dtype=dt)
+        return lambda: dist.all_gather_into_tensor(y, x)
+    if op == "reduce_scatter":
+        x, y = torch.randn(n * world, device=dev).to(dt), torch.empty(n, device=dev, dtype=dt)
+        return lambda: dist.reduce_scatter_tensor(y, x)
+    if op == "all_reduce":
+        x = torch.randn(n, device=dev).to(dt)
+        return lambda: dist.all_reduce(x)
+    if op == "all_to_all":
+        n = max(world, n - n % world)
+        x, y = torch.randn(n, device=dev).to(dt), torch.empty(n, device=dev, dtype=dt)
+        return lambda: dist.all_to_all_single(y, x)
+    if op == "send_recv":  # every rank sends to the next and receives from the previous (nccl-tests sendrecv)
+        x, y = torch.randn(n, device=dev).to(dt), torch.empty(n, device=dev, dtype=dt)
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, y, (rank - 1) % world)]
 
-            def sr():
-                for r in dist.batch_isend_irecv(ops):
-                    r.wait()
-            return sr
-        raise ValueError(op)
+        def sr():
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+        return sr
+    raise ValueError(op)
 
-    for op in ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"]:
-        w = _RankWriter(rank, out_dir, op, ["bytes", "gpus"])
-        for nbytes in grids.COLLECTIVE_BYTES:
+
+class _Clock:
+    """Elapsed seconds of a block: CUDA events on a GPU, the host clock on CPU (gloo)."""
+
+    def __init__(self):
+        import torch
+
+        self.cuda = _DEVICE == "cuda"
+        self.torch = torch
+
+    def start(self):
+        if self.cuda:
+            self.a, self.b = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            self.a.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            self.b.record()
+            self.b.synchronize()
+            return self.a.elapsed_time(self.b) * 1e-3
+        return time.perf_counter() - self.t0
+
+
+def time_collective(fn, convention: str, *, reps: int = CONVENTION_REPS, samples: int = CONVENTION_SAMPLES,
+                    warmup: int = 3) -> Timing:
+    """Per-call seconds of `fn` under one convention (module docstring); this rank's view."""
+    import statistics
+
+    import torch
+
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    for _ in range(warmup):
+        fn()
+    if _DEVICE == "cuda":
+        torch.cuda.synchronize()
+    clock = _Clock()
+    xs: list[float] = []
+    if convention == "barrier":
+        for _ in range(reps * samples // 4 or 1):
+            _align()
+            clock.start()
+            fn()
+            xs.append(clock.stop())
+    elif convention == "stream":
+        for _ in range(samples):
+            _align()
+            clock.start()
+            for _ in range(reps):
+                fn()
+            xs.append(clock.stop() / reps)
+    else:
+        if _DEVICE != "cuda":
+            raise RuntimeError("CUDA-graph timing needs a GPU (NCCL); not available on this backend")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # NCCL warms up its graph-capturable path outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        for _ in range(samples):
+            _align()
+            clock.start()
+            graph.replay()
+            xs.append(clock.stop() / reps)
+    xs.sort()
+    q = lambda f: xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]  # noqa: E731
+    return Timing(statistics.median(xs), q(0.2), q(0.8), len(xs))
+
+
+def collectives(out_dir: Path, deadline: float, rank: int, world: int, *, sizes: list[int] | None = None,
+                ops: tuple[str, ...] = COLLECTIVE_OPS, conventions: tuple[str, ...] = CONVENTIONS) -> None:
+    """Every op x size x convention; rows as they are measured (barrier rows in `<op>.csv`)."""
+    for op in ops:
+        writers = {c: _RankWriter(rank, out_dir, op if c == "barrier" else f"{op}.{c}", ["bytes", "gpus"],
+                                  ["convention"]) for c in conventions}
+        for nbytes in sizes or grids.COLLECTIVE_BYTES:
             params = dict(bytes=nbytes, gpus=world)
-            if _past(deadline):
-                w.failed(params, "skipped: part time budget exhausted")
-                continue
-            try:
-                fn = op_fn(op, nbytes)
-                t = _max_over_ranks(time_cuda(fn, reps=30, warmup=5, flush=False, barrier=_align, budget_s=1.5))
-                w.ok(params, t)
-            except Exception as err:  # noqa: BLE001
-                w.failed(params, err)
+            for conv, w in writers.items():
+                if _past(deadline):
+                    w.failed(dict(params, convention=conv), "skipped: part time budget exhausted")
+                    continue
+                try:
+                    fn = _op_fn(op, nbytes, rank, world)
+                    w.ok(params, _max_over_ranks(time_collective(fn, conv)), convention=conv)
+                except Exception as err:  # noqa: BLE001
+                    w.failed(dict(params, convention=conv), err)
 
 
 def kcp(out_dir: Path, deadline: float, rank: int, world: int, heads: list[int],
