@@ -57,7 +57,7 @@ def _tiny(root, path):
                                        output_gate_rank=8))
     mla = m.mla.model_copy(update=dict(num_heads=4, q_lora_rank=24 if m.mla.q_lora_rank else None, kv_lora_rank=32,
                                        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
-    moe = m.moe.model_copy(update=dict(num_routed_experts=16, num_active_experts=4, expert_ffn_width=32,
+    moe = m.moe.model_copy(update=dict(num_routed_experts=8, num_active_experts=4, expert_ffn_width=32,
                                        latent_width=24 if m.moe.latent_width else None))
     return m.model_copy(update=dict(hidden_size=64, vocab_size=512, dense_ffn_width=96, kda=kda, mla=mla, moe=moe))
 

@@ -69,28 +69,25 @@ def _rows(path):
 def test_run_writes_rows_manifest_and_provenance(cpu_run):
     specs, out = cpu_run
     rc = R.main(["--out", str(out), "--specs", str(specs), "--check",
-                 "--plan", "tiny:decode=60,tinyk3:decode=60,tiny:prefill=60,tinyk3:train=60",
+                 "--plan", "tiny:decode=60,tiny:prefill=60,tinyk3:train=60",
                  "--batches", "1,8", "--contexts", "16,32", "--chunks", "16", "--prefixes", "0,16",
-                 "--ride-decodes", "0,2", "--ride-context", "8", "--seq", "16", "--micro-batches", "1,2"])
+                 "--ride-decodes", "2", "--ride-context", "8", "--seq", "16", "--micro-batches", "1,2"])
     assert rc == 0
     dec = _rows(out / "decode_step.csv")
     ok = [r for r in dec if r["status"] == "ok"]
-    # tiny: 3 of 4 points fit (B = 8 at C = 32 does not), 3 timers each; tinyk3 (1 MLA layer): all 4
-    assert {(r["B"], r["C"]) for r in dec if r["status"] == "failed"} == {("8", "32")}
-    assert len([r for r in ok if r["config"] == "tiny"]) == 3 * 3
-    assert len([r for r in ok if r["config"] == "tinyk3"]) == 4 * 3
+    # 3 of 4 points fit (B = 8 at C = 32 does not), 3 timers each
+    assert [(r["B"], r["C"]) for r in dec if r["status"] == "failed"] == [("8", "32")]
+    assert len(ok) == 3 * 3
     assert {r["timer"] for r in ok} == {"graph", "eager_events", "eager_wall"}
     assert all(r["manifest_ok"] == "True" and r["seconds"] == "0.001" for r in ok)
     pre = _rows(out / "prefill_step.csv")
-    assert [(r["prefix"], r["decodes"], r["status"]) for r in pre] == [
-        ("0", "0", "ok"), ("16", "0", "ok"), ("0", "2", "ok"), ("16", "2", "ok")]
+    assert [(r["prefix"], r["decodes"], r["status"]) for r in pre] == [("0", "2", "ok"), ("16", "2", "ok")]
     assert all(r["manifest_ok"] == "True" for r in pre)
     tr = _rows(out / "train_step.csv")
     assert [(r["micro_batch"], r["phase"]) for r in tr] == [("1", "fwd"), ("1", "fwd_bwd"), ("2", "fwd"), ("2", "fwd_bwd")]
     man = json.loads((out / "manifest.json").read_text())
     assert set(man["tiny"]) == {"checks", "decode@grouped_bf16", "prefill@grouped_bf16"}
-    assert set(man["tinyk3"]) >= {"decode@grouped_bf16", "train"}
-    assert man["tinyk3"]["checks"]["moe_rel_err"] is None or isinstance(man["tinyk3"]["checks"]["moe_rel_err"], (float, str))
+    assert set(man["tinyk3"]) == {"checks", "train"}
     assert man["tiny"]["decode@grouped_bf16"]["layer_counts"] == {"kda": 3, "dense_ffn": 1, "mla": 1, "moe": 3,
                                                                    "embedding": 1, "lm_head": 1}
     assert "plan" in (out / "provenance.yaml").read_text()
