@@ -224,17 +224,25 @@ class TrainPlan:
 
 
 def in_flight_micro_batches(par: Parallelism, rank: int, num_micro_batches: int | None) -> float:
-    """Micro-batches whose activations rank `rank` holds at peak.
+    """Micro-batches whose activations rank `rank` holds at peak (in units of one whole micro-batch on the
+    rank; an interleaved model chunk is 1/v of it).
 
-    1F1B: rank r has pp - r forwards outstanding before its first backward (Narayanan et al. SC'21).
-    Interleaved with v chunks: the first rank holds pp x (1 + (pp-1)/(pp v)) micro-batches' worth
-    (Korthikanti et al. MLSys'23 sec. 4.2.3); we scale the same factor to later ranks.
+    1F1B: rank r runs pp - r forwards before its first backward (Narayanan et al. SC'21), at most m.
+    Interleaved with v chunks: Megatron-LM's warm-up runs 2 (pp - r - 1) + (v - 1) pp chunk forwards, and
+    one more is in flight at the first backward (megatron/core/pipeline_parallel/schedules.py,
+    forward_backward_pipelining_with_interleaving), at most all m v chunks: the first rank holds
+    pp + (pp - 1)/v micro-batches' worth (Korthikanti et al. MLSys'23 sec. 4.2.3), the last (v - 1) pp/v + 1/v.
+    The discrete-event pipeline engine (`k3sim.pipeline`) measures the same peak on its timeline.
     """
-    outstanding = par.pp - rank
-    if num_micro_batches is not None:
-        outstanding = min(outstanding, num_micro_batches)
-    factor = 1 + (par.pp - 1) / (par.pp * par.virtual_stages) if par.virtual_stages > 1 else 1
-    return outstanding * factor
+    p, v = par.pp, par.virtual_stages
+    m = num_micro_batches
+    if v == 1:
+        outstanding = p - rank
+        return float(min(outstanding, m) if m is not None else outstanding)
+    chunks = 2 * (p - rank - 1) + (v - 1) * p + 1
+    if m is not None:
+        chunks = min(chunks, m * v)
+    return chunks / v
 
 
 def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_len_tokens: int, *,

@@ -44,7 +44,9 @@ def test_in_flight_micro_batches():
 
 def test_zero_and_recompute_reduce_memory(root):
     m, hw = load_model(root / "models/kimi-k3.yaml"), load_hardware("h200")
-    base = dict(tp=8, pp=16, virtual_stages=2, ep=64, dp=64)
+    # 1F1B: rank 0 holds the most activations (16 micro-batches vs 1 on the last rank), so every plan
+    # below reports the same worst stage and their states compare like for like
+    base = dict(tp=8, pp=16, virtual_stages=1, ep=64, dp=64)
 
     def plan(**kw):
         layout = {**base, **{k: v for k, v in kw.items() if k in ("zero_stage",)}}
@@ -62,7 +64,19 @@ def test_zero_and_recompute_reduce_memory(root):
     # of rounding up).
     z3 = plan(zero_stage=3)
     assert z2["gradients"] == pytest.approx(z1["optimizer_states"] / 3, abs=1)
-    assert z3["weights"] == pytest.approx(z2["gradients"] / 2, abs=1)
+    # ZeRO-3 moves the worst stage (stage 0's embeddings shard too), so compare across stages only
+    # through the sharding floor: routed experts split over at least the 8 expert-DP replicas
+    # (dp * tp / ep = 64 * 8 / 64), everything else over the 64 DP replicas
+    assert z3["weights"] < z2["weights"] / 8
+
+
+def test_interleaved_in_flight_follows_megatrons_warm_up():
+    # (2 (p - r - 1) + (v - 1) p + 1) / v chunks' worth, capped at m v chunks
+    par = Parallelism(pp=8, virtual_stages=2)
+    assert in_flight_micro_batches(par, 0, None) == (14 + 8 + 1) / 2
+    assert in_flight_micro_batches(par, 7, None) == (0 + 8 + 1) / 2
+    assert in_flight_micro_batches(Parallelism(pp=4, virtual_stages=3), 0, 4) == 4  # never more than m
+    assert in_flight_micro_batches(Parallelism(pp=4), 3, None) == 1
 
 
 def test_k3_train_scenario_fits_and_pp1_not(root):
