@@ -35,7 +35,8 @@ def predict_published(hardware: Any, *, kernel_time=None, bandwidth_override: fl
     g = kda_layer_geometry(H, "pr691-kda-64h")
     clock = KernelClock(hardware, kernel_time or default_kernel_time())
     x = layer_inputs(g, hardware, S, P, state_dtype=SETTING["state_dtype"], clock=clock, conv_halo=False,
-                     bandwidth_override=bandwidth_override, intra=intra, kcp_pre_factor=kcp_pre_factor)
+                     bandwidth_override=bandwidth_override, intra=intra, kcp_pre_factor=kcp_pre_factor,
+                     pre_model="flop-ratio")  # this analysis asks which FLOP-ratio factor matches the seed
     kcp, a2a = kcp_layer(x), ulysses_kda_layer(x)
     k0 = x.kcp_pre_factor
     x.kcp_pre_factor = 0.0
