@@ -206,11 +206,14 @@ class MLADecode:
 
 
 def decode_bytes(B: int, C: int, H: int) -> float:
-    """Minimal HBM bytes of one call: the latent cache read once (bf16, 576 per position), q read and
-    the output written (bf16)."""
-    return 2.0 * (B * C * (D_LATENT + D_ROPE) + B * H * (D_LATENT + D_ROPE) + B * H * D_LATENT)
+    """Minimal HBM bytes of one call (one formula: `k3sim.kernels.ops_decode.mla_decode_bytes`)."""
+    from k3sim.kernels.ops_decode import mla_decode_bytes
+
+    return mla_decode_bytes({"B": B, "C": C, "H": H})
 
 
 def decode_flop(B: int, C: int, H: int) -> float:
-    """Scores (576 per head and position) and the weighted sum (512): 2 x B H C (576 + 512)."""
-    return 2.0 * B * H * C * (D_LATENT + D_ROPE + D_LATENT)
+    """FLOP of one call (`k3sim.kernels.ops_decode.mla_decode_flop`)."""
+    from k3sim.kernels.ops_decode import mla_decode_flop
+
+    return mla_decode_flop({"B": B, "C": C, "H": H})

@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         op: str = typer.Argument(..., help="Op name, e.g. gemm_bf16, chunk_kda_fwd, all_gather."),
         hardware: str = typer.Option("h200", "--hardware", help="Profile name in hardware_profiles/ or a path."),
         sets: List[str] = typer.Option([], "--set", help="Op parameter NAME=VALUE (repeat)."),
+        convention: str = typer.Option("graph", "--convention",
+                                       help="graph (kernel as a CUDA-graph replay runs it) or eager (+ host launch)."),
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
         """Predicted time of one kernel: measured, interpolated, fitted model or datasheet roofline."""
@@ -41,11 +43,14 @@ def register(app: typer.Typer) -> None:
             params = validate_params(spec, parse_sets(sets))
         except InputError as err:  # a bad parameter value came in through --set: say so
             raise InputError(err.reason, source=err.source or "--set", field=err.field) from None
-        kt = predict_kernel_time(op, params, hardware=hardware)
+        if convention not in ("graph", "eager"):
+            raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
+        kt = predict_kernel_time(op, params, hardware=hardware, convention=convention)
         result = {"op": op, "hardware": hardware, "params": params, "seconds": kt.seconds, "source": kt.source,
+                  "convention": kt.convention,
                   "method": kt.method, "detail": kt.detail}
         if as_json:
             print_json(result)
             return
         print_kv(f"{op} on {hardware}", [*params.items(), ("time", human_seconds(kt.seconds)), ("source", kt.source),
-                                         ("method", kt.method), ("detail", kt.detail)])
+                                         ("convention", kt.convention), ("method", kt.method), ("detail", kt.detail)])

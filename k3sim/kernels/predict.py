@@ -43,6 +43,7 @@ class KernelTime:
     source: str
     detail: str
     method: str = ""
+    convention: str = "graph"  # "graph" (a CUDA-graph replay's per-kernel time) or "eager" (+ host launch)
 
 
 def log2_coords(spec: OpSpec, params: Mapping[str, int]) -> np.ndarray:
@@ -66,8 +67,15 @@ def datasheet_time(spec: OpSpec, p: Mapping[str, int], hw: Any, why: str) -> Ker
 class OpPredictor:
     """One op on one calibrated profile: exact hits, residual grids per categorical group, the fit."""
 
-    def __init__(self, spec: OpSpec, points: "PointSet", fit, hw: Any, fit_note: str):
+    def __init__(self, spec: OpSpec, points: "PointSet", fit, hw: Any, fit_note: str, timers=None, host_s=None):
         self.spec, self.fit, self.hw, self.fit_note = spec, fit, hw, fit_note
+        # per measured shape: the timer of the row used ("graph" | "events") and its host time (s)
+        self.timers = {tuple(int(v) for v in row): str(t) for row, t in
+                       zip(points.params, timers if timers is not None else ["events"] * len(points.seconds))}
+        self.host = {tuple(int(v) for v in row): float(h) for row, h in
+                     zip(points.params, host_s if host_s is not None else [float("nan")] * len(points.seconds))}
+        known = [h for h in self.host.values() if h == h]
+        self.host_median = float(np.median(known)) if known else float("nan")
         self.exact = {tuple(int(v) for v in row): (float(s), int(n), r)
                       for row, s, n, r in zip(points.params, points.seconds, points.rows, points.runs)}
         resid = np.log(points.seconds) - np.log(self._model(points.flop, points.nbytes, points))
@@ -160,7 +168,7 @@ class ProfilePredictor:
         self.dir = measured_dir(hw)
         self.store = None
         self.fitted = None
-        self._ops: dict[str, OpPredictor] = {}
+        self._ops: dict[tuple[str, str], OpPredictor] = {}  # by (op, convention)
         self._answers: dict[tuple, KernelTime] = {}  # simulators ask the same shapes over and over
         if self.dir is not None:
             from k3sim.kernels.fit import FITTED_NAME, read_fitted
@@ -169,30 +177,81 @@ class ProfilePredictor:
             self.store = load_store(self.dir)
             self.fitted = read_fitted(self.dir / FITTED_NAME)
 
-    def op(self, name: str) -> OpPredictor | None:
+    def op(self, name: str, convention: str = "graph") -> OpPredictor | None:
+        """The op's predictor over the points `convention` prefers (store.points); one fit serves both
+        conventions (it is made on the graph-preferred points), the residual grid is each one's own."""
         if self.store is None or name not in self.store.ops():
             return None
-        if name not in self._ops:
+        if (name, convention) not in self._ops:
             from k3sim.kernels.fit import op_fit
 
             spec = get_op(name)
             fit, note = op_fit(self.store, self.fitted, name, self.hw)
-            pts = PointSet.from_points(spec, self.store.points(name))
-            self._ops[name] = OpPredictor(spec, pts, fit, self.hw, note)
-        return self._ops[name]
+            pts_df = self.store.points(name, convention)
+            pts = PointSet.from_points(spec, pts_df)
+            self._ops[(name, convention)] = OpPredictor(spec, pts, fit, self.hw, note,
+                                                        pts_df["timer"].tolist() if "timer" in pts_df else None,
+                                                        pts_df["host_s"].tolist() if "host_s" in pts_df else None)
+        return self._ops[(name, convention)]
 
-    def predict(self, op: str, params: Mapping[str, object]) -> KernelTime:
+    def predict(self, op: str, params: Mapping[str, object], convention: str = "graph") -> KernelTime:
+        from k3sim.errors import InputError
+        from k3sim.kernels.store import CONVENTIONS
+
+        if convention not in CONVENTIONS:
+            raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}",
+                             field="convention")
         spec = get_op(op)
         p = validate_params(spec, params)
-        key = (op, *p.values())
+        key = (op, convention, *p.values())
         hit = self._answers.get(key)
         if hit is None:
             if len(self._answers) > 200_000:  # memory bound only (~100 MB); answers do not depend on it
                 self._answers.clear()
-            hit = self._answers[key] = self._predict(spec, p)
+            hit = self._answers[key] = self._convention(spec, p, convention)
         return hit
 
-    def _predict(self, spec: OpSpec, p: dict[str, int]) -> KernelTime:
+    def _convention(self, spec: OpSpec, p: dict[str, int], convention: str) -> KernelTime:
+        """The answer under `convention`, saying which timer's rows it stands on (issue 10).
+
+        graph: graph-timed rows where the shape (or its neighbourhood) has them, event-timed rows
+        otherwise (those carry a lone kernel's event and launch latency: an upper bound of the graph
+        time, said in the detail). eager: event-timed rows first, plus the host time of one eager call
+        (`host_s` of the row used; the op's median where the shape has none)."""
+        import dataclasses
+
+        if spec.kind == "collective":  # barrier-started timings: the same under either convention
+            return dataclasses.replace(self._predict(spec, p), convention=convention)
+        kt = self._predict(spec, p, convention)
+        opp = self.op(spec.name, convention)
+        if opp is None:
+            return dataclasses.replace(kt, convention=convention)
+        key = tuple(p[k] for k in spec.params)
+        timers = set(opp.timers.values())
+        if kt.method == "exact" and key in opp.timers:
+            used = opp.timers[key]
+            note = f"{used}-timed row"
+        else:
+            used = "graph" if timers == {"graph"} else "events" if timers == {"events"} else "mixed"
+            note = (f"from {used}-timed rows" if used != "mixed"
+                    else f"from graph- and event-timed rows ({sum(t == 'graph' for t in opp.timers.values())} "
+                         f"of {len(opp.timers)} shapes graph-timed)")
+        if convention == "graph":
+            if used == "events":
+                note += " (no graph-replay measurement: a lone kernel's event and launch latency included, an upper bound)"
+            return dataclasses.replace(kt, detail=f"{kt.detail}; graph convention, {note}", convention="graph")
+        host = opp.host.get(key, float("nan")) if kt.method == "exact" else float("nan")
+        where = "the row's"
+        if not host == host:
+            host, where = opp.host_median, f"the median over {spec.name}'s measured shapes"
+        if not host == host:
+            return dataclasses.replace(kt, detail=f"{kt.detail}; eager convention, {note}; no host time recorded "
+                                                  "for this op: GPU time only", convention="eager")
+        return dataclasses.replace(kt, seconds=kt.seconds + host, convention="eager",
+                                   detail=f"{kt.detail}; eager convention, {note}, + host launch time "
+                                          f"{host * 1e6:.1f} us ({where} host_s)")
+
+    def _predict(self, spec: OpSpec, p: dict[str, int], convention: str = "graph") -> KernelTime:
         op = spec.name
         if spec.kind == "collective":
             from k3sim.comm import collective_time
@@ -200,8 +259,8 @@ class ProfilePredictor:
             return collective_time(op, p["bytes"], p["gpus"], self.hw, gpus_per_node=p.get("gpus_per_node") or None,
                                    convention="barrier")
         if "K" in spec.optional and (p["K"], p["V"]) != (spec.optional["K"], spec.optional["V"]):
-            return self._other_head_dim(spec, p)
-        opp = self.op(op)
+            return self._other_head_dim(spec, p, convention)
+        opp = self.op(op, convention)
         if opp is not None:
             return opp.predict(p)
         if self.dir is None:
@@ -213,11 +272,11 @@ class ProfilePredictor:
         return datasheet_time(spec, p, self.hw, why)
 
 
-    def _other_head_dim(self, spec: OpSpec, p: dict[str, int]) -> KernelTime:
+    def _other_head_dim(self, spec: OpSpec, p: dict[str, int], convention: str = "graph") -> KernelTime:
         """Time at head dims (K, V) from the measured K = V = 128: the 128 answer times the model's ratio."""
         ref = dict(p, **spec.optional)
-        base = self._predict(spec, ref)
-        opp = self.op(spec.name)
+        base = self._predict(spec, ref, convention)
+        opp = self.op(spec.name, convention)
         if opp is not None:
             num, _ = opp.model_seconds(p)
             den, _ = opp.model_seconds(ref)
@@ -263,9 +322,13 @@ def clear_cache() -> None:
     _BY_NAME.clear()
 
 
-def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "h200") -> KernelTime:
+def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "h200",
+                        convention: str = "graph") -> KernelTime:
     """Kernel time in seconds with its source; `hardware` is a profile name, a path or a HardwareProfile.
 
+    `convention`: "graph" (default; the kernel as a CUDA-graph replay runs it, back to back with no host
+    launch) or "eager" (one call between CUDA events plus the host's launch time); the answer's detail
+    says which timer's measurements it stands on.
     Raises InputError for an unknown op or parameter, a missing one, or a shape outside the op's range.
     """
-    return profile_predictor(hardware).predict(op, params)
+    return profile_predictor(hardware).predict(op, params, convention)

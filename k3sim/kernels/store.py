@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TIMING_COLUMNS = ("seconds", "status")
+CONVENTIONS = ("graph", "eager")
+PREFERRED_TIMER = {"graph": "graph", "eager": "events"}  # which rows a convention takes first (points())
 PROVENANCE_KEYS = ("gpu_name", "command")
 STATUSES = ("ok", "failed")
 # The harness (calibration/timing.time_cuda) cuts repetitions only when per-call time x reps would pass the
@@ -58,13 +60,24 @@ class MeasurementStore:
         """Runs oldest first: by provenance `date_utc`, then directory name."""
         return sorted(self.runs, key=lambda r: (str(self.runs[r].get("date_utc", "")), r))
 
-    def points(self, op: str) -> "pd.DataFrame":
+    def points(self, op: str, convention: str = "graph") -> "pd.DataFrame":
         """One row per measured shape. A shape measured by several runs takes the latest run's median
         (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
         `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent);
         `warmup`: the harness cut the repetitions of a short kernel below its base count (25), which
         happens when the warm-up was slow (a compile or autotune just before): the GPU clocks may still
-        have been ramping (hardware_profiles/measured/h200/README.md), so the row is trusted less."""
+        have been ramping (hardware_profiles/measured/h200/README.md), so the row is trusted less.
+
+        `convention` (issue 10): rows carry the timer that made them (`timer` column: `graph` for
+        CUDA-graph replay, `events` for one call between CUDA events, the default of runs without the
+        column). Under "graph" a shape's graph rows win over its event rows whatever their dates; under
+        "eager" the event rows win. A shape measured by the other timer only is shifted by the op's
+        offset between the timers (`timer_offset_s`: the median of graph minus events over the shapes
+        timed both ways, a per-launch overhead a graph does not pay) and marked `events-shifted` /
+        `graph-shifted`; with no shape timed both ways it is kept as measured. Without the shift the
+        two timers' rows would meet at a step (at GEMM M = 1024 -> 1536: graph rows are 0.55-0.97x the
+        event rows) that the fit and the interpolation cannot follow. `host_s` is the chosen row's host
+        time of one eager call."""
         import numpy as np
         import pandas as pd
 
@@ -72,8 +85,14 @@ class MeasurementStore:
         if df.empty:
             return df
         keys = list(OPS[op].params)
+        if convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
         order = {r: i for i, r in enumerate(self.run_order())}
-        df = df.assign(_order=df["run_id"].map(order)).sort_values("_order", kind="stable")
+        timer = (df["timer"].fillna("events").astype(str) if "timer" in df.columns
+                 else pd.Series("events", index=df.index))
+        preferred = (timer == PREFERRED_TIMER[convention]).astype(int)
+        df = df.assign(_order=df["run_id"].map(order), _pref=preferred, timer=timer)
+        df = df.sort_values(["_pref", "_order"], kind="stable")
         spread = np.zeros(len(df))
         if {"seconds_p20", "seconds_p80"} <= set(df.columns):
             p20 = pd.to_numeric(df["seconds_p20"], errors="coerce")
@@ -84,12 +103,46 @@ class MeasurementStore:
             reps = pd.to_numeric(df["reps"], errors="coerce")
             warm = ((reps < BASE_REPS) & (df["seconds"] * BASE_REPS < WARMUP_CUT_S)).fillna(False).to_numpy()
         df = df.assign(spread=spread, warmup=warm)
+        if "host_s" not in df.columns:
+            df = df.assign(host_s=np.nan)
+        df = df.assign(host_s=pd.to_numeric(df["host_s"], errors="coerce"))
         g = df.groupby(keys, sort=True)
-        out = g[["seconds", "spread", "warmup", "run_id"]].last().rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
+        last = g.tail(1).set_index(keys).sort_index()  # the chosen row itself (last() would mix NaN columns)
+        out = last[["seconds", "spread", "warmup", "run_id", "timer", "host_s"]].rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
         out.insert(1, "rows", g.size())
+        offset = self.timer_offset_s(op, df, keys)
+        if offset is not None:
+            other = out["timer"] != PREFERRED_TIMER[convention]
+            sign = 1.0 if convention == "graph" else -1.0  # graph = events + offset
+            shifted = out.loc[other, "seconds"] + sign * offset
+            # modelling guard: a shift never takes more than half of a row's time
+            out.loc[other, "seconds"] = np.maximum(shifted, 0.5 * out.loc[other, "seconds"])
+            out.loc[other, "timer"] = out.loc[other, "timer"] + "-shifted"
         out = out.reset_index()
         out[keys] = out[keys].astype("int64")
         return out
+
+    def timer_offset_s(self, op: str, df=None, keys=None) -> float | None:
+        """Median over the shapes of `op` timed both ways of (graph seconds - event seconds), each the
+        latest row of its timer; None when no shape has both. Negative: the graph saves the event and
+        launch latency a lone kernel pays."""
+        import numpy as np
+        import pandas as pd
+
+        if df is None:
+            df = self.ok(op)
+            if df.empty:
+                return None
+            order = {r: i for i, r in enumerate(self.run_order())}
+            timer = (df["timer"].fillna("events").astype(str) if "timer" in df.columns
+                     else pd.Series("events", index=df.index))
+            df = df.assign(_order=df["run_id"].map(order), timer=timer).sort_values("_order", kind="stable")
+        keys = keys or list(OPS[op].params)
+        if "timer" not in df.columns or set(df["timer"]) < {"graph", "events"}:
+            return None
+        latest = df.groupby(keys + ["timer"], sort=False)["seconds"].last().unstack("timer")
+        both = latest.dropna(subset=["graph", "events"])
+        return float(np.median(both["graph"] - both["events"])) if len(both) else None
 
     def ops(self) -> list[str]:
         """Ops with at least one successful row, in registry order (computed once)."""

@@ -1,0 +1,104 @@
+"""OpSpecs of the decode-step kernels measured under CUDA-graph replay (issue 10; harness
+`k3sim/calibration/graph_parts.py`): the routed experts as one op per implementation, absorbed-MLA
+decode attention, and the small kernels of `k3sim/calibration/decode_ops.py`.
+
+`k3sim.kernels.ops` imports `DECODE_OPS` at its bottom and adds them to `OPS`.
+
+Routed-expert ops cover one MoE layer's routed experts on one rank, gate/up + SwiGLU + down +
+weighted combine together (routing metadata untimed): B tokens, E local experts, each token routed
+uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent), N = the expert width.
+- moe_mxfp4_decode: the token-centric MXFP4 Triton kernel (`k3sim/calibration/mxfp4.py`);
+- moe_ffn_grouped_bf16 / moe_ffn_grouped_fp8: tile-centric `torch._grouped_mm` /
+  `torch._scaled_grouped_mm` (rowwise fp8 scales) over tokens sorted by expert.
+(`moe_grouped_bf16` in ops.py is a single grouped GEMM, the older measurement.)
+"""
+
+from __future__ import annotations
+
+from k3sim.kernels.ops import BF16, OpSpec, Params, _topk_le_e, expected_distinct_experts
+
+MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
+FP8 = 1
+MLA_LATENT, MLA_ROPE = 512, 64  # kv_lora_rank, qk_rope_head_dim of K3 / Kimi-Linear
+
+
+def expert_ffn_flop(p: Params) -> float:
+    """gate, up (K -> N each) and down (N -> K) for every routed (token, expert) pair."""
+    return 2.0 * p["B"] * p["topk"] * 3 * p["K"] * p["N"]
+
+
+def expert_ffn_bytes(p: Params, weight_bytes: float) -> float:
+    """Weights of the experts touched (expected distinct under uniform routing, each read once) plus the
+    activations: x read and the combined output written (B K each), the intermediate h written and read
+    (2 B topk N) and the per-pair outputs written and read before the combine (2 B topk K), bf16."""
+    distinct = expected_distinct_experts(p["B"], p["E"], p["topk"])
+    acts = 2 * p["B"] * p["K"] + 2 * p["B"] * p["topk"] * (p["N"] + p["K"])
+    return distinct * 3 * p["K"] * p["N"] * weight_bytes + BF16 * acts
+
+
+def mla_decode_flop(p: Params) -> float:
+    """Scores over latent + rope (576 per head and position) and the weighted sum over the latent (512)."""
+    return 2.0 * p["B"] * p["H"] * p["C"] * (MLA_LATENT + MLA_ROPE + MLA_LATENT)
+
+
+def mla_decode_bytes(p: Params) -> float:
+    """The latent cache read once (576 bf16 per position; all heads share it), q read, output written."""
+    return BF16 * (p["B"] * p["C"] * (MLA_LATENT + MLA_ROPE) + p["B"] * p["H"] * (2 * MLA_LATENT + MLA_ROPE))
+
+
+# Small kernels: bytes each must move (bf16 activations); FLOP are rough per-element operation counts
+# (modelling choice: these kernels are bound by memory or launch latency, FLOP never set their time).
+def _rmsnorm(p):
+    return 4.0 * p["T"] * p["D"], BF16 * (2 * p["T"] * p["D"] + p["D"])
+
+
+def _silu_mul(p):
+    return 5.0 * p["T"] * p["N"], BF16 * 3 * p["T"] * p["N"]
+
+
+def _rope(p):
+    # x read and written, cos/sin (fp32, D/2 each) gathered per token
+    return 3.0 * p["T"] * p["H"] * p["D"], BF16 * 2 * p["T"] * p["H"] * p["D"] + 4 * p["T"] * p["D"]
+
+
+def _router(p):
+    # fp32 logits read, sigmoid + bias, top-k; ids (int64) and weights (fp32) written
+    return 4.0 * p["T"] * p["E"], 4 * p["T"] * p["E"] + 4 * p["E"] + 12 * p["T"] * p["topk"]
+
+
+def _residual(p):
+    return 1.0 * p["T"] * p["D"], BF16 * 3 * p["T"] * p["D"]
+
+
+def _embedding(p):
+    return 0.0, BF16 * 2 * p["T"] * p["D"] + 8 * p["T"]
+
+
+_BIG = 2 ** 24
+_MOE_RANGES = {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)}
+_T = (1, _BIG)
+_W = (1, 2 ** 20)
+
+
+def _small(name: str, params: tuple[str, ...], ranges: dict, fn, shape: tuple[str, ...], check=None) -> OpSpec:
+    return OpSpec(name, "hbm", params, ranges, lambda p, f=fn: f(p)[0], lambda p, f=fn: f(p)[1],
+                  shape_params=shape, check=check or (lambda p: None))
+
+
+DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
+    OpSpec("moe_mxfp4_decode", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), expert_ffn_flop,
+           lambda p: expert_ffn_bytes(p, MXFP4_BYTES), check=_topk_le_e, shape_params=("E", "topk")),
+    OpSpec("moe_ffn_grouped_bf16", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), expert_ffn_flop,
+           lambda p: expert_ffn_bytes(p, BF16), check=_topk_le_e, shape_params=("E", "topk")),
+    OpSpec("moe_ffn_grouped_fp8", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), expert_ffn_flop,
+           lambda p: expert_ffn_bytes(p, FP8), dtype="fp8", check=_topk_le_e, shape_params=("E", "topk")),
+    OpSpec("mla_decode", "attention", ("B", "C", "H"), {"B": (1, 2 ** 20), "C": (1, _BIG), "H": (1, 4096)},
+           mla_decode_flop, mla_decode_bytes, shape_params=("H",), eff_params={"H": 12}),
+    _small("rmsnorm", ("T", "D"), {"T": _T, "D": _W}, _rmsnorm, ("D",)),
+    _small("silu_mul", ("T", "N"), {"T": _T, "N": _W}, _silu_mul, ("N",)),
+    _small("rope", ("T", "H", "D"), {"T": _T, "H": (1, 4096), "D": (2, 1024)}, _rope, ("H", "D")),
+    _small("router_topk", ("T", "E", "topk"), {"T": _T, "E": (1, 65536), "topk": (1, 1024)}, _router,
+           ("E", "topk"), check=_topk_le_e),
+    _small("residual_add", ("T", "D"), {"T": _T, "D": _W}, _residual, ("D",)),
+    _small("embedding", ("T", "D"), {"T": _T, "D": _W}, _embedding, ("D",)),
+]}
