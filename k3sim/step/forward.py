@@ -91,7 +91,7 @@ def expert_kernel_known(model: ModelConfig, layout: StepLayout, batch: Batch, ke
     from k3sim.step.layers import expert_calls
 
     return all(timer.known(c.op) for c in expert_calls(model, layout, batch, kernel)
-               if c.op.startswith(("moe_grouped", "moe_mxfp4")))
+               if c.op.startswith(("moe_grouped", "moe_mxfp4", "moe_ffn")))
 
 
 def choose_expert_kernel(model: ModelConfig, layout: StepLayout, batch: Batch, timer: Timer) -> str:

@@ -193,18 +193,25 @@ def routed_expert_shape(model: ModelConfig, layout: StepLayout, batch: Batch) ->
 
 
 def expert_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: str) -> Iterator[Call]:
+    """Routed experts of one MoE layer on one rank.
+
+    mxfp4_token: the token-centric MXFP4 kernel (gate/up + SwiGLU + down + weighted combine, one op);
+    grouped_fp8: the tile-centric fp8 grouped GEMMs as one measured FFN op (tokens sorted by expert);
+    grouped_bf16: as the measured whole-step model runs it: sort the (token, expert) pairs by local expert
+    and gather rows, a grouped GEMM for gate/up, SwiGLU, a grouped GEMM for down, weighted scatter-sum."""
     s = routed_expert_shape(model, layout, batch)
     B, E, K, N, k = s["B"], s["E"], s["K"], s["N"], s["topk"]
     if kernel == "mxfp4_token":
         yield Call("routed_experts", "moe_mxfp4_decode", s)
         return
-    op = "moe_grouped_bf16" if kernel == "grouped_bf16" else "moe_grouped_fp8"
-    # sort the (token, expert) pairs by local expert, gather the rows; weighted scatter-sum after
+    if kernel == "grouped_fp8":
+        yield Call("routed_experts", "moe_ffn_grouped_fp8", s)
+        return
     yield Call("routed_experts_permute", "moe_permute", {"T": B, "topk": k, "D": K},
                proxy_bytes=2 * B * k * K * BF16)
-    yield Call("routed_experts_gate_up", op, {"B": B, "E": E, "K": K, "N": 2 * N, "topk": k})
+    yield Call("routed_experts_gate_up", "moe_grouped_bf16", {"B": B, "E": E, "K": K, "N": 2 * N, "topk": k})
     yield swiglu("routed_experts_swiglu", B * k, N)
-    yield Call("routed_experts_down", op, {"B": B, "E": E, "K": N, "N": K, "topk": k})
+    yield Call("routed_experts_down", "moe_grouped_bf16", {"B": B, "E": E, "K": N, "N": K, "topk": k})
     yield Call("routed_experts_combine", "moe_combine", {"T": B, "topk": k, "D": K},
                proxy_bytes=2 * B * k * K * BF16)
 

@@ -59,8 +59,9 @@ def manifest_call(op: str, p: dict) -> Call:
         "sigmoid_mul": lambda: 3 * _nb(p.get("T", 1), p.get("D", 1)) * BF16,
         "gated_rmsnorm": lambda: 3 * _nb(p.get("T", 1), p.get("D", 1)) * BF16,
         "kv_cache_write": lambda: 2 * _nb(p.get("T", 1), p.get("D", 1)) * BF16,
-        "moe_permute": lambda: 2 * _nb(p.get("T", 1), p.get("topk", 1), p.get("D", 1)) * BF16,
-        "moe_combine": lambda: 2 * _nb(p.get("T", 1), p.get("topk", 1), p.get("D", 1)) * BF16,
+        # gathered / combined rows: `rows` when the run compacts them under EP, else T x topk
+        "moe_permute": lambda: 2 * _nb(p.get("rows", p.get("T", 1) * p.get("topk", 1)), p.get("D", 1)) * BF16,
+        "moe_combine": lambda: 2 * _nb(p.get("rows", p.get("T", 1) * p.get("topk", 1)), p.get("D", 1)) * BF16,
     }.get(op, lambda: 0.0)()
     return Call(op, op, {k: int(v) for k, v in p.items()}, proxy_bytes=proxy)
 
