@@ -33,10 +33,14 @@ def test_kcp_forward_composition():
     assert lc.fwd.exposed_comm_s == pytest.approx(ag + halo, rel=1e-9)
 
 
-def test_fp32_fold_costs_three_passes():
+def test_fp32_fold_by_hand():
+    """P = 8, one document: the last rank folds 7 summaries; each step is a (96 x 128) x 128 x 128 matmul
+    (fake GEMM at 6e14 FLOP/s: 2 x 12288 x 128 x 128 / 6e14 = 0.671089 us), in three TF32 passes for an
+    fp32 state (fla PR #740): 7 x 3 x 0.671089 us = 14.0929 us; one pass in bf16: 4.69762 us."""
     b = rows(kcp_layer(x_(65536, 8, state_dtype="bf16")).fwd)
     f = rows(kcp_layer(x_(65536, 8, state_dtype="fp32")).fwd)
-    assert f["fold"] == pytest.approx(3 * b["fold"])
+    assert b["fold"] == pytest.approx(4.697620e-6, rel=1e-6)
+    assert f["fold"] == pytest.approx(14.09286e-6, rel=1e-6)
 
 
 def test_kcp_comm_is_length_independent_compute_is_not():
@@ -86,9 +90,14 @@ def test_hybrid_step_sums_layers():
     assert {b["layer"] for b in r.breakdown} == {"kda", "mla"}
 
 
-def test_ulysses_not_overlapped():
+def test_ulysses_kda_forward_by_hand():
+    """S = 65536, P = 8: each rank runs chunk_kda on 96 / 8 = 12 heads over all 65 536 tokens (fake:
+    2e-5 + 65536 x 12 x 1e-10 = 98.6432 us), after an all-to-all of its 8192 tokens' q, k, v, g (128 each)
+    and beta: 8192 x 96 x 513 x 2 B = 806 879 232 B, 7/8 of it on the wire (1e-5 + 1.76505 ms), and before
+    one of o: 8192 x 96 x 128 x 2 B x 7/8 (1e-5 + 0.44040 ms); nothing overlaps: 2.32409344 ms."""
     r = cp_step(k3(), hw(), 65536, 8, "ulysses", "ulysses", kernel_time=fake_kernel_time)
-    assert r.kda.fwd.time_s == pytest.approx(r.kda.fwd.compute_s + r.kda.fwd.comm_s)
+    assert r.kda.fwd.compute_s == pytest.approx(98.6432e-6, rel=1e-12)
+    assert r.kda.fwd.time_s == pytest.approx(2.32409344e-3, rel=1e-12)
 
 
 def test_published_setting_rates_are_percentages():

@@ -61,10 +61,33 @@ def test_token_level_workload_studies_hash_blocks_below_512():
     assert fine.token_hit_rate > coarse.token_hit_rate > 0
 
 
-def test_multi_turn_chat_reuses_history_and_is_seeded():
-    a = replay(multi_turn_chat(40, 4, seed=1), cfg("decoupled", hb=64, pb=1024))
+def _oracle_hit_rates(reqs, hb):
+    """Upper bound independent of the cache: each prompt's longest common prefix with any earlier prompt
+    (at most its length - 1: the last token is always computed), as a token fraction; and the same rounded
+    down to whole hash blocks, what an unbounded cache at that block size can reach."""
+    import numpy as np
+
+    seen, lcp, blocks, total = [], 0, 0, 0
+    for r in sorted(reqs, key=lambda r: r.arrival_s):
+        t, best = np.asarray(r.tokens), 0
+        for s in seen:
+            n = min(len(s), len(t))
+            eq = s[:n] == t[:n]
+            best = max(best, n if eq.all() else int(np.argmin(eq)))
+        best = min(best, len(t) - 1)
+        lcp, blocks, total = lcp + best, blocks + best // hb * hb, total + len(t)
+        seen.append(t)
+    return lcp / total, blocks / total
+
+
+def test_multi_turn_chat_reaches_the_block_oracle_and_is_seeded():
+    reqs = multi_turn_chat(40, 4, seed=1)
+    a = replay(reqs, cfg("decoupled", hb=64, pb=1024))
     b = replay(multi_turn_chat(40, 4, seed=1), cfg("decoupled", hb=64, pb=1024))
-    assert a.token_hit_rate == b.token_hit_rate > 0.3
+    assert a.token_hit_rate == b.token_hit_rate
+    upper, by_blocks = _oracle_hit_rates(reqs, 64)  # 0.6995 and 0.6852 on this trace
+    # unbounded pool: nothing is evicted, so the cache may lose only the KDA checkpoint granularity
+    assert by_blocks * 0.99 <= a.token_hit_rate <= upper
 
 
 def test_slow_server_changes_overlap_not_correctness():
