@@ -8,7 +8,8 @@ The CLI contract lives here, in `main`, so a command gets it just by being regis
 - Ctrl-C (SIGINT): one line `interrupted` on stderr, exit 130 (128 + SIGINT, the shell convention); output
   files are written through `k3sim.files`, so an interrupted run leaves no partial file;
 - a closed pipe (`k3sim ... | head`) or a full disk (`> /dev/full`): one line (none for a closed pipe, the
-  reader is gone), exit 1, no traceback;
+  reader is gone), exit 1, no traceback; any other OSError (a path too long, no permission) is the user's
+  input: one line, exit 2;
 - every error line is capped at `MAX_ERROR_CHARS` characters (an echoed input value can be megabytes);
 - help is plain click help: rich markup would swallow `[default: ...]` written in help texts, and rich
   help prints a `<bool>` type on every flag;
@@ -65,12 +66,13 @@ def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int, *, output_broken: bool = False) -> None:
     try:
         print(one_line(message), file=sys.stderr, flush=True)
     except OSError:
         pass
-    _silence_stdout()
+    if output_broken:
+        _silence_stdout()
     sys.exit(code)
 
 
@@ -93,10 +95,18 @@ def _plain_help(command) -> None:
         _plain_help(sub)
 
 
+_registered = False
+
+
 def _register() -> None:
+    """Register every command module once (main() may run several times in one process, e.g. in tests)."""
+    global _registered
+    if _registered:
+        return
     from k3sim.commands import register_all
 
     register_all(app)
+    _registered = True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,8 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as err:
         what = f"{err.strerror or err.__class__.__name__}" + (f": {err.filename}" if err.filename else "")
         if err.errno in (errno.ENOSPC, errno.EIO, errno.EPIPE, errno.EFBIG, errno.EDQUOT):
-            _fail(f"error: cannot write output ({what})", EXIT_OUTPUT_FAILED)
-        _fail(f"error: {what}", EXIT_OUTPUT_FAILED)
+            _fail(f"error: cannot write output ({what})", EXIT_OUTPUT_FAILED, output_broken=True)
+        # anything else (a name too long, a permission, a missing path) came from what the user gave
+        _fail(f"error: {what}", EXIT_BAD_INPUT)
     except Exception as err:
         # Usage errors from click, or from the copy of click that typer vendors: duck-typed, since
         # the two class hierarchies differ between typer releases.

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit - 1` characters and an ellipsis: echoed input stays readable."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class InputError(Exception):
     """Bad input a user can fix: names the file (or option), the field and the reason.
 
@@ -15,9 +20,9 @@ class InputError(Exception):
         self.field = field
         parts = []
         if source:
-            parts.append(str(source))
+            parts.append(_cut(str(source), 120))  # a path or option value can be any length
         if field:
-            parts.append(f"field '{field}'")
+            parts.append(f"field '{_cut(str(field), 60)}'")
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {reason}" if prefix else reason)
 

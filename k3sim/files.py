@@ -105,7 +105,10 @@ def project_path(path: str | Path) -> Path:
     (`models/kimi-k3.yaml`, `data/traces/...`, `scenarios/default.yaml`) if that exists; otherwise as given,
     so the caller's "file not found" names what the user typed."""
     p = Path(path)
-    if p.is_absolute() or p.exists():
+    try:
+        if p.is_absolute() or p.exists():
+            return p
+        candidate = project_root() / p
+        return candidate if candidate.exists() else p
+    except OSError:  # a name too long for the file system: not ours to find; the caller reports it
         return p
-    candidate = project_root() / p
-    return candidate if candidate.exists() else p

@@ -53,7 +53,7 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise InputError("is a directory, expected a file", source=str(path))
-    if not p.is_file():
+    if not _is_file(p):
         raise InputError("file not found", source=str(path))
     if p.stat().st_size > MAX_CONFIG_BYTES:
         raise InputError(f"{p.stat().st_size:,} bytes is too large for a config file (at most "
@@ -151,15 +151,22 @@ def hardware_names() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:  # e.g. a name longer than the file system allows: not a file we can read
+        return False
+
+
 def hardware_path(name_or_path: str | Path) -> Path:
     """A path as given if it exists or looks like a file, else `hardware_profiles/<name>.yaml`."""
     from k3sim.files import project_path
 
     p = project_path(name_or_path)
-    if p.is_file() or p.suffix in (".yaml", ".yml", ".json"):
+    if _is_file(p) or p.suffix in (".yaml", ".yml", ".json"):
         return p
     candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
+    if not _is_file(candidate):
         raise InputError(
             f"unknown hardware profile (known: {', '.join(hardware_names())})", source=str(name_or_path))
     return candidate
@@ -175,7 +182,11 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     if hw.calibration_dir:
         from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
 
-        if measured_dir(hw) is None:
+        try:
+            found = measured_dir(hw)  # raises for a named directory that is missing (kernels.hardware)
+        except InputError as err:
+            raise InputError(err.reason, source=str(path), field="calibration_dir") from None
+        if found is None:
             raise InputError(f"{uncalibrated_reason(hw)}; fix the path or remove the field (datasheet times)",
                              source=str(path), field="calibration_dir")
     return hw

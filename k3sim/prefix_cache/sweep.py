@@ -60,8 +60,10 @@ def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int,
 
 def _quiet_worker() -> None:
     """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone reports it
-    (one line) and terminates the pool; without this every worker printed its own traceback."""
+    (one line) and terminates the pool; without this every worker printed its own traceback. The worker
+    was forked with SIGINT blocked (see `run_sweep`), so a Ctrl-C before this point is dropped here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_sweep(
@@ -97,7 +99,13 @@ def run_sweep(
         for t in tasks:
             record(*_one(t))
     else:
-        pool = mp.get_context("fork").Pool(processes, initializer=_quiet_worker)
+        # SIGINT is held while the pool starts: an interrupt inside Pool() would leave workers nobody stops,
+        # and a forked worker must not run the parent's handler before it ignores the signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pool = mp.get_context("fork").Pool(processes, initializer=_quiet_worker)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending Ctrl-C lands below
         try:
             for i, row in pool.imap_unordered(_one, tasks, chunksize=1):
                 record(i, row)
