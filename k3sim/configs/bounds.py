@@ -91,7 +91,9 @@ def check_range(value: Any, name: str, option: str | None = None, *, field: str 
 
 
 def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
+    """The value as the user can read it: integers with thousands separators, anything cut to `limit`."""
+    text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10 ** 24 \
+        else repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

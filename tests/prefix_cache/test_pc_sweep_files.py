@@ -40,3 +40,18 @@ def test_sweep_files_complete_and_readable(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in rep.files.values())
     for f in rep.files.values():
         assert oct(os.stat(f).st_mode & 0o777) == "0o644"
+
+
+def test_progress_is_reported_once_per_configuration_and_names_drop_trace_suffix(tmp_path):
+    """The CLI draws its stderr progress bar from these calls (a 98 s sweep showed nothing); a sweep of
+    `conversation_trace.jsonl` writes `conversation_*` files, the names of the committed report."""
+    seen = []
+    base = CacheConfig("decoupled", 512, 1024, MLA_B, KDA_B, 3)
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "conversation_head300.jsonl"
+    local = tmp_path / "conversation_trace.jsonl"
+    local.write_text(trace.read_text())
+    rep = sweep_report(local, base, policies=["decoupled"], hash_blocks=[512], physical_blocks=[512, 1024],
+                       capacities=[None], out_dir=tmp_path / "out", processes=1,
+                       progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 2), (2, 2)]
+    assert Path(rep.files["csv"]).name == "conversation_sweep.csv"
