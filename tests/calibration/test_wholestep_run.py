@@ -42,11 +42,13 @@ def cpu_run(monkeypatch, tmp_path, root):
     per_tok, st8 = S.cache_bytes(specs["tiny"], 1, 1), S.state_bytes(specs["tiny"], 8)
     monkeypatch.setattr(decode_step, "free_bytes", lambda: st8 + 8 * 16 * per_tok)
 
-    def decode_point(m, st, pool, trace=True):
+    def decode_point(m, st, pool, trace=True, profile=None):
+        if profile is not None:
+            profile.append({"kernel": "fake_kernel", "calls": 2, "gpu_s": 1e-6})
         states = m.alloc_states(st, pool)
         return {"graph": T, "eager_events": T, "eager_wall": T}, m.trace(_inp(m, st), st, states)
 
-    def prefill_point(m, st, trace=True):
+    def prefill_point(m, st, trace=True, profile=None):
         states = m.alloc_states(st)
         return T, m.trace(_inp(m, st), st, states)
 
@@ -91,6 +93,9 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
     assert man["tiny"]["decode@grouped_bf16"]["layer_counts"] == {"kda": 3, "dense_ffn": 1, "mla": 1, "moe": 3,
                                                                    "embedding": 1, "lm_head": 1}
     assert "plan" in (out / "provenance.yaml").read_text()
+    # B = 1 and 8 are profiled once per configuration (first context): their kernels land in kernels.csv
+    prof = _rows(out / "kernels.csv")
+    assert [(r["B"], r["C"], r["kernel"]) for r in prof] == [("1", "16", "fake_kernel"), ("8", "16", "fake_kernel")]
 
 
 def test_time_box_records_the_rest_as_skipped(cpu_run, monkeypatch):

@@ -46,7 +46,28 @@ def wall_time(fn, n: int):
     return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), n)
 
 
-def measure_point(model, st: S.StepShape, pool, *, eager: bool = True, graph: bool = True, trace: bool = True):
+def kernel_profile(step) -> list[dict]:
+    """GPU time of every CUDA kernel one eager call of `step` launches (torch.profiler, CUPTI), summed by
+    kernel name: the measured decomposition a whole-step miss is explained with."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0.0)
+        if t and e.count:
+            rows.append({"kernel": e.key[:160], "calls": int(e.count), "gpu_s": float(t) * 1e-6})
+    return rows
+
+
+def measure_point(model, st: S.StepShape, pool, *, eager: bool = True, graph: bool = True, trace: bool = True,
+                  profile: list | None = None):
     """Timings of one decode step ({"graph": Timing, "eager_events": Timing, "eager_wall": Timing}) and
     the traced kernel list of one eager call (None without `trace`)."""
     import torch
@@ -64,6 +85,11 @@ def measure_point(model, st: S.StepShape, pool, *, eager: bool = True, graph: bo
         step()  # compiles / autotunes fla kernels for this shape family
         torch.cuda.synchronize()
         traced = model.trace(inp, st, states) if trace else None
+        if profile is not None:
+            try:
+                profile.extend(kernel_profile(step))
+            except Exception as err:  # noqa: BLE001 - a profiler failure must not cost the timing
+                print(f"[wholestep] kernel profile failed: {type(err).__name__}: {err}", flush=True)
         if eager:
             out["eager_events"] = time_cuda(step, reps=EAGER_REPS, warmup=2, budget_s=3.0)
             out["eager_wall"] = wall_time(step, 5)

@@ -15,7 +15,7 @@ from k3sim.calibration.wholestep import spec as S
 REPS = 10
 
 
-def measure_point(model, st: S.StepShape, trace: bool = True):
+def measure_point(model, st: S.StepShape, trace: bool = True, profile: list | None = None):
     import torch
 
     from k3sim.calibration.timing import time_cuda
@@ -31,6 +31,13 @@ def measure_point(model, st: S.StepShape, trace: bool = True):
         step()
         torch.cuda.synchronize()
         traced = model.trace(inp, st, states) if trace else None
+        if profile is not None:
+            from k3sim.calibration.wholestep.decode_step import kernel_profile
+
+            try:
+                profile.extend(kernel_profile(step))
+            except Exception as err:  # noqa: BLE001
+                print(f"[wholestep] kernel profile failed: {type(err).__name__}: {err}", flush=True)
         t = time_cuda(step, reps=REPS, warmup=2, budget_s=4.0)
     del states
     torch.cuda.empty_cache()

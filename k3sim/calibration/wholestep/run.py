@@ -104,6 +104,7 @@ class Runner:
         self.manifest: dict = {}
         self.model = None
         self.model_key = None
+        self._profiled: set = set()
 
     def writer(self, part):
         from k3sim.calibration.records import OpWriter
@@ -143,6 +144,32 @@ class Runner:
         res = checks.run_all(model)
         print(f"[wholestep] checks {model.spec.name}: {res}", flush=True)
         self.manifest.setdefault(model.spec.name, {})["checks"] = res
+
+    PROFILE_AT = {"decode": (1, 8, 64, 256), "prefill": (512, 8192)}  # points whose kernels are profiled
+
+    def profile_this(self, cfg, part, x) -> bool:
+        """One eager call per (config, part, x) at the first context gets a per-kernel GPU-time profile."""
+        key = (cfg, part, x)
+        if x not in self.PROFILE_AT.get(part, ()) or key in self._profiled:
+            return False
+        self._profiled.add(key)
+        return True
+
+    def write_profile(self, prof, base: dict) -> None:
+        """Append the kernels of one profiled call to kernels.csv (config, point, kernel, calls, gpu_s)."""
+        if not prof:
+            return
+        import csv
+
+        path = self.out / "kernels.csv"
+        new = not path.exists()
+        cols = ["config", "part", "expert_kernel", "B", "C", "chunk", "prefix", "decodes", "kernel", "calls", "gpu_s"]
+        with path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            if new:
+                w.writeheader()
+            for r in prof:
+                w.writerow({**{k: base.get(k, "") for k in cols}, **r})
 
     def note_manifest(self, cfg, kernel, part, st):
         d = self.manifest.setdefault(cfg, {})
@@ -196,7 +223,9 @@ class Runner:
                 w.failed(dict(base, timer="graph"), "skipped: part time budget exhausted")
                 continue
             try:
-                res, traced = decode_step.measure_point(model, st, pool, trace=not self.a.no_trace)
+                prof = [] if self.profile_this(cfg, "decode", b) else None
+                res, traced = decode_step.measure_point(model, st, pool, trace=not self.a.no_trace, profile=prof)
+                self.write_profile(prof, dict(config=cfg, part="decode", expert_kernel=kernel, B=b, C=c))
                 ex = self.extras(model, st, traced)
                 for timer, t in res.items():
                     w.ok(dict(base, timer=timer), t, **ex)
@@ -226,7 +255,10 @@ class Runner:
                 w.failed(base, "skipped: part time budget exhausted")
                 continue
             try:
-                t, traced = prefill_step.measure_point(model, st, trace=not self.a.no_trace)
+                prof = [] if self.profile_this(cfg, "prefill", st.chunk) and st.prefix == 0 else None
+                t, traced = prefill_step.measure_point(model, st, trace=not self.a.no_trace, profile=prof)
+                self.write_profile(prof, dict(config=cfg, part="prefill", expert_kernel=kernel, chunk=st.chunk,
+                                              prefix=st.prefix, decodes=st.decodes))
                 ex = self.extras(model, st, traced)
                 w.ok(base, t, **ex)
                 n += 1
