@@ -105,7 +105,7 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
         opp = profile_predictor(hw).op(op)
         if opp is not None and (n,) in opp.groups:
             kt = opp.predict({"bytes": nbytes, "gpus": n})
-            return KernelTime(kt.seconds, kt.source, kt.detail + conv_note, kt.method)
+            return KernelTime(kt.seconds, kt.source, kt.detail + conv_note, kt.method, MEASURED_CONVENTION)
     topo = topology or placement_topology(n, hw, gpus_per_node or None)
     bw, multi_node = topo.ring_bottleneck(n)
     if link_bandwidth is not None:
@@ -144,4 +144,5 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
         detail += "; the NIC link takes the NVLink-measured fraction and latency (not measured across nodes)"
     if nvls_t is not None and not nvls:
         detail += f"; NVLS would take {nvls_t:.3g} s (disabled by policy: NCCL_NVLS_ENABLE=0 on the measured machines)"
-    return KernelTime(float(cands[algo]), source, detail + conv_note, algo)
+    # the time is in the measured runs' convention (calibrated on them); the field says so
+    return KernelTime(float(cands[algo]), source, detail + conv_note, algo, MEASURED_CONVENTION)

@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         sets: List[str] = typer.Option([], "--set", help="Op parameter NAME=VALUE (repeat)."),
         convention: str = typer.Option("graph", "--convention",
                                        help="graph (kernel as a CUDA-graph replay runs it) or eager (+ host launch)."),
+        topology: str = typer.Option("", "--topology",
+                                     help="Collectives only: a topology file (gpus, links) instead of the "
+                                          "profile's placement (k3sim/comm/topology.py)."),
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
         """Predicted time of one kernel: measured, interpolated, fitted model or datasheet roofline."""
@@ -45,7 +48,15 @@ def register(app: typer.Typer) -> None:
             raise InputError(err.reason, source=err.source or "--set", field=err.field) from None
         if convention not in ("graph", "eager"):
             raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
-        kt = predict_kernel_time(op, params, hardware=hardware, convention=convention)
+        if topology:
+            if spec.kind != "collective":
+                raise InputError(f"applies to collectives only, not {op}", source="--topology")
+            from k3sim.comm import collective_time
+
+            kt = collective_time(op, params["bytes"], params["gpus"], hardware, topology=topology,
+                                 gpus_per_node=params.get("gpus_per_node") or None, convention="barrier")
+        else:
+            kt = predict_kernel_time(op, params, hardware=hardware, convention=convention)
         result = {"op": op, "hardware": hardware, "params": params, "seconds": kt.seconds, "source": kt.source,
                   "convention": kt.convention,
                   "method": kt.method, "detail": kt.detail}

@@ -77,3 +77,15 @@ def test_kernel_time_and_cp_agree_on_every_collective():
         kt2 = predict_kernel_time(op, {"bytes": 12 * 2 ** 20, "gpus": 2, "gpus_per_node": 1}, hw).seconds
         assert pair == pytest.approx(kt2, rel=1e-12)
         assert pair > predict_kernel_time(op, {"bytes": 12 * 2 ** 20, "gpus": 2}, hw).seconds  # NIC < NVLink
+
+
+def test_kernel_time_topology_bad_input_is_one_line_exit_2(tmp_path, cli):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: 3\nlinks:\n  - [gpu0, nvs0, 4.5e+11]\n  - [gpu1, nvs0, 4.5e+11]\n")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("gpus: 2\nlinks:\n  - [gpu0, nvs0, 4.5e+11]\n  - [gpu1, nvs0, 4.5e+11]\n")
+    for args, words in ((["--set", "gpus=3", "--topology", str(bad)], "gpu2 is not connected"),
+                        (["--set", "gpus=4", "--topology", str(ok)], "on 4 GPUs, but the topology has 2")):
+        proc = cli("kernel-time", "all_gather", "--set", "bytes=1048576", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
