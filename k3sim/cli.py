@@ -111,6 +111,11 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: the CLI contract of the module docstring, for every registered command."""
+    import warnings
+
+    # matplotlib's notice for a legend with no labelled line (an empty series in a sweep plot) is not the
+    # user's business and would add stderr lines to the one-line contract
+    warnings.filterwarnings("ignore", message="No artists with labels found", category=UserWarning)
     previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         _register()
