@@ -157,7 +157,9 @@ class Variant:
 
 VARIANTS = [Variant(32, 8, 2, 32), Variant(64, 8, 2, 32), Variant(32, 4, 2, 32), Variant(32, 8, 2, 64),
             Variant(32, 8, 3, 32), Variant(64, 8, 1, 32)]
-DEFAULT = VARIANTS[0]
+# The H200 winner of run 20261201-1gpu-graph-b for both head classes (mla_decode_variants.csv): 4 warps,
+# 32 positions a step, 2 stages; e.g. B = 16, C = 16K, H = 96: 476 us against 846 us at 8 warps.
+DEFAULT = Variant(32, 4, 2, 32)
 
 
 def num_splits(B: int, C: int, H: int, max_block_h: int = MAX_BLOCK_H) -> int:
