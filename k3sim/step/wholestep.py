@@ -176,13 +176,124 @@ def main(argv: list[str] | None = None) -> None:
     from k3sim.files import atomic_write_text
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["predict"])
-    ap.add_argument("out")
+    ap.add_argument("what", choices=["predict", "check"])
+    ap.add_argument("out", help="predict: the CSV to write; check: the directory for the check tables")
     ap.add_argument("--plan", default=None)
+    ap.add_argument("--predictions", default="reports/decode/wholestep_predictions.csv")
+    ap.add_argument("--run", default="hardware_profiles/measured/h200/20261201-wholestep-serve")
     a = ap.parse_args(argv)
-    df = pd.DataFrame(prediction_rows(plan=a.plan))
-    atomic_write_text(a.out, df.to_csv(index=False, float_format="%.6g"))
-    print(f"{len(df)} predictions -> {a.out}")
+    if a.what == "predict":
+        df = pd.DataFrame(prediction_rows(plan=a.plan))
+        atomic_write_text(a.out, df.to_csv(index=False, float_format="%.6g"))
+        print(f"{len(df)} predictions -> {a.out}")
+        return
+    from pathlib import Path
+
+    steps, fams = check_tables(a.predictions, a.run)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "wholestep_check.csv", steps.to_csv(index=False, float_format="%.6g"))
+    atomic_write_text(out / "wholestep_families.csv", fams.to_csv(index=False, float_format="%.6g"))
+    g = steps.assign(abs_err=steps.error_model.abs()).groupby(["config", "part", "expert_kernel"])
+    print(g.abs_err.agg(["size", "mean", "max"]).to_string())
+
+
+
+# ----------------------------------------------------------------------------------------- checks
+# Kernel families of the profiled whole steps and the manifest ops each family implements.
+FAMILIES = [
+    ("routed experts", ("enable_3x_kernel_for_sm9x", "prepare_grouped_gemm_data", "gate_up_kernel", "down_kernel"),
+     ("moe_grouped_bf16", "moe_mxfp4_decode")),
+    ("KDA kernel", ("fused_recurrent_kda", "chunk_kda", "chunk_gated_delta", "chunk_gla", "recompute_w_u",
+                    "kda_gate_chunk_cumsum", "l2norm_fwd"), ("recurrent_kda_decode", "chunk_kda_fwd")),
+    ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash"), ("mla_decode", "sdpa_causal_fwd",
+                                                                           "sdpa_prefix_causal_fwd")),
+    ("GEMMs", ("nvjet", "splitKreduce", "cutlass::Kernel2", "dot_kernel", "reduce_1Block", "gemv"),
+     ("gemm_bf16", "bmm_bf16")),
+    ("short conv", ("causal_conv1d",), ("conv1d_update", "causal_conv1d_fwd")),
+    ("norms", ("layer_norm",), ("rmsnorm", "gated_rmsnorm")),
+]
+OTHER = "elementwise, routing, copies"
+
+
+def kernel_family(name: str) -> str:
+    for fam, keys, _ops in FAMILIES:
+        if any(k in name for k in keys):
+            return fam
+    return OTHER
+
+
+def op_family(op: str) -> str:
+    for fam, _keys, ops in FAMILIES:
+        if op in ops:
+            return fam
+    return OTHER
+
+
+def _point_key(part: str) -> list[str]:
+    return ["config", "expert_kernel", "B", "C"] if part == "decode" else ["chunk", "prefix", "decodes"]
+
+
+def check_tables(pred_csv, run_dir, hw: Any = "h200", kernel_time: Callable | None = None):
+    """Predicted vs measured whole steps, and the per-family split of the profiled points.
+
+    Returns (steps, families): steps has one row per measured point (measured graph or eager seconds,
+    both predictions, their errors, and for profiled points the sum of kernel GPU times); families
+    compares each kernel family's predicted time with the profiler's at the profiled points."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from k3sim.calibration.wholestep import spec as S
+    from k3sim.configs import load_hardware
+
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    run_dir = Path(run_dir)
+    P = pd.read_csv(pred_csv)
+    steps = []
+    dec = pd.read_csv(run_dir / "decode_step.csv")
+    dec = dec[(dec.status == "ok") & (dec.timer == "graph")]
+    d = P[P.part == "decode"].merge(dec[["config", "expert_kernel", "B", "C", "seconds"]],
+                                    on=["config", "expert_kernel", "B", "C"])
+    d = d.assign(part="decode", timer="graph")
+    steps.append(d)
+    pre = pd.read_csv(run_dir / "prefill_step.csv")
+    pre = pre[pre.status == "ok"]
+    p = P[P.part == "prefill"].merge(pre[["chunk", "prefix", "decodes", "seconds"]], on=["chunk", "prefix", "decodes"])
+    steps.append(p.assign(timer="eager"))
+    st = pd.concat(steps, ignore_index=True)
+    st["error_model"] = st.predicted_model_s / st.seconds - 1
+    st["error_manifest"] = st.predicted_manifest_s / st.seconds - 1
+    K = pd.read_csv(run_dir / "kernels.csv")
+    K["family"] = K.kernel.map(kernel_family)
+    specs = S.load_specs(S.SPECS_PATH)
+    fam_rows = []
+    for key, g in K.groupby(["config", "part", "expert_kernel", "B", "C", "chunk", "prefix", "decodes"], dropna=False):
+        cfg, part, ek, B, C, chunk, prefix, decodes = key
+        spec = specs[cfg]
+        if part == "decode":
+            shape = S.StepShape(decodes=int(B), context=int(C))
+        else:
+            shape = S.StepShape(decodes=int(decodes), context=4096 if decodes else 0, chunk=int(chunk),
+                                prefix=int(prefix))
+        _t, info = manifest_prediction(S.sequence(spec, shape, ek), hw, kernel_time)
+        pred_fam: dict[str, float] = {}
+        for op, s in info["by_op"].items():
+            pred_fam[op_family(op)] = pred_fam.get(op_family(op), 0.0) + s
+        meas = g.groupby("family").gpu_s.sum().to_dict()
+        calls = g.groupby("family").calls.sum().to_dict()
+        for fam in [f for f, _, _ in FAMILIES] + [OTHER]:
+            fam_rows.append(dict(config=cfg, part=part, expert_kernel=ek, B=B, C=C, chunk=chunk, prefix=prefix,
+                                 decodes=decodes, family=fam, predicted_s=pred_fam.get(fam, 0.0),
+                                 profiled_s=meas.get(fam, 0.0), kernels=int(calls.get(fam, 0))))
+        m = st.config.eq(cfg) & st.part.eq(part)
+        if part == "decode":
+            m &= st.B.eq(B) & st.C.eq(C) & st.expert_kernel.eq(ek)
+        else:
+            m &= st.chunk.eq(chunk) & st.prefix.eq(prefix) & st.decodes.eq(decodes)
+        st.loc[m, "profiled_kernel_sum_s"] = g.gpu_s.sum()
+        st.loc[m, "profiled_kernels"] = int(g.calls.sum())
+    return st, pd.DataFrame(fam_rows)
 
 
 if __name__ == "__main__":  # pragma: no cover
