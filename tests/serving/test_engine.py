@@ -105,7 +105,7 @@ def test_littles_law_and_no_request_objects_left(scenario):
     assert s["little_law_relative_error"] < 0.02
     assert s["mean_requests_in_system"] == pytest.approx(s["throughput_requests_per_s"] * s["mean_e2e_s"], rel=0.02)
     gc.collect()
-    assert not any(isinstance(o, Request) for o in gc.get_objects())  # only the compact records remain
+    assert not any(type(o) is Request for o in gc.get_objects())  # only the compact records remain
     assert len(res.records) == 1500 and res.records.completion_s.typecode == "d"
 
 
