@@ -34,7 +34,7 @@ from typing import Any
 
 from k3sim.errors import InputError
 
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "custom_all_reduce")
 CONVENTIONS = ("graph", "stream", "barrier")
 MEASURED_CONVENTION = "barrier"
 MAX_GPUS = 65536  # the kernel registry's bound on `gpus`
@@ -44,6 +44,8 @@ def ring_steps(op: str, n: int) -> int:
     """Dependent communication steps of the ring algorithm (NCCL ring; pairwise exchange for all_to_all)."""
     if op == "send_recv":
         return 1
+    if op == "custom_all_reduce":  # vLLM two-shot: reduce-scatter then all-gather through IPC buffers
+        return 2
     return 2 * (n - 1) if op == "all_reduce" else n - 1
 
 

@@ -143,7 +143,7 @@ def _heads(model: ModelConfig, layout: StepLayout) -> int:
 
 
 def _comm(op: str) -> bool:
-    return op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+    return op in ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
 def _busiest(stage_s: list[float]) -> int:

@@ -193,7 +193,7 @@ def sdpa_bytes(p: Params, fwd_bwd: bool = False) -> float:
 def wire_bytes(op: str, nbytes: float, n: int) -> float:
     if op in ("all_gather", "reduce_scatter"):
         return (n - 1) * nbytes
-    if op == "all_reduce":
+    if op in ("all_reduce", "custom_all_reduce"):
         return 2.0 * (n - 1) / n * nbytes
     if op == "all_to_all":
         return (n - 1) / n * nbytes
@@ -270,6 +270,10 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128},
            shape_params=("H", "D")),
     *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
+    # vLLM's custom all-reduce (IPC buffers over NVLink, one-shot below ~512 KB, two-shot above; the TP
+    # all-reduce of a CUDA-graph decode step up to its 8 MiB buffer): measured rows come from
+    # NVIDIA AIConfigurator's H200 tables (scripts/import_aiconfigurator_comm.py)
+    _collective("custom_all_reduce"),
 ]}
 
 FAMILIES = ("gemm", "hbm", "moe", "kda", "attention", "collective")

@@ -32,7 +32,7 @@ def category(component: str, op: str) -> str:
     for prefix, cat in CATEGORY.items():
         if component.startswith(prefix):
             return cat
-    if op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+    if op in ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
         return "communication"
     if op.startswith("gemm"):
         return "dense weights (GEMMs)"

@@ -65,6 +65,20 @@ def collective(component: str, op: str, nbytes: float, gpus: int, **kw) -> Call:
     return Call(component, op, {"bytes": _c(nbytes), "gpus": gpus}, **kw)
 
 
+# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py: CustomAllreduce,
+# _SUPPORTED_WORLD_SIZES = [2, 4, 6, 8], max_size = 8192 * 1024 bytes) takes a serving step's TP
+# all-reduce inside one NVLink domain; larger buffers and other group sizes go to NCCL.
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_MAX_BYTES = 8192 * 1024
+
+
+def tp_all_reduce(M: int, d: int, t: int) -> Call:
+    nbytes = M * d * BF16
+    if t in CUSTOM_AR_WORLD_SIZES and nbytes <= CUSTOM_AR_MAX_BYTES:
+        return collective("tp_all_reduce", "custom_all_reduce", nbytes, t)
+    return collective("tp_all_reduce", "all_reduce", nbytes, t)
+
+
 def _low_rank_or_full(prefix: str, M: int, out: float, d: int, rank: int | None) -> list[Call]:
     """A gate projection d -> out: one GEMM (full rank) or d -> rank (replicated) then rank -> out."""
     if rank is None:
@@ -103,7 +117,7 @@ def kda_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[
     yield gemm("kda_o_proj", M, d, h * dv)
     yield residual("attn_residual", M, d)
     if t > 1:
-        yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
+        yield tp_all_reduce(M, d, t)
 
 
 def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
@@ -151,7 +165,7 @@ def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[
     yield gemm("mla_o_proj", M, d, h * mla.v_head_dim)
     yield residual("attn_residual", M, d)
     if t > 1:
-        yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
+        yield tp_all_reduce(M, d, t)
 
 
 def dense_ffn_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
@@ -162,7 +176,7 @@ def dense_ffn_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Ite
     yield gemm("dense_down", M, d, w / t)
     yield residual("ffn_residual", M, d)
     if t > 1:
-        yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
+        yield tp_all_reduce(M, d, t)
 
 
 def expert_tp(layout: StepLayout) -> int:
@@ -257,7 +271,7 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
         yield gemm("moe_latent_up", M, d, L / shard)
     yield residual("ffn_residual", M, d)
     if t > 1:
-        yield collective("tp_all_reduce", "all_reduce", M * d * BF16, t)
+        yield tp_all_reduce(M, d, t)
 
 
 def attn_res_calls(model: ModelConfig, batch: Batch, layer: int) -> Iterator[Call]:

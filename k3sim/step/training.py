@@ -26,7 +26,7 @@ from k3sim.step.calls import BF16, Call, Timer
 from k3sim.step.layers import embedding_calls, layer_calls, layer_signature, lm_head_calls
 from k3sim.step.layout import StepLayout
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVES = ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SMALL_OP_BACKWARD_FACTOR = 2.0  # modelling choice, see the module docstring
 
 

@@ -21,7 +21,7 @@ from k3sim.step.calls import BF16, Call, Timer
 from k3sim.step.layers import embedding_calls, layer_calls, lm_head_calls
 from k3sim.step.layout import StepLayout
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVES = ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
 def _nb(*xs) -> float:

@@ -12,7 +12,7 @@ from k3sim.step.layers import layer_calls
 HW = load_hardware("h200")
 KL = load_model("models/kimi-linear-48b.yaml")
 K3 = load_model("models/kimi-k3.yaml")
-COLL = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLL = ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
 @dataclass
@@ -42,10 +42,19 @@ def test_tp_adds_one_all_reduce_per_sublayer_and_the_gathers():
     kda_tp1 = layer_calls(KL, 0, StepLayout(), b, "grouped_bf16")
     kda_tp2 = layer_calls(KL, 0, StepLayout(tp=2), b, "grouped_bf16")  # KDA + dense FFN layer
     added = [c.op for c in kda_tp2 if c.op in COLL]
-    assert added == ["all_reduce", "all_reduce"]  # after attention and after the FFN
+    assert added == ["custom_all_reduce", "custom_all_reduce"]  # after attention and after the FFN
     assert len(kda_tp2) == len(kda_tp1) + 2
     mla_tp2 = layer_calls(KL, 3, StepLayout(tp=2), b, "grouped_bf16")  # MLA + MoE (no latent)
-    assert [c.op for c in mla_tp2 if c.op in COLL] == ["all_gather", "all_reduce", "all_reduce"]
+    assert [c.op for c in mla_tp2 if c.op in COLL] == ["all_gather", "custom_all_reduce", "custom_all_reduce"]
+
+
+def test_tp_all_reduce_leaves_vllms_custom_kernel_past_its_limits():
+    from k3sim.step.layers import tp_all_reduce
+
+    assert tp_all_reduce(4, 7168, 8).op == "custom_all_reduce"  # 57 KB inside one NVLink domain
+    assert tp_all_reduce(585, 7168, 8).op == "custom_all_reduce"  # 8,386,560 B <= 8 MiB
+    assert tp_all_reduce(586, 7168, 8).op == "all_reduce"  # 8,400,896 B > 8 MiB: NCCL
+    assert tp_all_reduce(4, 7168, 16).op == "all_reduce"  # not a custom all-reduce world size
 
 
 def test_fused_router_saves_one_gemm_per_moe_layer():
