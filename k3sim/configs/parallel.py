@@ -143,8 +143,8 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     - mode "serve": `zero_stage` (optimizer/gradient sharding) has no effect and is refused if given;
     - cluster: num_gpus is a multiple of the replica's tp*pp*cp*dp GPUs; with `hardware`, gpus_per_node
       tiles the NVLink domain (`scaleup_domain_gpus`: a node holds whole domains or a domain whole nodes)
-      and a TP group fits inside one domain (tensor parallelism needs the scale-up fabric); without
-      `hardware`, a TP group fits inside one node.
+      and a TP group is no larger than one domain (tensor parallelism needs the scale-up fabric); without
+      `hardware`, no larger than one node.
     Field names are the scenario's (`parallelism.tp`, `cluster.gpus_per_node`); a command that sets them from
     options maps them to its option names.
     """
@@ -170,12 +170,12 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
         if domain % node and node % domain:
             fail("cluster.gpus_per_node", f"{node} GPUs per node does not tile the {domain}-GPU NVLink domain "
                  f"of {hardware.name} (use a divisor or a multiple of {domain})")
-        if par.tp > domain or domain % par.tp:
-            fail("parallelism.tp", f"tp={par.tp} does not fit evenly in the {domain}-GPU NVLink domain of "
-                 f"{hardware.name} (tensor parallelism needs the scale-up fabric; use a divisor of {domain})")
-    elif par.tp > node or node % par.tp:
-        fail("parallelism.tp", f"tp={par.tp} does not fit evenly in a node of {node} GPUs "
-             f"(cluster.gpus_per_node; use a divisor of {node})")
+        if par.tp > domain:
+            fail("parallelism.tp", f"tp={par.tp} does not fit in the {domain}-GPU NVLink domain of "
+                 f"{hardware.name} (tensor parallelism needs the scale-up fabric; at most {domain})")
+    elif par.tp > node:
+        fail("parallelism.tp", f"tp={par.tp} does not fit in a node of {node} GPUs "
+             f"(cluster.gpus_per_node; at most {node})")
 
 
 # serving.py builds on Parallelism above, so it is imported once this module's classes exist

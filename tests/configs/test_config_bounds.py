@@ -50,7 +50,7 @@ def test_option_range_callback_passes_none_and_checks_lists():
     (dict(tp=8, pp=2, ep=8, zero_stage=3), None, None, "serve", "parallelism.zero_stage", "no effect"),
     (dict(tp=8), dict(num_gpus=24, gpus_per_node=3), "h200", None, "cluster.gpus_per_node", "8-GPU NVLink"),
     (dict(tp=16), dict(num_gpus=16), "h200", None, "parallelism.tp", "NVLink domain"),
-    (dict(tp=8), dict(num_gpus=8, gpus_per_node=4), None, None, "parallelism.tp", "node of 4 GPUs"),
+    (dict(tp=8), dict(num_gpus=8, gpus_per_node=4), None, None, "parallelism.tp", "node of 4 GPUs (cluster"),
     (dict(tp=8, dp=2), dict(num_gpus=24), None, None, "cluster.num_gpus", "not a multiple of tp*pp*cp*dp=16"),
 ])
 def test_check_layout_refuses(par, cluster, hw, mode, field, words):
