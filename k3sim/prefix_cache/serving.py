@@ -47,20 +47,36 @@ class ModelStepCost:
     def __init__(self, model, hardware="h200", *, tp: int = 8, pp: int = 2, ep: int = 8, gpus_per_node: int = 8,
                  mean_context: int = 4096):
         from k3sim.configs import Parallelism, load_hardware
-        from k3sim.serving.stepcost import step_seconds_for
 
-        hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
-        self.fn = step_seconds_for(model, hw, Parallelism(tp=tp, pp=pp, ep=ep), gpus_per_node=gpus_per_node)
+        self.model = model
+        self.hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        self.par = Parallelism(tp=tp, pp=pp, ep=ep)
+        self.gpus_per_node = gpus_per_node
         self.mean_context = mean_context
-        self.layout = {"tp": tp, "pp": pp, "ep": ep, "hardware": hw.name}
+        self.layout = {"tp": tp, "pp": pp, "ep": ep, "hardware": self.hw.name}
+        self._fn = None
+
+    @property
+    def fn(self):
+        """Built on first use (and again in each sweep worker: the memoised tables are not pickled)."""
+        if self._fn is None:
+            from k3sim.serving.stepcost import step_seconds_for
+
+            self._fn = step_seconds_for(self.model, self.hw, self.par, gpus_per_node=self.gpus_per_node)
+        return self._fn
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fn": None}
 
     @classmethod
-    def from_scenario(cls, path) -> "ModelStepCost":
-        """The model, hardware and layout of a scenario file."""
+    def from_scenario(cls, path, model=None) -> "ModelStepCost":
+        """The hardware and layout of a scenario file, for its model or `model` (checked against the layout)."""
         from k3sim.configs import resolve_scenario
 
-        scn, model, hw = resolve_scenario(path)
+        scn, scn_model, hw = resolve_scenario(path)
         p = scn.parallelism
+        model = model or scn_model
+        p.check_against(model, source=str(path))
         return cls(model, hw, tp=p.tp, pp=p.pp, ep=p.ep, gpus_per_node=scn.cluster.gpus_per_node)
 
     def step(self, num_decode: int, decode_context_sum: int, prefill: tuple = ()) -> float:
