@@ -35,7 +35,10 @@ def test_parts_and_grids():
     # K3 routed experts: E = 896 / EP local, 16 / EP picked locally
     assert [(gp.K3_EXPERTS // ep, gp.K3_TOPK // ep) for ep in sorted(gp.FFN_EP)] == [
         (896, 16), (448, 8), (224, 4), (112, 2), (56, 1)]
-    assert all(b * c <= gp.MLA_MAX_POSITIONS for b in gp.MLA_B for c in gp.MLA_C if b * c <= gp.MLA_MAX_POSITIONS)
+    # MLA grid under B x C <= 2M positions, by hand: B = 1, 4, 16 take all 5 contexts (16 x 128K = 2M),
+    # B = 64 three (<= 16K), B = 256 two (<= 4K): 20 shapes per head count
+    cases = [(b, c) for b in gp.MLA_B for c in gp.MLA_C if b * c <= gp.MLA_MAX_POSITIONS]
+    assert len(cases) == 20 and (16, 131072) in cases and (64, 65536) not in cases
 
 
 def test_bad_part_is_one_line_exit_2(tmp_path, capsys):
