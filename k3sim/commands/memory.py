@@ -19,7 +19,7 @@ def print_plan(plan: Any, json_out: bool) -> None:
     layout = " ".join(f"{k}={v}" for k, v in par.items() if k != "zero_stage" and v != 1) or "single GPU"
     pp = par.get("pp", 1)
     pairs = [("model", plan.model), ("hardware", plan.hardware), ("mode", plan.mode), ("layout", layout),
-             ("HBM per GPU", f"{human_bytes(plan.hbm_bytes)} ({plan.hbm_bytes / 1e9:,.1f} GB datasheet)"),
+             ("HBM per GPU", f"{human_bytes(plan.hbm_bytes)} ({plan.hbm_bytes / 1e9:,.1f} GB)"),
              ("fullest pipeline stage (numbered from 0)", f"{plan.worst_stage} of 0..{pp - 1}")]
     if plan.mode == "serve":
         pairs += [

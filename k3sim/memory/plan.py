@@ -174,7 +174,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
             f"does not fit: pipeline stage {worst.stage} (of 0..{par.pp - 1}) needs {weights / GiB:.1f} GiB of "
             f"weights per GPU{routed_txt} + {(worst.fixed_bytes - weights) / GiB:.1f} GiB AttnRes blocks and "
             f"workspace + {worst.per_request_bytes / GiB:.2f} GiB for one {context_tokens:,}-token request > "
-            f"{hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB datasheet); {advice}", source=source)
+            f"{hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB); {advice}", source=source)
     kv_total = max_req * worst.per_request_bytes
     per_gpu = {r.component: r.bytes for r in worst.rows}
     per_gpu["kv_cache_and_state"] = kv_total
@@ -325,7 +325,7 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
         parts = ", ".join(f"{r.component} {r.bytes / GiB:.1f}" for r in worst.rows)
         raise DoesNotFit(
             f"does not fit: pipeline stage {worst.stage} (of 0..{par.pp - 1}) needs {total / GiB:.1f} GiB per "
-            f"GPU ({parts} GiB) > {hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB datasheet)",
+            f"GPU ({parts} GiB) > {hbm / GiB:.1f} GiB HBM of {hw.name} ({hbm / GB:.1f} GB)",
             source=source)
     per_gpu = {r.component: r.bytes for r in worst.rows}
     per_gpu["total"] = total

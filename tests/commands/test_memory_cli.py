@@ -15,7 +15,7 @@ def test_serve_k3_tp8_pp2_ep8(cli_json, cli):
     out = cli_json(*SERVE, "--pp", "2")
     assert out["kda_state_bytes_per_request"] == 434110464
     assert out["mla_kv_bytes_per_token"] == 27648
-    assert isinstance(out["per_gpu_bytes"], dict) and out["per_gpu_bytes"]["total"] <= 141e9
+    assert isinstance(out["per_gpu_bytes"], dict) and out["per_gpu_bytes"]["total"] <= 150_109_880_320
     assert isinstance(out["max_concurrent_requests"], int) and out["max_concurrent_requests"] >= 1
     # Worst stage = layers 48-93: 13 MLA layers (48, 52, ..., 92, 93) cache 576 bf16 values per token on
     # every TP rank; 33 KDA layers hold fp32 state 96 x 128 x 128 and bf16 conv state 3 x 96 x 384, / tp.
@@ -23,9 +23,9 @@ def test_serve_k3_tp8_pp2_ep8(cli_json, cli):
     assert out["worst_stage"] == 1 and out["per_request_bytes_per_gpu"] == per_req == 1_989_798_912
     b = out["per_gpu_bytes"]
     fixed = sum(v for k, v in b.items() if k not in ("kv_cache_and_state", "total", "free"))
-    assert out["max_concurrent_requests"] == (141_000_000_000 - fixed) // per_req
+    assert out["max_concurrent_requests"] == (150_109_880_320 - fixed) // per_req
     assert b["kv_cache_and_state"] == out["max_concurrent_requests"] * per_req
-    assert b["total"] == fixed + b["kv_cache_and_state"] and b["free"] == 141_000_000_000 - b["total"]
+    assert b["total"] == fixed + b["kv_cache_and_state"] and b["free"] == 150_109_880_320 - b["total"]
 
 
 def test_serve_k3_pp1_does_not_fit(cli):
@@ -89,7 +89,7 @@ def test_infinite_hbm_profile_one_line(cli, root, tmp_path):
     """An inf datasheet figure used to pass validation and crash the plan with OverflowError."""
     hw = tmp_path / "hw.yaml"
     text = (root / "hardware_profiles/h200.yaml").read_text()
-    hw.write_text(text.replace("hbm_bytes: 141.0e+9", "hbm_bytes: .inf"))
+    hw.write_text(text.replace("hbm_bytes: 150109880320", "hbm_bytes: .inf"))
     proc = cli(*SERVE, "--pp", "2", "--hardware", str(hw))
     assert proc.returncode == 2 and proc.stdout == ""
     err = proc.stderr.strip()

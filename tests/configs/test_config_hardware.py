@@ -36,7 +36,7 @@ def test_every_peak_flops_dtype_is_named_in_its_source(name):
 
 def test_h200_numbers():
     hw = load_hardware("h200")
-    assert hw.hbm_bytes == 141e9 and hw.hbm_bandwidth_bytes_per_s == 4.8e12
+    assert hw.hbm_bytes == 150_109_880_320 and hw.hbm_bandwidth_bytes_per_s == 4.8e12
     assert hw.peak_flops_per_s["bf16"] == 989e12  # not the 1,979 "with sparsity"
     assert hw.scaleup_bandwidth_bytes_per_s == 450e9  # 900 GB/s bidirectional / 2
     assert hw.num_sms == 132 and hw.calibration_dir == "measured/h200"
