@@ -30,15 +30,17 @@ PER_CHUNK = ("mla_kv_b_expand", "mla_prefill_attention", "kda_chunk_prefill")
 DECODE_CONTEXT = ("mla_decode_attention",)
 GRID_EXACT = 16  # below this, every integer is a grid point
 GRID_PER_OCTAVE = 8  # modelling choice: 9 % spacing; the base parts are smooth in token count
+# single kernels are less smooth (tile quantisation, measured points): a finer grid for GridKernelTime
+KERNEL_GRID_PER_OCTAVE = 32  # modelling choice: 2.2 % spacing
 REF_CONTEXT = 4096  # the decode context of base_decode's reference batches (any value: its attention is removed)
 
 
-def _grid_points(x: float) -> tuple[int, int]:
+def _grid_points(x: float, per_octave: int = GRID_PER_OCTAVE) -> tuple[int, int]:
     """The grid points around x (equal when x is one)."""
     if x <= GRID_EXACT:
         return int(math.floor(x)), int(math.ceil(x))
-    k = math.log2(x) * GRID_PER_OCTAVE
-    lo, hi = round(2 ** (math.floor(k) / GRID_PER_OCTAVE)), round(2 ** (math.ceil(k) / GRID_PER_OCTAVE))
+    k = math.log2(x) * per_octave
+    lo, hi = round(2 ** (math.floor(k) / per_octave)), round(2 ** (math.ceil(k) / per_octave))
     return lo, hi
 
 
@@ -73,7 +75,7 @@ class GridKernelTime:
         for name in VARYING:
             v = params.get(name)
             if isinstance(v, int) and v > GRID_EXACT:
-                lo, hi = _grid_points(v)
+                lo, hi = _grid_points(v, KERNEL_GRID_PER_OCTAVE)
                 if lo != hi:
                     axes.append((name, lo, hi, (v - lo) / (hi - lo)))
         if not axes:
