@@ -24,7 +24,7 @@ def _ints(text: str, option: str) -> list[int]:
             v = math.nan
         if not (math.isfinite(v) and v == int(v)):
             raise InputError(f"expected comma-separated integers, got '{x.strip()[:40]}'", source=option)
-        out.append(int(check_range(int(v), "tokens", option, integer=True)))
+        out.append(int(check_range(int(v), "block_tokens", option, integer=True)))
     return out
 
 
@@ -135,7 +135,8 @@ def register(app: typer.Typer) -> None:
             if trace.is_dir():
                 raise InputError("is a directory, expected a Mooncake JSONL file", source=f"--trace {trace}")
         for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
-                             ("--hash-block", hash_block, "tokens"), ("--physical-block", physical_block, "tokens"),
+                             ("--hash-block", hash_block, "block_tokens"),
+                             ("--physical-block", physical_block, "block_tokens"),
                              ("--tp", tp, "parallel")):
             check_range(v, kind, opt, integer=True)
         if kda_groups is not None:

@@ -184,7 +184,7 @@ def test_bad_option_values_name_their_option(tmp_path):
         (("--workload", "chat", "--seed", "-1", "--requests", "10"), "--seed"),
         (("--trace", CONV, "--kda-groups", "70"), "--kda-groups"),
         (("--trace", CONV, "--policy", "lru"), "--policy: field 'policy'"),
-        (("--trace", CONV, "--physical-block", "0"), "--physical-block: must be positive"),
+        (("--trace", CONV, "--physical-block", "0"), "--physical-block: must be at least 16"),
         (("--trace", CONV, "--retention-interval", "100"), "--retention-interval"),
         (("--trace", CONV, "--sweep", "--physical-blocks", "6144.7", "--out", tmp_path / "s"), "'6144.7'"),
         (("--trace", CONV, "--sweep", "--physical-blocks", "inf", "--out", tmp_path / "s"), "--physical-blocks"),
