@@ -139,10 +139,30 @@ class Parts:
     fit_bwd: PreFit
     fit_merge: MergeFit
     root: Path
+    _fixed: dict = field(default_factory=dict, repr=False)
 
-    def pre(self, direction: str, L: int, H: int, mode: str = "measured") -> tuple[float, str]:
+    def fixed_s(self, hw: Any, fwd_bwd: bool) -> float:
+        """The one fitted constant per direction (module docstring): median of measured - parts over the
+        profile's 2-GPU fla KCP rows (every part from its measurements); 0 without such rows."""
+        if fwd_bwd not in self._fixed:
+            df = measured_kcp(self.root, "chunk_kda_cp_fwd_bwd" if fwd_bwd else "chunk_kda_cp_fwd")
+            resid = [] if df is None else [
+                float(r["seconds"]) - kcp_time(self, hw, int(r["T"]), int(r["H"]), int(r["gpus"]), int(r["docs"]),
+                                               fwd_bwd=fwd_bwd).parts_s for _, r in df.iterrows()]
+            self._fixed[fwd_bwd] = float(np.median(resid)) if resid else 0.0
+        return self._fixed[fwd_bwd]
+
+    def pre(self, direction: str, L: int, H: int, mode: str = "measured", K: int = HEAD_DIM,
+            V: int = HEAD_DIM) -> tuple[float, str]:
         """Seconds of one pre-process over L tokens at H heads: the measured row at (L, H) (any
-        document count: the kernel walks L tokens either way), else the fit."""
+        document count: the kernel walks L tokens either way), else the fit. Other head dims than the
+        measured 128: the 128 time x the pre-process FLOP ratio (`cp/flops.kcp_preprocess_flops`),
+        marked extrapolated."""
+        if (K, V) != (HEAD_DIM, HEAD_DIM):
+            from k3sim.cp.flops import kcp_preprocess_flops
+
+            t, src = self.pre(direction, L, H, mode)
+            return t * kcp_preprocess_flops(K=K, V=V) / kcp_preprocess_flops(), f"extrapolated from K=V=128 ({src})"
         df, fit = (self.pre_fwd, self.fit_fwd) if direction == "fwd" else (self.pre_bwd, self.fit_bwd)
         if L <= 0:
             return 0.0, "none"

@@ -96,9 +96,16 @@ def _comm_rows(x: LayerInputs, tr: Traffic) -> list[tuple[str, float, str, str]]
 
 # ---------------------------------------------------------------- KDA layers
 
+def _head_dims(x: LayerInputs) -> dict:
+    """The layer's KDA head dims for the kernel predictor, only where they differ from the measured 128
+    (the predictor then scales from 128 and says `extrapolated`)."""
+    k, v = x.g.kda_head_dim_k, x.g.kda_head_dim_v
+    return {} if (k, v) == (128, 128) else {"K": k, "V": v}
+
+
 def _kda_fwd_bwd(x: LayerInputs, T: int, H: int) -> tuple[float, float, str]:
-    f, src = x.clock("chunk_kda_fwd", T=T, H=H)
-    fb, src2 = x.clock("chunk_kda_fwd_bwd", T=T, H=H)
+    f, src = x.clock("chunk_kda_fwd", T=T, H=H, **_head_dims(x))
+    fb, src2 = x.clock("chunk_kda_fwd_bwd", T=T, H=H, **_head_dims(x))
     return f, max(fb - f, 0.0), src if src == src2 else f"{src}/{src2}"
 
 
@@ -128,6 +135,13 @@ def kcp_layer(x: LayerInputs) -> LayerCost:
                    (f"fold: {int(pre.max())} steps of {how}", mf, ssrc, "compute")]
         rows_b += [(f"pre-process (dM, dS~) of first segment, {pre_label}", pb, pre_src, "compute"),
                    (f"fold: {int(post.max())} steps of {how}", mb, ssrc, "compute")]
+        if x.pre_model == "parts":  # the rebuilt op's one fitted constant per direction (cp/kcp_parts.py)
+            hw = x.clock.hardware
+            cf, cfb = x.parts.fixed_s(hw, False), x.parts.fixed_s(hw, True)
+            src_c = "model (fitted on the 2-GPU fla KCP rows)"
+            rows_f.append(("KCP fixed cost per call", cf, src_c, "compute"))
+            rows_b.append(("KCP fixed cost per call (fwd+bwd constant less the fwd one, at least 0)",
+                           max(0.0, cfb - cf), src_c, "compute"))
     rows_f += _comm_rows(x, fwd_tr)
     rows_b += _comm_rows(x, bwd_tr)
     notes = ["no overlap: the main kernel waits for the folded initial state (fla runs it this way)"]
@@ -154,7 +168,7 @@ def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str, direction
     from k3sim.cp.intra_device import gpu_seconds, serial_pass_seconds
 
     if x.pre_model == "parts":
-        got = [x.parts.pre(direction, int(t), H) for t in seg_lens]
+        got = [x.parts.pre(direction, int(t), H, K=x.g.kda_head_dim_k, V=x.g.kda_head_dim_v) for t in seg_lens]
         s, how = max(got)
         return s, f"fla {'chunk_cp_fwd_h' if direction == 'fwd' else 'chunk_cp_bwd_dh'} measured alone", how
     if x.pre_model == "state-pass":
@@ -166,7 +180,7 @@ def _preprocess(x: LayerInputs, seg_lens: list[int], H: int, src: str, direction
     if x.intra is not None:
         return (k * max(gpu_seconds(t, H, x.intra) for t in seg_lens),
                 f"{k:.2f} x chunk_kda_fwd GPU time (FLOP ratio)", x.intra.source)
-    return (k * max(x.clock("chunk_kda_fwd", T=t, H=H)[0] for t in seg_lens),
+    return (k * max(x.clock("chunk_kda_fwd", T=t, H=H, **_head_dims(x))[0] for t in seg_lens),
             f"{k:.2f} x chunk_kda_fwd (FLOP ratio)", src)
 
 

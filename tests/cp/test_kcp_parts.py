@@ -46,12 +46,36 @@ def test_rebuilt_kcp_against_committed_fla_measurements():
 
 
 def test_k3sim_cp_kcp_layer_against_committed_fla_measurements():
-    """`k3sim cp`'s KCP layer (parts-based pre-process and merge, no fixed cost) within 8 % of every
-    measured 2-GPU forward and 2 % of every forward+backward."""
+    """`k3sim cp`'s KCP layer (measured pre-process and merge parts plus the one fitted constant per
+    direction) within 4 % of every measured 2-GPU forward and 2 % of every forward+backward; without the
+    constant it fell 2-9 % short (the leave-one-out figure is in the test above)."""
     from k3sim.cp.validate import kcp_check, measured_root
 
     hw = load_profile("h200")
     r = kcp_check(hw, measured_root(hw))
     assert len(r["rows"]) >= 6
-    assert r["fwd_max_err"] < 0.08
+    assert r["fwd_max_err"] < 0.04
     assert max(abs(x["fwd_bwd_err"]) for x in r["rows"] if "fwd_bwd_err" in x) < 0.02
+
+
+def test_head_dim_reaches_the_kernel_times():
+    """A KDA layer with K = V = 64 is no longer timed as K3's 128: the local kernel comes back
+    extrapolated and cheaper, and the pre-process scales by its FLOP ratio (cp/flops.py), by hand
+    2 x 2CKV + 2CK^2 + 2K^3 at C = 64: 2,097,152 at 64 against 10,485,760 at 128 (0.2)."""
+    import dataclasses
+
+    from k3sim.cp.geometry import kda_layer_geometry
+    from k3sim.cp.layers import kcp_layer
+    from k3sim.cp.model import layer_inputs
+
+    hw = load_profile("h200")
+    g128 = kda_layer_geometry(12, "kda-12h")
+    g64 = dataclasses.replace(g128, kda_head_dim_k=64, kda_head_dim_v=64)
+    rows = {}
+    for name, g in (("128", g128), ("64", g64)):
+        lc = kcp_layer(layer_inputs(g, hw, 262144, 2, docs=1, conv_halo=False))
+        rows[name] = {r["component"].split(",")[0]: r for r in lc.fwd.rows}
+    local64, local128 = rows["64"]["chunk_kda_fwd"], rows["128"]["chunk_kda_fwd"]
+    assert local64["source"] == "extrapolated" and local64["seconds"] < local128["seconds"]
+    pre = [k for k in rows["64"] if k.startswith("pre-process")][0]
+    assert rows["64"][pre]["seconds"] == pytest.approx(0.2 * rows["128"][pre]["seconds"], rel=1e-9)
