@@ -74,7 +74,7 @@ def test_every_contract_op_is_registered():
     contract = ["gemm_bf16", "gemm_fp8", "hbm_copy", "hbm_read", "moe_grouped_bf16", "chunk_kda_fwd",
                 "chunk_kda_fwd_bwd", "recurrent_kda_decode", "chunk_kda_cp_fwd", "chunk_kda_cp_fwd_bwd",
                 "sdpa_causal_fwd", "sdpa_causal_fwd_bwd", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-                "send_recv",
+                "send_recv", "custom_all_reduce",
                 # decode-step kernels (issue 10, kernels/ops_decode.py)
                 "moe_mxfp4_decode", "moe_ffn_grouped_bf16", "moe_ffn_grouped_fp8", "mla_decode", "rmsnorm",
                 "silu_mul", "rope", "router_topk", "residual_add", "embedding"]
