@@ -61,9 +61,9 @@ def _check_tp(model: Path, tp: int) -> None:
         raise
 
 
-def _sweep_progress(enabled: bool):
-    """(callback, context) for a rich progress bar on stderr over the sweep's configurations; a no-op when
-    stderr is not a terminal or --json is given (scripts read stdout, logs do not want bars)."""
+def _sweep_progress(enabled: bool, label: str = "prefix-cache sweep"):
+    """(callback, context) for a rich progress bar on stderr (sweep configurations, or requests replayed); a
+    no-op when stderr is not a terminal or --json is given (scripts read stdout, logs do not want bars)."""
     import contextlib
     import sys
 
@@ -73,7 +73,7 @@ def _sweep_progress(enabled: bool):
     from rich.progress import Progress
 
     bar = Progress(console=Console(stderr=True), transient=True)
-    task = bar.add_task("prefix-cache sweep", total=None)
+    task = bar.add_task(label, total=None)
 
     def update(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -186,8 +186,10 @@ def register(app: typer.Typer) -> None:
                          for r in t.itertuples()])
             print_kv("files", list(rep.files.items()))
             return
-        res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload, seed=seed,
-                       requests=n_requests)
+        progress, bar = _sweep_progress(not json_out, "replaying requests")
+        with bar:
+            res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload,
+                           seed=seed, requests=n_requests, progress=progress)
         if json_out:
             print_json(res)
             return

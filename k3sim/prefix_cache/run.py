@@ -69,16 +69,32 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
                                  **kw)
 
 
+def _counted(requests, progress, total: int | None, every: int = 256):
+    """Yield `requests` unchanged, reporting the count to `progress` every `every` requests and at the end."""
+    if progress is None:
+        yield from requests
+        return
+    n = 0
+    for r in requests:
+        yield r
+        n += 1
+        if n % every == 0:
+            progress(n, total)
+    progress(n, total if total is not None else n)
+
+
 def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False, limit: int | None = None,
              sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
-             workload: str | None = None, seed: int = 0, requests: int = 1000) -> ReplayResult:
+             workload: str | None = None, seed: int = 0, requests: int = 1000, progress=None) -> ReplayResult:
     """Stream a Mooncake trace (malformed lines skipped and listed unless `strict`) or a named synthetic
-    token-level workload through the cache."""
+    token-level workload through the cache. `progress(requests_read, total_or_None)` is called as requests
+    are handed to the replay (the CLI's stderr progress bar); the trace is never held in memory."""
     cfg.check_capacity()
     if workload is not None:
         from k3sim.workloads.synthetic import synthetic_workload
 
-        res = replay(synthetic_workload(workload, seed, requests), cfg, sched, cost)
+        reqs = synthetic_workload(workload, seed, requests)
+        res = replay(_counted(reqs, progress, len(reqs)), cfg, sched, cost)
         res.extra["workload"] = {"name": workload, "seed": seed, "requests": requests}
         return res
     if trace is None:
@@ -86,7 +102,8 @@ def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False
     _check_trace_granularity(cfg.effective_hash_block_tokens,
                              "--physical-block" if cfg.policy == "coarse" else "--hash-block")
     stats = TraceStats()
-    res = replay(read_mooncake(trace, strict=strict, stats=stats, limit=limit), cfg, sched, cost)
+    res = replay(_counted(read_mooncake(trace, strict=strict, stats=stats, limit=limit), progress, limit),
+                 cfg, sched, cost)
     _check_some_requests(trace, stats)
     if res.requests == 0 and res.requests_rejected:
         raise DoesNotFit(

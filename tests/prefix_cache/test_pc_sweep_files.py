@@ -55,3 +55,14 @@ def test_progress_is_reported_once_per_configuration_and_names_drop_trace_suffix
                        progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 2), (2, 2)]
     assert Path(rep.files["csv"]).name == "conversation_sweep.csv"
+
+
+def test_a_single_replay_reports_progress_while_streaming():
+    """A long replay shows progress on stderr; the counts come from here, and the last call gives the total."""
+    from k3sim.prefix_cache.run import simulate
+
+    seen = []
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "conversation_head300.jsonl"
+    res = simulate(trace, CacheConfig("decoupled", 512, 1024, MLA_B, KDA_B, 3),
+                   progress=lambda n, total: seen.append((n, total)))
+    assert seen == [(256, None), (300, 300)] and res.requests + res.requests_rejected == 300
