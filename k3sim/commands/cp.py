@@ -35,40 +35,25 @@ def parse_list(text: str, option: str) -> list[int]:
     return [parse_tokens(x, option) for x in text.split(",") if x.strip()]
 
 
-def _sweep_with_a_runnable_point(write_report, g, hw, seq_lens, cps, out: Path, **kw) -> dict:
-    """`write_report` into a staging directory beside `out`; its files move into `out` only if at least one
-    (S, P) point ran. A sweep whose every point is skipped (a length past the kernels' range) exits 2 and
-    leaves `out` as it was (absent, or with its previous report), instead of exit 0 with empty plots."""
-    import shutil
-    import tempfile
+def _check_a_point_runs(g, hw, seq_lens: list[int], cps: list[int], state_dtype: str) -> None:
+    """Refuse a sweep whose every (S, P) point would be skipped (a length per rank past the kernels' range),
+    before anything is computed or written: it exited 0 with empty plots. Points are probed one by one with
+    the sweep's own function and the probe stops at the first that runs (~0.2 s on a normal grid)."""
+    from k3sim.cp.sweep import sweep
 
-    out = Path(out)
-    created = [d for d in (out, *out.parents) if not d.exists()]  # deepest first: removed again on failure
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.stage-", dir=out.parent))
-    except OSError as err:
-        raise InputError(f"cannot write beside {out}: {err.strerror}", source="--out") from None
-    ok = False
-    try:
-        res = write_report(g, hw, seq_lens, cps, stage / "report", **kw)
-        if not res.get("winners"):
-            raise InputError("no (S, P) point of the sweep could run (every one skipped: a length per rank past "
-                             "the kernels' measured range?); lower --seq-lens or raise --cps", source="--seq-lens")
-        out.mkdir(parents=True, exist_ok=True)
-        for f in sorted((stage / "report").iterdir()):
-            f.replace(out / f.name)
-        res["files"] = {k: str(out / Path(v).name) for k, v in res["files"].items()}
-        ok = True
-        return res
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        for d in created if not ok else ():
+    first = None
+    for S in seq_lens:
+        for P in cps:
             try:
-                if d.exists():
-                    d.rmdir()
-            except OSError:
-                break
+                rows = sweep(g, hw, [S], [P], state_dtype=state_dtype)
+            except InputError as err:
+                first = first or err.reason
+                continue
+            if any(not r["skipped"] for r in rows):
+                return
+            first = first or next((r["skipped"] for r in rows if r["skipped"]), None)
+    raise InputError(f"no (S, P) point of the sweep can run (first reason: {first}); lower --seq-lens or raise "
+                     "--cps", source="--seq-lens")
 
 
 # Kernel parameters (k3sim.kernels.ops) and the cp options that set them: an out-of-range `T` is the user's
@@ -136,8 +121,9 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"--sweep covers every strategy and the lengths of --seq-lens; drop {', '.join(ignored)}",
                                  source="--sweep")
 
-            res = _sweep_with_a_runnable_point(write_report, g, hw, parse_list(seq_lens, "--seq-lens"),
-                                               parse_list(cps, "--cps"), out, state_dtype=sdt, focus_cp=cp_degree)
+            grid_s, grid_p = parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps")
+            _check_a_point_runs(g, hw, grid_s, grid_p, sdt)
+            res = write_report(g, hw, grid_s, grid_p, out, state_dtype=sdt, focus_cp=cp_degree)
             if as_json:
                 print_json(res)
                 return

@@ -12,6 +12,6 @@ def test_cp_sweep_whose_every_point_is_skipped_writes_nothing(tmp_path, capsys):
     (kept / "sweep.csv").write_text("previous report")
     # 2^30 tokens on 2 ranks: 2^29 tokens per rank, past the measured KDA kernels' range, for every strategy
     assert_one_line(*run_main(capsys, "cp", "--sweep", "--seq-lens", "1G", "--cps", "2", "--cp", "2",
-                              "--out", kept), "--seq-lens:", "no (S, P) point of the sweep could run")
+                              "--out", kept), "--seq-lens:", "no (S, P) point of the sweep can run", "T=536870912")
     assert [p.name for p in kept.iterdir()] == ["sweep.csv"] and (kept / "sweep.csv").read_text() == "previous report"
     assert [p.name for p in tmp_path.iterdir()] == ["kept"]  # no staging directory left beside it
