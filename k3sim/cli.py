@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: the CLI contract of the module docstring, for every registered command."""
     import warnings
 
-    # matplotlib's notice for a legend with no labelled line (an empty series in a sweep plot) is not the
-    # user's business and would add stderr lines to the one-line contract
-    warnings.filterwarnings("ignore", message="No artists with labels found", category=UserWarning)
+    # k3sim itself never warns (it refuses or labels); library notices (matplotlib's empty legend, pandas
+    # deprecations) would add stderr lines to the one-line contract. `python -W ...` / PYTHONWARNINGS still
+    # show them to whoever asks.
+    if not sys.warnoptions:
+        warnings.simplefilter("ignore")
     previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         _register()
