@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     # k3sim itself never warns (it refuses or labels); library notices (matplotlib's empty legend, pandas
     # deprecations) would add stderr lines to the one-line contract. `python -W ...` / PYTHONWARNINGS still
     # show them to whoever asks.
+    saved_filters = warnings.filters[:]  # restored below: main() may run inside another program (tests)
     if not sys.warnoptions:
         warnings.simplefilter("ignore")
     previous = signal.signal(signal.SIGINT, _on_sigint)
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
+        warnings.filters[:] = saved_filters
 
 
 def _usage_error_line(err: Exception) -> str:
