@@ -325,5 +325,4 @@ def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int
         raise InputError(f"{spec.name}: {reason}", field=name)
     return out
 
-from k3sim.kernels.ops_decode import DECODE_OPS  # noqa: E402 - decode-step kernels (issue 10): extends OPS
-OPS.update(DECODE_OPS)
+import k3sim.kernels.ops_decode  # noqa: E402,F401 - registers the decode-step kernels (issue 10) into OPS

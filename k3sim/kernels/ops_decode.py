@@ -2,7 +2,8 @@
 `k3sim/calibration/graph_parts.py`): the routed experts as one op per implementation, absorbed-MLA
 decode attention, and the small kernels of `k3sim/calibration/decode_ops.py`.
 
-`k3sim.kernels.ops` imports `DECODE_OPS` at its bottom and adds them to `OPS`.
+`k3sim.kernels.ops` imports this module at its bottom; the module adds `DECODE_OPS` to `OPS` when it
+finishes (so either module may be imported first).
 
 Routed-expert ops cover one MoE layer's routed experts on one rank, gate/up + SwiGLU + down +
 weighted combine together (routing metadata untimed): B tokens, E local experts, each token routed
@@ -15,7 +16,7 @@ uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent),
 
 from __future__ import annotations
 
-from k3sim.kernels.ops import BF16, OpSpec, Params, _topk_le_e, expected_distinct_experts
+from k3sim.kernels.ops import BF16, OPS, OpSpec, Params, _topk_le_e, expected_distinct_experts
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
 FP8 = 1
@@ -102,3 +103,4 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
     _small("residual_add", ("T", "D"), {"T": _T, "D": _W}, _residual, ("D",)),
     _small("embedding", ("T", "D"), {"T": _T, "D": _W}, _embedding, ("D",)),
 ]}
+OPS.update(DECODE_OPS)
