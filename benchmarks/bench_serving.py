@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data" / "traces" / "conversation_trace.jsonl"
 SCENARIO = ROOT / "scenarios" / "default.yaml"
-SWEEP_RATES = [0.05 * (i + 1) for i in range(16)]  # req/s: from well below to well past the default knee
+SWEEP_RATES = [0.1 * (i + 1) for i in range(16)]  # req/s: from well below to past the default replica's knee
 
 
 def rss_bytes() -> int:
