@@ -116,3 +116,23 @@ def test_validate_with_nothing_to_leave_out_is_exit_2(cli, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "nothing to leave one out" in lines[0] and str(run.parent) in lines[0]
     assert not list(out.glob("validation*"))
+
+
+def test_regenerating_unchanged_fit_and_report_leaves_the_files_untouched(cli, tmp_path):
+    """`calibrate fit/validate` rewrote committed files when only the date changed (git never clean). A rerun
+    on the same data, a second later, leaves every file byte-identical with its old modification time."""
+    import os
+
+    hw, run = make_profile(tmp_path)
+    out = tmp_path / "report"
+    assert cli("calibrate", "fit", "--hardware", hw).returncode == 0
+    assert cli("calibrate", "validate", "--hardware", hw, "--out", out, "--no-refit").returncode == 0
+    files = [run.parent / "fitted.yaml", *sorted(out.iterdir())]
+    for f in files:
+        os.utime(f, (1_000_000, 1_000_000))
+    before = {f: f.read_bytes() for f in files}
+    assert cli("calibrate", "fit", "--hardware", hw).returncode == 0
+    assert cli("calibrate", "validate", "--hardware", hw, "--out", out, "--no-refit").returncode == 0
+    for f in files:
+        assert f.read_bytes() == before[f] and f.stat().st_mtime == 1_000_000, f.name
+    assert sorted(out.iterdir()) == files[1:]
