@@ -159,3 +159,15 @@ def test_engine_agrees_with_closed_form_on_uniform_stages():
     cf = pipeline_time([1.0] * 4, [2.0] * 4, virtual_stages=2, micro_batches=8, use_engine=False)
     assert eng.step_time_s == pytest.approx(cf.step_time_s)
     assert eng.bubble_ratio == pytest.approx(3 / (2 * 8))
+
+
+def test_collective_grid_interpolation_close_to_direct_calls():
+    from k3sim.training.placement import Collectives, Group
+
+    c = Collectives(H200, __import__("k3sim.kernels", fromlist=["predict_kernel_time"]).predict_kernel_time)
+    for op, g in (("reduce_scatter", Group("dp", 8, 512)), ("all_to_all", Group("ep", 64, 64)),
+                  ("all_gather", Group("tp", 8, 8)), ("all_gather", Group("tp", 4, 8)),
+                  ("reduce_scatter", Group("dp", 16, 128))):
+        for nbytes in (3_000, 77_777, 1_234_567, 98_765_432):
+            direct = c._direct(op, nbytes, g)[0]
+            assert c.time(op, nbytes, g)[0] == pytest.approx(direct, rel=1e-2), (op, nbytes)
