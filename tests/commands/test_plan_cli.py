@@ -49,3 +49,10 @@ def test_plan_train_scenario_keys(cli, root):
 def test_plan_scenario_alias_and_conflict(cli, root, tmp_path):
     proc = cli("plan", "scenarios/default.yaml", "--scenario", "scenarios/k3-h200-1node.yaml", "--no-report")
     assert proc.returncode == 2 and "two scenarios given" in proc.stderr and "\n" not in proc.stderr.strip()
+
+
+def test_plan_from_elsewhere_uses_repo_default(cli, tmp_path):
+    proc = cli("plan", "--no-report", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "k3-h200-serve-128k" in proc.stdout and "max concurrent requests" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # --no-report writes nothing
