@@ -206,8 +206,9 @@ class Fleet:
     def horizon(self, rep) -> float:
         """The next outside event that could change what `rep` schedules."""
         if rep.role == "decode":
-            t = rep.next_landing_s
-            for p in self.front:  # a prefill step about to hand off a request
+            # a landing KV transfer, a prefill step that may hand one off, or an arrival that starts one
+            t = min(rep.next_landing_s, self.next_arrival_s)
+            for p in self.front:
                 if p.running and p.step_end_s > self.env.now:
                     t = min(t, p.step_end_s)
             return t

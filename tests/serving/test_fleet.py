@@ -138,3 +138,17 @@ def test_prefix_aware_load_cap():
     assert fleet.route(req).idx == 1  # 3 cached blocks, load 6 <= 2 + 4
     fleet.front[1]._load = 7
     assert fleet.route(req).idx == 2  # over the cap: the next-longest prefix among the rest
+
+
+def test_pd_decode_replica_does_not_jump_past_a_new_arrival(scenario):
+    """A decode replica busy with a long output must take in a request that arrives (and is prefilled) later
+    within a step of its KV landing, not when its decode-only stretch ends (steps of 1 s)."""
+    setup = ServeSetup.from_scenario(scenario({"replicas": 2, "engine": {"pool_bytes": "unbounded"},
+                                               "disaggregation": {"prefill": {"replicas": 1},
+                                                                  "decode": {"replicas": 1}}}, num_gpus=32))
+    reqs = [_req(0.0, 600, 50, [0, 1]), _req(10.5, 600, 3, [5, 6])]
+    df = simulate(setup, reqs, step_seconds=constant(1.0)).frame().set_index("request")
+    assert df.loc[1, "first_token_s"] == 11.5  # the prefill replica was idle: one step
+    # lands at 11.5 + transfer, joins at the decode replica's next step boundary (<= 1 s), two decode steps
+    assert df.loc[1, "completion_s"] <= 11.5 + df.loc[1, "transfer_s"] + 1.0 + 2.0
+    assert df.loc[0, "completion_s"] > 45
