@@ -186,14 +186,29 @@ class TrainingContext:
                 else "cp"
             raise InputError(err.reason, source=source, field=field_name) from None
         out = {}
+        L = seq_len // cp
         for kind, lc in (("kda", res.kda), ("mla", res.mla)):
             if lc is None:
                 continue
+            # What the step package's layer costs already hold for this layer on one CP rank: KDA, the
+            # chunked kernel over the local tokens (the CP model's first row); MLA, causal attention of the
+            # local tokens among themselves. CP's own cost is the rest: the scheme's extra compute (KCP
+            # pre-process and fold, attention against the other ranks' keys, latent up-projection) and its
+            # exposed communication.
+            if kind == "mla":
+                kt = lambda op: float(self.kernel_time(op, {"T": L, "H": g.mla_heads_per_rank,  # noqa: E731
+                                                            "D": g.mla_sdpa_head_dim}, hardware=self.hw).seconds)
+                f = kt("sdpa_causal_fwd")
+                local = {"fwd": f, "bwd": max(0.0, kt("sdpa_causal_fwd_bwd") - f)}
+            else:
+                local = {ph: (getattr(lc, ph).rows[0]["seconds"] if getattr(lc, ph).rows else 0.0)
+                         for ph in ("fwd", "bwd")}
             per = {}
             for phase in ("fwd", "bwd"):
                 ph = getattr(lc, phase)
-                local = ph.rows[0]["seconds"] if ph.rows else 0.0
-                per[phase] = {"comm": ph.exposed_comm_s, "compute": max(0.0, ph.compute_s - local)}
+                extra = max(0.0, ph.time_s - local[phase])
+                comm = min(ph.exposed_comm_s, extra)
+                per[phase] = {"comm": comm, "compute": extra - comm}
             per["scheme"] = lc.strategy
             per["link"] = lc.link
             out[kind] = per
@@ -447,9 +462,10 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         breakdown.append(Row("compute: EP imbalance (busiest rank)", m * crit.imbalance_s,
                              rows_src.get("imbalance", ""), "ep"))
     labels = {"tp": "exposed comm: TP all-gather + reduce-scatter (SP)", "ep": "exposed comm: EP all-to-all",
-              "cp": "exposed comm + scheme compute: CP", "pp": "", "dp": ""}
+              "cp": "CP: attention to other ranks' keys, scheme compute, exposed comm", "pp": "", "dp": ""}
     cp_src = ", ".join(f"{k.upper()} {v['scheme']} ({v['link']})" for k, v in cp.items()) or "none"
-    rows_src["cp"] = f"k3sim.cp: {cp_src}; local attention compute excluded (in the layer costs)"
+    rows_src["cp"] = (f"k3sim.cp: {cp_src}; beyond the local tokens' own attention (in the layer costs): "
+                      "MLA attention against the other ranks' keys, KCP pre-process and fold, exposed communication")
     for k in ("tp", "ep", "cp"):
         if crit.comm_s.get(k):
             breakdown.append(Row(labels[k], m * crit.comm_s[k], rows_src.get(k, ""), k))
