@@ -531,7 +531,9 @@ ASSUMPTIONS = [
      "source": "modelling choice; LatentMoE (MISSION sec. 4)"},
     {"assumption": "backward of the routed-expert GEMMs = 2x forward (input + weight gradients) for the "
                    "imbalance term", "source": "GEMM FLOP count (dgrad + wgrad)"},
-    {"assumption": "CP adds exposed communication and the scheme's own compute beyond the local attention kernel",
+    {"assumption": "CP adds, beyond the local tokens' own attention (in the layer costs): MLA attention against "
+                   "the other ranks' keys, the scheme's own compute (KCP pre-process and fold, latent "
+                   "up-projection) and its exposed communication",
      "source": "k3sim.cp (KCP: fla PR #691; MLA all-gather KV: torchtitan kimi_k3)"},
     {"assumption": "PP sends overlap in steady state; 2 (p v - 1) hops exposed on fill and drain",
      "source": "modelling choice"},
