@@ -154,20 +154,17 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
 
 
 def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out) -> None:
-    from pathlib import Path
-
     from k3sim.decode.sweep import roofline_plot, sweep_batches, sweep_table
-    from k3sim.files import atomic_write_text
+    from k3sim.files import atomic_write_text, output_dir
     from k3sim.output import print_json, print_table
 
     results = sweep_batches(model_cfg, hw, layout, context, spec=spec, zipf=zipf)
     df = sweep_table(results, hw)
-    d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
     stem = f"decode_{model_cfg.name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}_ctx{context}"
-    atomic_write_text(d / f"{stem}.csv", df.to_csv(index=False))
-    roofline_plot(df, hw, d / f"{stem}.png", f"{model_cfg.name} decode, tp={layout.tp} pp={layout.pp} "
-                                             f"ep={layout.ep}, context {context:,}")
+    with output_dir(out) as d:  # a failed or interrupted sweep leaves no new, half-filled --out
+        atomic_write_text(d / f"{stem}.csv", df.to_csv(index=False))
+        roofline_plot(df, hw, d / f"{stem}.png", f"{model_cfg.name} decode, tp={layout.tp} pp={layout.pp} "
+                                                 f"ep={layout.ep}, context {context:,}")
     if json_out:
         print_json({"csv": str(d / f"{stem}.csv"), "plot": str(d / f"{stem}.png"),
                     "rows": df.to_dict(orient="records")})

@@ -59,3 +59,12 @@ def test_bad_input_one_line_exit_2(args, option):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], p.stderr
+
+
+def test_sweep_out_that_is_a_file_is_one_line_and_nothing_written(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = run_cli("decode", "--model", "models/kimi-linear-48b.yaml", "--tp", "1", "--pp", "1", "--ep", "1",
+                "--sweep-batch", "--out", str(f))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--out" in p.stderr
+    assert f.read_text() == "x"
