@@ -62,6 +62,17 @@ def _s(x: float) -> str:
     return human_seconds(x)
 
 
+def _is_seconds(key: str) -> bool:
+    """`ttft_p99_s` is a time; `goodput_requests_per_s` is a rate."""
+    return key.endswith("_s") and not key.endswith("per_s")
+
+
+def _fmt(key: str, v) -> str:
+    if isinstance(v, float):
+        return _s(v) if _is_seconds(key) else f"{v:.4g}"
+    return str(v)
+
+
 def _gb(b: float) -> str:
     return f"{b / GB:.2f} GB"
 
@@ -94,7 +105,7 @@ def build_context(res, fig_dir: Path) -> dict:
         for k in ("goodput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "ttft_p99_s", "tpot_p99_s"):
             if k in res.serving:
                 v = res.serving[k]
-                summary.append((k, _s(v) if k.endswith("_s") and isinstance(v, float) else str(v)))
+                summary.append((k, _fmt(k, v)))
 
     # memory
     mem = res.memory
@@ -134,8 +145,7 @@ def build_context(res, fig_dir: Path) -> dict:
             keys = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
                     "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
                     "token_hit_rate", "slo_ttft_s", "slo_tpot_s", "sim_seconds"]
-            rows = [[k, _s(srv[k]) if k.endswith("_s") and isinstance(srv[k], float) else
-                     (f"{srv[k]:.4g}" if isinstance(srv[k], float) else str(srv[k]))] for k in keys if k in srv]
+            rows = [[k, _fmt(k, srv[k])] for k in keys if k in srv]
             figs = []
             if res.serving_frame is not None and len(res.serving_frame):
                 from k3sim.serving.report import plot_latency_cdfs

@@ -57,3 +57,9 @@ def test_out_is_a_file(train_plan, tmp_path):
     f.write_text("")
     with pytest.raises(InputError, match="not a directory"):
         write_report(train_plan, f)
+
+
+def test_rates_are_not_printed_as_times():
+    assert render._fmt("ttft_p99_s", 0.25) == "250.000 ms"
+    assert render._fmt("goodput_requests_per_s", 0.25) == "0.25"
+    assert render._fmt("requests", 200) == "200"
