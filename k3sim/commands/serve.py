@@ -99,6 +99,9 @@ def register(app: typer.Typer) -> None:
                                                                         "exceed the cluster) [default: serving "
                                                                         "section or cluster GPUs / GPUs per replica]"),
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="vllm | sarathi"),
+        pp_microbatches: Optional[bool] = typer.Option(None, "--pp-microbatches/--no-pp-microbatches",
+                                                       help="pp batches in flight per replica (pp engines on "
+                                                            "shares of the pool) [default: serving section, off]"),
         slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="goodput: TTFT SLO (s)"),
         slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="goodput: TPOT SLO (s)"),
         seed: Optional[int] = typer.Option(None, "--seed", help="arrival and synthetic seed [default: serving.seed]"),
@@ -138,7 +141,7 @@ def register(app: typer.Typer) -> None:
         setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
                                          pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
                                          slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
-                                         scheduler=scheduler, seed=seed)
+                                         scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches)
         seed_v = setup.serving.seed
         if trace is not None:
             trace = project_path(trace)

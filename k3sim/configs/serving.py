@@ -52,6 +52,9 @@ class EngineConfig(BaseModel):
     watermark_fraction: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     reserve_output: bool = Field(False, description="reserve pages for the whole output at admission (no "
                                                     "preemption); vLLM does not")
+    pp_microbatches: bool = Field(False, description="with pp > 1, keep pp batches in flight: the replica runs "
+                                                     "pp engines, each with 1/pp of the pool and its own prefix "
+                                                     "cache (vLLM V0's virtual engines); off: one batch at a time")
 
     @field_validator("pool_bytes")
     @classmethod

@@ -57,7 +57,7 @@ class ServeSetup:
     def from_scenario(path: str | Path, *, cache_policy: str | None = None, pool_bytes: float | str | None = None,
                       router: str | None = None, disaggregate: str | None = None, slo_ttft_s: float | None = None,
                       slo_tpot_s: float | None = None, replicas: int | None = None, scheduler: str | None = None,
-                      seed: int | None = None) -> "ServeSetup":
+                      seed: int | None = None, pp_microbatches: bool | None = None) -> "ServeSetup":
         from k3sim.configs import resolve_scenario
         from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
 
@@ -88,6 +88,8 @@ class ServeSetup:
                 raise InputError(f"unknown scheduler '{scheduler}' (choose {', '.join(SCHEDULERS)})",
                                  source="--scheduler")
             eng["scheduler"] = scheduler
+        if pp_microbatches is not None:
+            eng["pp_microbatches"] = pp_microbatches
         if eng:
             upd["engine"] = sv.engine.model_copy(update=eng)
         if router is not None:
@@ -274,9 +276,10 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
         fn = step_seconds(i) if step_seconds is not None else _step_fn(setup, pool)
         timer = StepTimer(fn, sv.slo_tpot_s)
         timers.append(timer)
-        for _ in range(pool.replicas):
+        engines, cache_cfg = _engines_per_replica(sv.engine, pool)
+        for _ in range(pool.replicas * engines):
             lst = fleet.decode if pool.role == "decode" else fleet.front
-            rep = Replica(fleet, len(lst), pool.role, pool.cache, sv.engine, timer, pool.gpus_per_replica)
+            rep = Replica(fleet, len(lst), pool.role, cache_cfg, sv.engine, timer, pool.gpus_per_replica / engines)
             lst.append(rep)
             env.process(rep.run())
     env.process(fleet.arrivals(requests))
@@ -300,6 +303,24 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
         res.summary["transfer_bytes"] = transfer.total_bytes
         res.summary["transfers"] = transfer.transfers
     return res
+
+
+def _engines_per_replica(ecfg, pool: PoolSpec):
+    """pp engines of 1/pp of the pool when `pp_microbatches` (each batch still passes every stage, so a step
+    lasts the sum of the stages; pp batches in flight keep every stage busy when the stages are balanced,
+    the decode model's cycle max(sum, pp x busiest stage)); else one engine with the whole pool."""
+    import dataclasses
+
+    pp = pool.parallelism.pp
+    if not ecfg.pp_microbatches or pp == 1:
+        return 1, pool.cache
+    cfg = pool.cache
+    if cfg.capacity_bytes is not None:
+        cfg = dataclasses.replace(cfg, capacity_bytes=cfg.capacity_bytes / pp)
+        if cfg.num_pages < cfg.min_pages_one_request():
+            raise InputError(f"a 1/{pp} share of the pool holds {cfg.num_pages} pages; one request needs "
+                             f"{cfg.min_pages_one_request()}", source="serving.engine.pp_microbatches")
+    return pp, cfg
 
 
 _STEP_FNS: dict = {}  # (model, hardware, layout) -> fast step cost: shared by runs of one process (and forks)

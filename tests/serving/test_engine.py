@@ -140,3 +140,16 @@ def test_low_load_ttft_is_one_prefill_and_tpot_is_decode_at_batch_1(scenario):
     tpot = decode_step(setup.model, setup.hw, layout, 1, L + O // 2).tpot_s
     assert df["tpot_s"].tolist() == pytest.approx([tpot] * 2, rel=0.01)
     assert math.isclose(res.summary["token_hit_rate"], 0.0)
+
+
+def test_pp_microbatches_run_pp_engines_on_shares_of_the_pool(scenario):
+    """PP 2 with micro-batches in flight: two engines per replica, each with half the pool; two requests
+    that arrive together then prefill side by side (both first tokens at 1 s). One engine: A fills step 1's
+    8192-token budget; in step 2 A's decode takes one token, so B prefills 8191 and its last token in step 3."""
+    reqs = [_req(0.0, 8192, 2, 0), _req(0.0, 8192, 2, 100)]
+    one = simulate(ServeSetup.from_scenario(scenario({})), reqs, step_seconds=constant(1.0)).frame()
+    assert sorted(one["first_token_s"]) == [1.0, 3.0]
+    setup = ServeSetup.from_scenario(scenario({"engine": {"pp_microbatches": True}}))
+    res = simulate(setup, reqs, step_seconds=constant(1.0))
+    assert sorted(res.frame()["first_token_s"]) == [1.0, 1.0]
+    assert sorted(res.frame()["replica"]) == [0, 1]
