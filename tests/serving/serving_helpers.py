@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,3 +37,11 @@ def linear(base: float, per_token: float):
     """base + per_token x (decode + prefill tokens) per step."""
     return lambda i: (lambda nd, cs, pf: base + per_token * (nd + sum(c for c, _ in pf)))
 
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    """make(serving_section=None, **kw) -> path of a scenario file with that `serving:` section."""
+    def make(serving: dict | None = None, **kw) -> Path:
+        return write_scenario(tmp_path, serving, **kw)
+    return make

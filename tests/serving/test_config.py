@@ -6,6 +6,7 @@ import pytest
 
 from k3sim.errors import InputError
 from k3sim.serving.run import ServeSetup, default_physical_block
+from serving_helpers import scenario  # noqa: F401  (a fixture)
 
 
 def test_default_section_and_page_size(scenario):

@@ -11,7 +11,7 @@ from k3sim.serving.entities import Request
 from k3sim.serving.run import ServeSetup, simulate
 from k3sim.workloads.request import TraceRequest
 
-from serving_helpers import constant, linear
+from serving_helpers import constant, linear, scenario  # noqa: F401  (scenario: a fixture)
 
 
 def _req(t, L, O, first_id):

@@ -10,7 +10,7 @@ import pytest
 from k3sim.serving.run import ServeSetup, simulate
 from k3sim.workloads.request import TraceRequest
 
-from serving_helpers import TRACE, constant, linear
+from serving_helpers import TRACE, constant, linear, scenario  # noqa: F401  (scenario: a fixture)
 
 
 def _req(t, L, O, ids):
