@@ -20,7 +20,7 @@ def test_plan_default_scenario(cli, root):
     from k3sim.configs import resolve_scenario
     from k3sim.memory.plan import workload_plan
 
-    out = run_cli_json(cli, "plan", "--no-report")
+    out = run_cli_json(cli, "plan", "--no-report", "--serving-requests", "40")
     assert out["scenario"] == "k3-h200-serve-128k" and out["mode"] == "serve" and out["fits"] is True
     assert out["cluster"]["num_gpus"] == 16 and out["replicas"] == 1  # 16 GPUs / (tp 8 x pp 2)
     # The plan's memory is the memory planner's answer for the same layout, not a separate computation.
@@ -32,6 +32,8 @@ def test_plan_default_scenario(cli, root):
     # decode roofline rows: tokens/s per GPU grows with the batch
     tps = [r["tokens_per_s_per_gpu"] for r in out["decode"]]
     assert len(tps) >= 4 and tps == sorted(tps)
+    # serving: the keys of `k3sim serve --json`, from the requested 40-request sample
+    assert out["requests"] == 40 and out["ttft_p50_s"] <= out["ttft_p99_s"]
 
 
 def test_plan_train_scenario_keys(cli, root):
@@ -52,7 +54,7 @@ def test_plan_scenario_alias_and_conflict(cli, root, tmp_path):
 
 
 def test_plan_from_elsewhere_uses_repo_default(cli, tmp_path):
-    proc = cli("plan", "--no-report", cwd=tmp_path)
+    proc = cli("plan", "--no-report", "--serving-requests", "40", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "k3-h200-serve-128k" in proc.stdout and "max concurrent requests" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # --no-report writes nothing
