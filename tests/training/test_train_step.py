@@ -171,3 +171,19 @@ def test_collective_grid_interpolation_close_to_direct_calls():
         for nbytes in (3_000, 77_777, 1_234_567, 98_765_432):
             direct = c._direct(op, nbytes, g)[0]
             assert c.time(op, nbytes, g)[0] == pytest.approx(direct, rel=1e-2), (op, nbytes)
+
+
+def test_cp_adds_its_communication_per_layer_kind_and_micro_batch():
+    # The local kernels cost nothing here, so everything k3sim.cp reports per layer is CP's own cost
+    # (KCP: all-gather of (S~, M) + conv-halo send, forward and backward, + pre-process and fold).
+    from k3sim.cp import cp_step, geometry_from_model
+
+    kt = fake_kernel_time({"all_gather": 0.01, "send_recv": 0.002, "reduce_scatter": 0.003})
+    base = step(Parallelism(dp=2), kt=kt, num_micro_batches=3)
+    cp2 = step(Parallelism(cp=2), kt=kt, num_micro_batches=3)
+    ref = cp_step(geometry_from_model(toy_model(), 1), H200, 64, 2, kernel_time=kt, intra=None)
+    assert ref.kda_layer_time_s >= 2 * (0.01 + 0.002)           # + KCP's own pre-process and fold
+    per_mb = 3 * ref.kda_layer_time_s + 1 * ref.mla_layer_time_s   # toy: 3 KDA + 1 MLA layers
+    assert cp2.exposed_comm_s["cp"] == pytest.approx(3 * per_mb)
+    # dp=2 and cp=2 shard gradients over the same 2 ranks: the rest of the step is the same
+    assert cp2.step_time_s - base.step_time_s == pytest.approx(3 * per_mb)
