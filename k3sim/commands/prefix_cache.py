@@ -105,8 +105,13 @@ def register(app: typer.Typer) -> None:
                                                        help="flop-aware: weight of FLOP efficiency [default: 1]"),
         token_budget: int = typer.Option(8192, "--token-budget", help="tokens per scheduling step"),
         max_running: int = typer.Option(256, "--max-running"),
-        tokens_per_s: float = typer.Option(2.0e5, "--tokens-per-s", help="step cost: tokens per second (scale knob)"),
-        step_overhead_s: float = typer.Option(0.01, "--step-overhead-s", help="step cost: fixed seconds per step"),
+        tokens_per_s: Optional[float] = typer.Option(
+            None, "--tokens-per-s", help="step cost override: tokens per second (what-if knob) [default: derived "
+            "from the step model of --step-scenario]"),
+        step_overhead_s: Optional[float] = typer.Option(
+            None, "--step-overhead-s", help="step cost override: fixed seconds per step [default: derived]"),
+        step_scenario: Path = typer.Option(Path("scenarios/default.yaml"), "--step-scenario",
+                                           help="scenario whose hardware and layout price each step"),
         limit: Optional[int] = typer.Option(None, "--limit", help="replay only the first N requests"),
         strict: bool = typer.Option(False, "--strict", help="stop at the first malformed trace line (exit 2)"),
         sweep: bool = typer.Option(False, "--sweep", help="sweep policies x hash blocks x physical blocks x capacities"),
@@ -145,8 +150,10 @@ def register(app: typer.Typer) -> None:
             check_range(retention_interval, "tokens", "--retention-interval", integer=True)
         if capacity_bytes is not None:
             check_range(capacity_bytes, "capacity_bytes", "--capacity-bytes")
-        check_range(tokens_per_s, "rate", "--tokens-per-s")
-        check_range(step_overhead_s, "seconds", "--step-overhead-s")
+        if tokens_per_s is not None:
+            check_range(tokens_per_s, "rate", "--tokens-per-s")
+        if step_overhead_s is not None:
+            check_range(step_overhead_s, "seconds", "--step-overhead-s")
         if processes is not None:
             # a modelling choice: more workers than 4x the cores only adds memory (each holds a trace copy)
             check_range(processes, "parallel", "--processes", integer=True)
@@ -160,7 +167,7 @@ def register(app: typer.Typer) -> None:
                              source="--requests")
         _check_tp(model, tp)
         sched = SchedulerConfig(token_budget, max_running)
-        cost = StepCost(tokens_per_s, step_overhead_s)
+        cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
                           retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
         if sweep:
@@ -190,10 +197,17 @@ def register(app: typer.Typer) -> None:
         with bar:
             res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload,
                            seed=seed, requests=n_requests, progress=progress)
+        step_clock = {"tokens_per_s": cost.tokens_per_s, "step_overhead_s": cost.step_overhead_s,
+                      "source": "option" if tokens_per_s is not None and step_overhead_s is not None
+                      else f"step model of {step_scenario}"}
         if json_out:
-            print_json(res)
+            import dataclasses
+
+            print_json({**dataclasses.asdict(res), "step_clock": step_clock})
             return
         print_kv(f"prefix cache: {trace.name if trace else workload} ({res.policy})", [
+            ("step clock", f"{step_clock['step_overhead_s'] * 1e3:.2f} ms + tokens / {step_clock['tokens_per_s']:,.0f} "
+                           f"tokens/s ({step_clock['source']})"),
             ("hash / physical block", f"{res.hash_block_tokens} / {res.physical_block_tokens} tokens"),
             ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
             ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
@@ -211,3 +225,22 @@ def register(app: typer.Typer) -> None:
         ])
         for p in res.extra.get("trace_problems", [])[:5]:
             print(f"skipped line {p['line']}: {p['reason']}")
+
+
+def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget):
+    """The replay's step clock: t = overhead + tokens / rate, both derived from the step model of the
+    scenario's replica (overhead = a one-token decode step, rate = the extra tokens of a full token-budget
+    prefill chunk over its extra time), unless the user sets them as a what-if. A line through two points
+    of the same model the serving simulator uses (`k3sim serve` prices every step with it in full)."""
+    from k3sim.configs import load_model
+    from k3sim.files import project_path
+    from k3sim.prefix_cache.serving import ModelStepCost, StepCost
+
+    if tokens_per_s is not None and step_overhead_s is not None:
+        return StepCost(tokens_per_s, step_overhead_s)
+    msc = ModelStepCost.from_scenario(project_path(scenario), load_model(project_path(model_path)))
+    t1 = msc.fn(1, 4096, ())
+    tb = msc.fn(0, 0, ((token_budget, 0),))
+    rate = tokens_per_s if tokens_per_s is not None else (token_budget - 1) / max(tb - t1, 1e-9)
+    over = step_overhead_s if step_overhead_s is not None else t1
+    return StepCost(rate, over)

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +26,31 @@ def test_json_keys_and_values():
     assert 0 < out["token_hit_rate"] < 1 and out["requests"] == 300 and out["capacity_bytes"] == 64e9
     # the CLI is glue: its numbers are exactly the package's replay of the same configuration
     from k3sim.prefix_cache.run import make_config, simulate
+    from k3sim.prefix_cache.serving import StepCost
 
-    ref = simulate(CONV, make_config(ROOT / "models/kimi-k3.yaml", "decoupled", 512, 6144, 64e9))
+    # the step clock is derived from the default scenario's step model unless given; the CLI reports it
+    clock = out["step_clock"]
+    assert clock["source"].startswith("step model of") and clock["tokens_per_s"] > 0 and clock["step_overhead_s"] > 0
+    ref = simulate(CONV, make_config(ROOT / "models/kimi-k3.yaml", "decoupled", 512, 6144, 64e9),
+                   cost=StepCost(clock["tokens_per_s"], clock["step_overhead_s"]))
     for key in ("token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "checkpoint_bytes_peak", "evictions",
                 "page_bytes", "requests_rejected"):
         assert out[key] == getattr(ref, key), key
     assert out["page_bytes"] == 6144 * 27648  # one physical block of K3 MLA KV (27 KiB/token, all MLA layers)
+
+
+def test_step_clock_is_the_step_models_line_unless_given():
+    from k3sim.configs import load_model
+    from k3sim.prefix_cache.serving import ModelStepCost
+
+    d = json.loads(run_cli("prefix-cache", "--trace", CONV, "--policy", "decoupled", "--capacity-bytes", "64e9",
+                           "--limit", "20", "--json").stdout)["step_clock"]
+    msc = ModelStepCost.from_scenario(ROOT / "scenarios/default.yaml", load_model(ROOT / "models/kimi-k3.yaml"))
+    t1, tb = msc.fn(1, 4096, ()), msc.fn(0, 0, ((8192, 0),))
+    assert d["step_overhead_s"] == pytest.approx(t1) and d["tokens_per_s"] == pytest.approx(8191 / (tb - t1))
+    given = json.loads(run_cli("prefix-cache", "--trace", CONV, "--limit", "20", "--tokens-per-s", "2e5",
+                               "--step-overhead-s", "0.01", "--json").stdout)["step_clock"]
+    assert given == {"tokens_per_s": 2e5, "step_overhead_s": 0.01, "source": "option"}
 
 
 def test_table_output_unbounded_coarse():
