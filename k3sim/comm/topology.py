@@ -47,16 +47,32 @@ class Topology:
 
     def ring_bottleneck(self, n: int) -> tuple[float, bool]:
         """Narrowest hop of the ring gpu0 -> gpu1 -> ... -> gpu{n-1} -> gpu0, and whether the ring
-        leaves a scale-up domain."""
+        leaves a scale-up domain. Memoised per topology and n: sweeps ask it for the same wide groups
+        thousands of times, and shortest paths over a 1,024-GPU graph take seconds."""
         if n < 2:
             return float("inf"), False
-        bws = [self.hop(i, (i + 1) % n)[0] for i in range(n)]
-        nodes = {i // self.gpus_per_node for i in range(n)}
-        return min(bws), len(nodes) > 1
+        memo = self.__dict__.setdefault("_ring_memo", {})
+        if n not in memo:
+            bws = [self.hop(i, (i + 1) % n)[0] for i in range(n)]
+            nodes = {i // self.gpus_per_node for i in range(n)}
+            memo[n] = (min(bws), len(nodes) > 1)
+        return memo[n]
+
+
+_PLACEMENTS: dict[tuple, Topology] = {}
 
 
 def placement_topology(gpus: int, hw: Any, gpus_per_node: int | None = None) -> Topology:
-    """`gpus` ranks, `gpus_per_node` per NVSwitch domain (default: the profile's scale-up domain)."""
+    """`gpus` ranks, `gpus_per_node` per NVSwitch domain (default: the profile's scale-up domain).
+    Built once per (gpus, domain, link bandwidths): the graph depends on nothing else."""
+    key = (gpus, gpus_per_node, int(getattr(hw, "scaleup_domain_gpus", 0) or 0),
+           float(hw.scaleup_bandwidth_bytes_per_s), float(getattr(hw, "scaleout_bandwidth_bytes_per_s", 0) or 0))
+    if key not in _PLACEMENTS:
+        _PLACEMENTS[key] = _build_placement(gpus, hw, gpus_per_node)
+    return _PLACEMENTS[key]
+
+
+def _build_placement(gpus: int, hw: Any, gpus_per_node: int | None = None) -> Topology:
     import networkx as nx
 
     domain = int(getattr(hw, "scaleup_domain_gpus", 0) or 0) or 1
