@@ -76,7 +76,9 @@ class ModelStepCost:
         scn, scn_model, hw = resolve_scenario(path)
         p = scn.parallelism
         model = model or scn_model
-        p.check_against(model, source=str(path))
+        from k3sim.configs.parallel import check_layout
+
+        check_layout(model, p, mode="serve", source=str(path))
         return cls(model, hw, tp=p.tp, pp=p.pp, ep=p.ep, gpus_per_node=scn.cluster.gpus_per_node)
 
     def step(self, num_decode: int, decode_context_sum: int, prefill: tuple = ()) -> float:

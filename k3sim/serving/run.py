@@ -128,10 +128,12 @@ class ServeSetup:
             except Exception as err:  # pydantic ValidationError: one line
                 raise InputError(_first_error(err), source="--pool-bytes" if "pool_bytes" in str(err) else src) \
                     from None
+        from k3sim.configs.parallel import check_layout
+
         gpn = scn.cluster.gpus_per_node
         pools = []
         if sv.disaggregation is None:
-            scn.parallelism.check_against(model, source=src)
+            check_layout(model, scn.parallelism, mode="serve", source=src)
             pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src))
         else:
             dz = sv.disaggregation
@@ -141,7 +143,7 @@ class ServeSetup:
                                  f"cluster's {scn.replicas} replicas", source=src, field="serving.disaggregation")
             for role, pc in (("prefill", dz.prefill), ("decode", dz.decode)):
                 par = pc.parallelism or scn.parallelism
-                par.check_against(model, source=src)
+                check_layout(model, par, mode="serve", source=src)
                 pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src)
 
