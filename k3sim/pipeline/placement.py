@@ -257,7 +257,7 @@ def _bubble_best(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up
     first = {j: j % p for j in range(u)}
     inline = _bubble(schedule, costs, encoder, first)
     if not inline.synchronous:
-        return inline
+        return _not_worse_than_serial(schedule, costs, encoder, inline)
     load = [0.0] * p
     assign = dict(first)
     for j, d in first.items():
@@ -271,7 +271,23 @@ def _bubble_best(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up
     ahead.timeline = simulate(ahead.program)
     best = ahead if ahead.timeline.step_time_s < inline.timeline.step_time_s else inline
     best.overflow = "upfront" if best is ahead else "inline"
-    return best
+    return _not_worse_than_serial(schedule, costs, encoder, best)
+
+
+def _not_worse_than_serial(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, plan: Placed) -> Placed:
+    """The greedy gap filling can lose to the serial positions (hypothesis found one: ZB-H1 with one
+    encoder backward whose gradient arrives late); the plan is offline, so the planner keeps serial's
+    positions then, and says so (`overflow = "serial kept"`)."""
+    if plan.timeline is None:
+        plan.timeline = simulate(plan.program)
+    serial = place(schedule, costs, encoder, "serial")
+    serial_tl = simulate(serial.program)
+    if serial_tl.step_time_s < plan.timeline.step_time_s - 1e-12:
+        serial.timeline, serial.policy, serial.overflow = serial_tl, "bubble", "serial kept"
+        serial.upfront = serial.placed_forward = serial.placed_backward = 0
+        serial.synchronous = list(range(schedule.m))
+        return serial
+    return plan
 
 
 def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dict[int, int]) -> Placed:

@@ -101,3 +101,16 @@ def test_regression_gap_after_an_upfront_encode():
     sched = build_schedule("zb-h1", 4, 5)
     assert (run_pipeline(sched, costs, enc, "bubble").step_time_s
             <= run_pipeline(sched, costs, enc, "serial").step_time_s)
+
+
+def test_bubble_keeps_serial_positions_where_gap_filling_would_lose():
+    # hypothesis's counterexample (ZB-H1, one late encoder backward): greedy gap filling gave 24 s against
+    # serial's 23 s; the offline plan keeps serial's positions then
+    costs = StageCosts((1.0,) * 4, (1.0,) * 4, (1.0, 2.0, 1.0, 1.0), (0.0,) * 4, (0.0,) * 4)
+    enc = EncoderWork((0.0,) * 5, (0.0, 0.0, 0.0, 0.0, 1.0))
+    sched = build_schedule("zb-h1", 4, 5, 1)
+    serial = run_pipeline(sched, costs, enc, "serial", keep_timeline=False)
+    bubble = run_pipeline(sched, costs, enc, "bubble", keep_timeline=False)
+    assert serial.step_time_s == pytest.approx(23.0)
+    assert bubble.step_time_s == pytest.approx(23.0)
+    assert bubble.encoder_placed_in_bubbles["overflow"] == "serial kept"
