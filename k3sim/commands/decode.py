@@ -24,7 +24,15 @@ def _result_json(r, hw) -> dict:
         "limiter": r.limiter, "expert_kernel": r.expert_kernel,
         "expert_kernels_seconds_per_step": r.expert_kernels, "router_fusion_seconds_per_step": r.router_fusion,
         "max_batch_by_memory": r.max_batch_by_memory, "speculative": r.spec, "breakdown": rows,
+        # share of the step's seconds standing on an uncalibrated datasheet roofline (a lower bound: no
+        # launch or latency term); 0 on a calibrated profile
+        "datasheet_share_of_step": _datasheet_share(r),
     }
+
+
+def _datasheet_share(r) -> float:
+    total = sum(x.seconds for x in r.rows) or 1.0
+    return sum(x.seconds for x in r.rows if "datasheet" in x.source) / total
 
 
 def register(app: typer.Typer) -> None:
@@ -138,6 +146,10 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
              ("expert kernel", r.expert_kernel), ("limiter", r.limiter),
              ("max batch by memory", "weights do not fit" if r.max_batch_by_memory is None
               else f"{r.max_batch_by_memory} per micro-batch ({pp} in flight), every sequence at full context")]
+    share = _datasheet_share(r)
+    if share > 0:
+        pairs.append(("calibration", f"{share:.0%} of the step from the datasheet roofline of an uncalibrated "
+                                     f"profile: a lower bound (run k3sim calibrate on this GPU)"))
     if r.spec:
         pairs.append(("speculative", f"MTP {r.spec['depth']} drafts, acceptance {r.spec['acceptance']}, "
                                      f"{r.spec['rollback']}: {r.spec['tokens_per_step']:.2f} tokens/step"))

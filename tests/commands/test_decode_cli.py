@@ -68,3 +68,10 @@ def test_sweep_out_that_is_a_file_is_one_line_and_nothing_written(tmp_path):
                 "--sweep-batch", "--out", str(f))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--out" in p.stderr
     assert f.read_text() == "x"
+
+
+def test_uncalibrated_profile_says_how_much_is_a_datasheet_lower_bound():
+    b200 = json.loads(run_cli("decode", "--hardware", "b200", "--batch", "8", "--json").stdout)
+    h200 = json.loads(run_cli("decode", "--hardware", "h200", "--batch", "8", "--json").stdout)
+    assert b200["datasheet_share_of_step"] == pytest.approx(1.0)
+    assert h200["datasheet_share_of_step"] == 0.0
