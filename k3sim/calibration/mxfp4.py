@@ -458,7 +458,6 @@ def random_routing(B: int, E: int, topk: int, device, seed: int = 0):
 
 def rel_err(out, ref) -> float:
     """||out - ref|| / ||ref|| in fp64 (METHOD.md); NaN anywhere gives inf."""
-    import torch
 
     d = (out.double() - ref.double()).norm()
     r = ref.double().norm()

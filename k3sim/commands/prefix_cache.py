@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         from k3sim.errors import InputError
         from k3sim.output import human_bytes, print_json, print_kv, print_table
         from k3sim.prefix_cache.run import make_config, simulate, sweep_report
-        from k3sim.prefix_cache.serving import SchedulerConfig, StepCost
+        from k3sim.prefix_cache.serving import SchedulerConfig
 
         from k3sim.configs.bounds import check_range
         from k3sim.files import project_path

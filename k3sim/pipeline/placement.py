@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from k3sim.errors import InputError
 from k3sim.pipeline.engine import Program, Timeline, simulate
-from k3sim.pipeline.schedules import B, KIND_NAMES, F, W, Schedule, op_dependencies
+from k3sim.pipeline.schedules import B, KIND_NAMES, F, Schedule
 from k3sim.pipeline.stagecosts import StageCosts
 
 POLICIES = ("none", "serial", "decoupled", "bubble")

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hostile_helpers import ROOT, assert_one_line, run_main, spawn
+from hostile_helpers import spawn
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:

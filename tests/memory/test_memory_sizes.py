@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from memory_toys import toy_fixture  # noqa: F401 (the `toy` fixture)
 
