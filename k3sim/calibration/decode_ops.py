@@ -117,30 +117,30 @@ def make_case(op: str, params: dict, device, seed: int = 0, shared: dict | None 
     T = params["T"]
     if op == "rmsnorm":
         x, w = r(T, params["D"]), r(params["D"])
-        fn = lambda: rmsnorm(x, w)  # noqa: E731
+        fn = lambda: rmsnorm(x, w)
     elif op == "silu_mul":
         x = r(T, 2 * params["N"])
-        fn = lambda: silu_mul(x)  # noqa: E731
+        fn = lambda: silu_mul(x)
     elif op == "rope":
         x = r(T, params["H"], params["D"])
         if ("rope", params["D"]) not in shared:
             shared[("rope", params["D"])] = rope_cache(4096, params["D"], device)
         cos, sin = shared[("rope", params["D"])]
         pos = torch.randint(0, 4096, (T,), generator=g, device=device)
-        fn = lambda: rope(x, pos, cos, sin)  # noqa: E731
+        fn = lambda: rope(x, pos, cos, sin)
     elif op == "router_topk":
         logits = r(T, params["E"], dtype=torch.float32)
         bias = r(params["E"], dtype=torch.float32) * 0.01
-        fn = lambda: router_topk(logits, bias, params["topk"])  # noqa: E731
+        fn = lambda: router_topk(logits, bias, params["topk"])
     elif op == "residual_add":
         x, res = r(T, params["D"]), r(T, params["D"])
-        fn = lambda: residual_add(x, res)  # noqa: E731
+        fn = lambda: residual_add(x, res)
     elif op == "embedding":
         if ("emb", params["D"]) not in shared:
             shared[("emb", params["D"])] = r(VOCAB, params["D"])
         table = shared[("emb", params["D"])]
         ids = torch.randint(0, VOCAB, (T,), generator=g, device=device)
-        fn = lambda: embedding(ids, table)  # noqa: E731
+        fn = lambda: embedding(ids, table)
     else:
         raise KeyError(op)
     from k3sim.kernels.ops import OPS as SPECS
