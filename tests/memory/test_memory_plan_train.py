@@ -68,13 +68,25 @@ def test_zero_and_recompute_reduce_memory(root):
     # through the sharding floor: routed experts split over at least the 8 expert-DP replicas
     # (dp * tp / ep = 64 * 8 / 64), everything else over the 64 DP replicas
     assert z3["weights"] < z2["weights"] / 8
+    # With one pipeline stage nothing can move: the ZeRO-3 weights (2 B/param) are exactly half the ZeRO-2
+    # gradients (4 B/param) over the same shards, as before the interleaved in-flight change
+    one = dict(tp=8, pp=1, ep=64, dp=64)
+    g2 = train_plan(m, hw, Parallelism(**one, zero_stage=2), 32768, allow_overflow=True).per_gpu_bytes
+    w3 = train_plan(m, hw, Parallelism(**one, zero_stage=3), 32768, allow_overflow=True).per_gpu_bytes
+    assert w3["weights"] == pytest.approx(g2["gradients"] / 2, abs=1)
 
 
 def test_interleaved_in_flight_follows_megatrons_warm_up():
-    # (2 (p - r - 1) + (v - 1) p + 1) / v chunks' worth, capped at m v chunks
+    # Megatron-LM warm-up: (2 (p - r - 1) + (v - 1) p + 1) / v chunks' worth, capped at m v chunks.
+    # Rank 0 checked against the independent closed form of Korthikanti et al. (MLSys'23 sec. 4.2.3),
+    # p (1 + (p - 1) / (p v)): p = 8, v = 2 -> 8 x (1 + 7/16) = 11.5; p = 4, v = 4 -> 4 x (1 + 3/16) = 4.75
     par = Parallelism(pp=8, virtual_stages=2)
-    assert in_flight_micro_batches(par, 0, None) == (14 + 8 + 1) / 2
-    assert in_flight_micro_batches(par, 7, None) == (0 + 8 + 1) / 2
+    assert in_flight_micro_batches(par, 0, None) == 8 * (1 + 7 / 16) == 11.5
+    assert in_flight_micro_batches(Parallelism(pp=4, virtual_stages=4), 0, None) == 4.75
+    # last rank: (v - 1) p / v + 1/v = 4 + 0.5; ranks in between hold less the later they are
+    assert in_flight_micro_batches(par, 7, None) == 4.5
+    held = [in_flight_micro_batches(par, r, None) for r in range(8)]
+    assert held == sorted(held, reverse=True) and held[0] - held[1] == 1  # two chunks (1/v each) per rank
     assert in_flight_micro_batches(Parallelism(pp=4, virtual_stages=3), 0, 4) == 4  # never more than m
     assert in_flight_micro_batches(Parallelism(pp=4), 3, None) == 1
 
