@@ -141,8 +141,6 @@ def synthetic_workload(name: str, seed: int = 0, requests: int = 1000) -> list[T
         raise InputError(f"unknown workload '{name}' (choose {', '.join(SYNTHETIC_WORKLOADS)})", source="--workload")
     from k3sim.configs.bounds import check_range
 
-    if seed < 0:
-        raise InputError(f"must be a non-negative integer (got {seed})", source="--seed")
     check_range(requests, "requests", "--requests", integer=True)  # held in memory: a documented upper bound
     check_range(seed, "seed", "--seed", integer=True)
     return SYNTHETIC_WORKLOADS[name](seed, requests)

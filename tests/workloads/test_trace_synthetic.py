@@ -49,5 +49,11 @@ def test_named_workloads_stay_the_same_and_refuse_a_negative_seed():
     # first four prompt lengths as the generators gave them when the reports were built
     assert [r.input_tokens for r in synthetic_workload("chat", 0, 10)[:4]] == [1000, 918, 1280, 1848]
     assert [r.input_tokens for r in synthetic_workload("rag", 0, 10)[:4]] == [9818, 4063, 8719, 8493]
-    with pytest.raises(InputError, match="--seed"):
+    with pytest.raises(InputError, match="--seed: must be at least 0, got -1"):
         synthetic_workload("chat", -1, 10)
+    # the documented range of k3sim.configs.bounds, ends included: 1 .. 100,000 requests
+    with pytest.raises(InputError, match=r"--requests: 100,001 is outside \[1, 100,000\] requests"):
+        synthetic_workload("chat", 0, 100_001)
+    with pytest.raises(InputError, match="--requests: must be positive"):
+        synthetic_workload("chat", 0, 0)
+    assert len(synthetic_workload("chat", 0, 1)) >= 1
