@@ -76,8 +76,15 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
     if lim is not None and context > lim:
         raise InputError(f"{context:,} tokens exceeds the {lim:,} the model supports (max_context_tokens)",
                          source="--context")
-    if mtp < 0 or mtp > 64:
-        raise InputError(f"must be in [0, 64] draft tokens, got {mtp}", source="--mtp")
+    from k3sim.kernels.ops import OPS
+
+    # a verify step walks up to 2n + 1 tokens per sequence through the measured multi-token KDA kernel
+    # (replay: n + 1 new plus up to n accepted ones); the kernel registry bounds its T
+    t_max = OPS["recurrent_kda_decode"].ranges["T"][1]
+    max_depth = (t_max - 1) // 2
+    if mtp < 0 or mtp > max_depth:
+        raise InputError(f"must be in [0, {max_depth}] draft tokens (a verify step walks up to 2n+1 tokens; the "
+                         f"KDA decode kernel is modelled up to {t_max}), got {mtp}", source="--mtp")
     if mtp == 0 and (rollback is not None or acceptance is not None):
         which = "--rollback" if rollback is not None else "--acceptance"
         raise InputError("needs --mtp N >= 1 (no draft tokens to verify or roll back)", source=which)
@@ -91,14 +98,12 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
         raise InputError(f"must be one of {', '.join(EXPERT_KERNELS)}, got {expert_kernel!r}", source="--expert-kernel")
     if convention not in CONVENTIONS:
         raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
-    if not (0.0 <= zipf <= 8.0):
+    if not (0.0 <= zipf <= 8.0):  # modelling choice: s = 8 already puts ~all picks on the top-k experts
         raise InputError(f"must be in [0, 8] (0 uniform routing), got {zipf}", source="--zipf")
     if out is not None and not sweep_batch:
         raise InputError("--out is only written by --sweep-batch", source="--out")
     if sweep_batch and out is None:
         raise InputError("--sweep-batch needs --out DIR for its table and plot", source="--out")
-    if model_cfg.kda is None and mtp > 0 and rollback is not None:
-        pass  # no KDA state: rollback is a no-op; allowed
 
 
 def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention):

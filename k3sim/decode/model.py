@@ -151,14 +151,14 @@ def _busiest(stage_s: list[float]) -> int:
 
 
 def expert_kernel_table(model, hw, layout: StepLayout, b: Batch, timer: Timer) -> dict[str, float]:
-    """Routed-expert seconds per step (all MoE layers of the busiest stage... summed over the model and
-    divided by pp) for each expert kernel the profile knows: tile-centric grouped GEMMs vs token-centric
-    MXFP4 streaming, side by side."""
+    """Routed-expert seconds per step (every MoE layer on a token's path through all stages, as the step's
+    own rows count them) for each expert kernel the profile knows: tile-centric grouped GEMMs vs
+    token-centric MXFP4 streaming, side by side."""
     from k3sim.step.forward import _eval_calls, expert_kernel_known
     from k3sim.step.layers import expert_calls
 
     out = {}
-    n_moe = model.num_moe_layers / layout.pp
+    n_moe = model.num_moe_layers
     for k in ("mxfp4_token", "grouped_fp8", "grouped_bf16"):
         if not expert_kernel_known(model, layout, b, k, timer):
             continue
@@ -168,14 +168,14 @@ def expert_kernel_table(model, hw, layout: StepLayout, b: Batch, timer: Timer) -
 
 
 def router_fusion_table(model, hw, layout: StepLayout, b: Batch, timer: Timer) -> dict[str, float]:
-    """Latent down-projection + router per step of one stage: one fused GEMM vs two GEMMs."""
+    """Latent down-projection + router per step (every MoE layer): one fused GEMM vs two GEMMs."""
     from k3sim.step.layers import gemm
 
     moe, d, t, M = model.moe, model.hidden_size, layout.tp, b.tokens
     if not moe.latent_width:
         return {}
     L, E = moe.latent_width, moe.num_routed_experts
-    n_moe = model.num_moe_layers / layout.pp
+    n_moe = model.num_moe_layers
     fused = timer.row(gemm("f", M, (L + E) / t, d), 0).seconds
     split = timer.row(gemm("a", M, L / t, d), 0).seconds + timer.row(gemm("b", M, E / t, d), 0).seconds
     return {"fused_s": n_moe * fused, "unfused_s": n_moe * split}
@@ -184,11 +184,11 @@ def router_fusion_table(model, hw, layout: StepLayout, b: Batch, timer: Timer) -
 def max_batch(model: ModelConfig, hw: Any, layout: StepLayout, context: int) -> int | None:
     """Sequences of `context` tokens per micro-batch that fit: the memory planner's concurrent requests
     divided over the pp micro-batches in flight (None if the weights alone do not fit)."""
-    from k3sim.errors import InputError
+    from k3sim.errors import DoesNotFit
     from k3sim.memory.plan import serve_plan
 
     try:
         plan = serve_plan(model, hw, layout.parallelism(), context)
-    except InputError:
+    except DoesNotFit:  # only the misfit: any other planner error is bad input and propagates
         return None
     return plan.max_concurrent_requests // layout.pp

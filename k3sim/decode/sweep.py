@@ -39,7 +39,9 @@ def sweep_table(results: list[DecodeResult], hw: Any):
                      "intensity_flop_per_byte": r.flop_per_step_per_gpu / max(1.0, r.bytes_per_step_per_gpu),
                      "roofline": "compute-bound" if t_flop > t_mem else "memory-bound",
                      "expected_distinct_experts_per_layer": r.expected_distinct_experts_per_layer,
-                     "expert_kernel": r.expert_kernel, "fits_memory": cap is None or r.batch <= cap,
+                     "expert_kernel": r.expert_kernel,
+                     # None: the weights alone do not fit (the memory planner's verdict), so no batch fits
+                     "fits_memory": cap is not None and r.batch <= cap,
                      "max_batch_by_memory": cap, "limiter": r.limiter})
     return pd.DataFrame(rows)
 

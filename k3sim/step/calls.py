@@ -94,10 +94,7 @@ class Timer:
             spec = OPS[call.op]
             p = dict(call.params)
             s, src, det = self.time(call.op, p)
-            try:
-                nbytes, flop = spec.bytes(p), spec.flop(p)
-            except KeyError:  # an op whose formula needs a parameter the call did not give (defaults)
-                nbytes, flop = call.proxy_bytes, 0.0
+            nbytes, flop = spec.bytes(p), spec.flop(p)
             op = call.op
         else:  # not measured anywhere: stream its bytes through HBM (a read-modify-write copy)
             nbytes, flop = call.proxy_bytes, 0.0

@@ -74,13 +74,7 @@ def manifest_prediction(seq: list[dict], hw: Any, kernel_time: Callable | None =
     total, by_op, by_src = 0.0, {}, {}
     for e in seq:
         c = manifest_call(e["op"], e["params"])
-        if c.op in OPS:
-            try:
-                r = timer.row(c, 0)
-            except Exception:  # params outside the registry's shape: stream its bytes instead
-                r = timer.row(Call(c.component, "unregistered:" + c.op, {}, proxy_bytes=c.proxy_bytes), 0)
-        else:
-            r = timer.row(c, 0)
+        r = timer.row(c, 0)  # unregistered ops stream their bytes (Timer's HBM proxy)
         total += r.seconds
         by_op[e["op"]] = by_op.get(e["op"], 0.0) + r.seconds
         kind = "proxy" if r.source.startswith("proxy") else r.source

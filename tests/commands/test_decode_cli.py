@@ -51,6 +51,8 @@ def test_sweep_writes_table_and_plot(tmp_path):
     (["--acceptance", "0.5"], "--acceptance"),
     (["--mtp", "2"], "--acceptance"),
     (["--mtp", "2", "--acceptance", "0.5", "--rollback", "undo"], "--rollback"),
+    (["--mtp", "32", "--acceptance", "0.5"], "--mtp"),  # 2 x 32 + 1 tokens exceed the KDA kernel's 64
+    (["--zipf", "nan"], "--zipf"),
     (["--expert-kernel", "magic"], "--expert-kernel"),
     (["--sweep-batch"], "--out"),
 ])

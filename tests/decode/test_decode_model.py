@@ -13,12 +13,26 @@ K3 = load_model("models/kimi-k3.yaml")
 
 
 def test_pp_keeps_micro_batches_in_flight():
-    lay = StepLayout(tp=8, pp=2, ep=8)
-    r = decode_step(K3, HW, lay, 32, 32768)
-    cycle = max(r.step_s, 2 * max(r.stage_seconds))
-    assert r.tpot_s == pytest.approx(cycle)
-    assert r.tokens_per_s == pytest.approx(32 * 2 / cycle)
-    assert r.tokens_per_s_per_gpu == pytest.approx(r.tokens_per_s / 16)
+    # Hand-worked: only the KDA decode kernel costs time (1 ms per layer). K3's 93 layers split 47 / 46 over
+    # two stages; MLA layers (1-based) 4, 8, ..., 44 are 11 of the first 47 and 48, ..., 88, 92, 93 are 13
+    # of the last 46, so the stages take 36 and 33 ms. Two micro-batches in flight: a sequence gets a token
+    # every max(36 + 33, 2 x 36) = 72 ms; the replica emits 32 x 2 tokens per 72 ms over 16 GPUs.
+    from dataclasses import dataclass
+
+    @dataclass
+    class KT:
+        seconds: float
+        source: str = "fake"
+        detail: str = ""
+
+    def kda_only(op, params, hardware=None):
+        return KT(1e-3 if op == "recurrent_kda_decode" else 0.0)
+
+    r = decode_step(K3, HW, StepLayout(tp=8, pp=2, ep=8), 32, 32768, kernel_time=kda_only, memory_cap=False)
+    assert r.stage_seconds == pytest.approx([0.036, 0.033])
+    assert r.tpot_s == pytest.approx(0.072)
+    assert r.tokens_per_s == pytest.approx(64 / 0.072)
+    assert r.tokens_per_s_per_gpu == pytest.approx(64 / 0.072 / 16)
 
 
 def test_memory_cap_is_the_planners_concurrency_over_pp():
@@ -28,9 +42,12 @@ def test_memory_cap_is_the_planners_concurrency_over_pp():
     assert r.max_batch_by_memory == plan.max_concurrent_requests // 2
 
 
-def test_k3_on_one_node_has_no_memory_cap_answer():
+def test_k3_on_one_node_has_no_memory_cap_answer_and_no_batch_fits():
+    from k3sim.decode.sweep import sweep_table
+
     r = decode_step(K3, HW, StepLayout(tp=8, pp=1, ep=8), 1, 4096)
     assert r.max_batch_by_memory is None  # routed experts alone exceed HBM
+    assert not sweep_table([r], HW)["fits_memory"].any()
 
 
 def test_distinct_experts_reported_per_layer_and_rank():
@@ -44,3 +61,21 @@ def test_expert_kernel_table_lists_every_registered_kernel():
     r = decode_step(K3, HW, StepLayout(tp=8, pp=2, ep=8), 8, 4096)
     assert "grouped_bf16" in r.expert_kernels and r.expert_kernels["grouped_bf16"] > 0
     assert r.expert_kernel in r.expert_kernels
+
+
+def test_expert_kernel_and_router_tables_count_every_moe_layer_of_the_step():
+    from dataclasses import dataclass
+
+    @dataclass
+    class KT:
+        seconds: float
+        source: str = "fake"
+        detail: str = ""
+
+    def one_us(op, params, hardware=None):
+        return KT(1e-6)
+
+    r = decode_step(K3, HW, StepLayout(tp=8, pp=2, ep=8), 8, 4096, kernel_time=one_us, memory_cap=False)
+    assert r.expert_kernels["mxfp4_token"] == pytest.approx(92 * 1e-6)  # one op per MoE layer, 92 layers
+    assert r.expert_kernels["grouped_fp8"] == pytest.approx(92 * 1e-6)
+    assert r.router_fusion == pytest.approx({"fused_s": 92e-6, "unfused_s": 2 * 92e-6})
