@@ -127,5 +127,10 @@ def load_topology(path: str | Path, domain_gpus: int | None = None) -> Topology:
     lost = [gpu(i) for i in range(n) if gpu(i) not in comp]
     if lost:
         raise InputError(f"{lost[0]} is not connected to gpu0 (no path over the links)", source=src, field="links")
-    gpn = int(data.get("gpus_per_node", domain_gpus or n))
-    return Topology(g, n, max(1, min(gpn, n)), src, nvswitch=bool(data.get("nvswitch", True)))
+    gpn = data.get("gpus_per_node", domain_gpus or n)
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise InputError(f"gpus_per_node must be a positive integer, got {gpn!r}", source=src, field="gpus_per_node")
+    nvswitch = data.get("nvswitch", True)
+    if not isinstance(nvswitch, bool):  # bool("no") is True: a quoted word must not pass as a switch
+        raise InputError(f"nvswitch must be true or false, got {nvswitch!r}", source=src, field="nvswitch")
+    return Topology(g, n, min(gpn, n), src, nvswitch=nvswitch)

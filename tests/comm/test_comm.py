@@ -53,6 +53,16 @@ def test_topology_file_errors(tmp_path):
         collective_time("all_gather", 2 ** 20, 4, bare_hw(), topology=f)
     assert e.value.field == "gpus" and "topology has 2" in str(e.value)
     assert collective_time("all_gather", 2 ** 20, 2, bare_hw(), topology=f).seconds == pytest.approx(2 ** 20 / 1e11)
+    links = "links:\n  - [gpu0, nvs0, 4.0e+11]\n  - [gpu1, nvs0, 1.0e+11]\n"
+    for extra, field in (("gpus_per_node: two\n", "gpus_per_node"), ("gpus_per_node: 0\n", "gpus_per_node"),
+                         ('nvswitch: "no"\n', "nvswitch")):
+        f.write_text("gpus: 2\n" + extra + links)
+        with pytest.raises(InputError) as e:
+            load_topology(f)
+        assert e.value.field == field, extra
+    f.write_text("gpus: 2\ngpus_per_node: 1\nnvswitch: false\n" + links)
+    topo = load_topology(f)
+    assert (topo.gpus_per_node, topo.nvswitch) == (1, False)
 
 
 def test_placement_rejects_more_per_node_than_the_domain():
