@@ -25,7 +25,7 @@ import sys
 
 import typer
 
-from k3sim.errors import InputError
+from k3sim.errors import InputError, shorten
 
 # Longest error line printed (characters). A modelling choice: two terminal lines' worth keeps the cause
 # and the fix readable while an echoed input value (a YAML alias bomb, a 1e6-digit number) is cut.
@@ -62,8 +62,7 @@ def _on_sigint(signum, frame):  # noqa: ARG001 - signal handler signature
 
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Whitespace collapsed to single spaces and cut to `limit` characters (an ellipsis marks the cut)."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return shorten(" ".join(str(text).split()), limit)
 
 
 def _fail(message: str, code: int, *, output_broken: bool = False) -> None:

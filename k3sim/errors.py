@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def _cut(text: str, limit: int) -> str:
-    """`text`, or its first `limit - 1` characters and an ellipsis: echoed input stays readable."""
+def shorten(text: str, limit: int) -> str:
+    """`text`, or its first `limit - 1` characters and an ellipsis: echoed input stays readable. The one
+    cutter for every echoed value and error line (configs, traces, the CLI's line cap)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -20,9 +21,9 @@ class InputError(Exception):
         self.field = field
         parts = []
         if source:
-            parts.append(_cut(str(source), 120))  # a path or option value can be any length
+            parts.append(shorten(str(source), 120))  # a path or option value can be any length
         if field:
-            parts.append(f"field '{_cut(str(field), 60)}'")
+            parts.append(f"field '{shorten(str(field), 60)}'")
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {reason}" if prefix else reason)
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from k3sim.errors import InputError
+from k3sim.errors import InputError, shorten
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _short(value: Any, limit: int = 40) -> str:
     """The value as the user can read it: integers with thousands separators, anything cut to `limit`."""
     text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10 ** 24 \
         else repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(text, limit)
 
 
 def option_range(name: str, option: str, *, integer: bool = True):

@@ -13,7 +13,7 @@ from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.hf import hf_to_model_fields, is_hf_config
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Scenario, check_layout
-from k3sim.errors import InputError
+from k3sim.errors import InputError, shorten
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_DIR = REPO_ROOT / "hardware_profiles"
@@ -72,19 +72,14 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         kind = "JSON" if p.suffix == ".json" else "YAML"
         first = " ".join(str(err).split())
-        raise InputError(f"malformed {kind}: {_short(first, 160)}", source=str(path)) from None
+        raise InputError(f"malformed {kind}: {shorten(first, 160)}", source=str(path)) from None
     except (RecursionError, ValueError) as err:  # nested too deeply; an integer past Python's digit limit
         raise InputError(f"malformed {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                         f"{'nested too deeply' if isinstance(err, RecursionError) else _short(str(err), 120)}",
+                         f"{'nested too deeply' if isinstance(err, RecursionError) else shorten(str(err), 120)}",
                          source=str(path)) from None
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping at top level, got {type(data).__name__}", source=str(path))
     return data
-
-
-def _short(text: str, limit: int = 60) -> str:
-    """An echoed input value cut to `limit` characters: the error line stays one readable line."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _schema_fields() -> set[str]:
@@ -115,7 +110,7 @@ def validation_error_line(err: ValidationError) -> tuple[str | None, str]:
     else:
         reason = first["msg"].removeprefix("Value error, ")
         if first["type"] not in ("missing", "value_error") and "input" in first:
-            reason += f" (got {_short(repr(first['input']))})"
+            reason += f" (got {shorten(repr(first['input']), 60)})"
     more = len(err.errors()) - 1
     if more:
         reason += f" (+{more} more error{'s' if more > 1 else ''})"

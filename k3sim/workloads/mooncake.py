@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from k3sim.configs.bounds import BOUNDS
-from k3sim.errors import InputError
+from k3sim.errors import InputError, shorten
 from k3sim.workloads.request import TraceRequest
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -25,8 +25,7 @@ MAX_REQUEST_TOKENS = int(BOUNDS["request_tokens"].hi)
 
 def _short(value: object, limit: int = 40) -> str:
     """An echoed field value cut short, so a problem line stays readable."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(repr(value), limit)
 
 
 @dataclass

@@ -152,3 +152,13 @@ def test_an_oversized_echo_is_cut(tmp_path, capsys):
     name = "x" * 20_000
     line = assert_one_line(*run_main(capsys, "memory", "--model", K3, "--hardware", name), "unknown hardware")
     assert len(line) <= 300 and "x…: unknown hardware profile" in line
+
+
+def test_one_cutter_for_every_echo():
+    """`k3sim.errors.shorten` is the single cutter behind InputError, config, trace and CLI echoes."""
+    from k3sim.cli import one_line
+    from k3sim.errors import InputError, shorten
+
+    assert shorten("abcdef", 6) == "abcdef" and shorten("abcdefg", 6) == "abcde…"
+    assert one_line("a\n  b\tc", 300) == "a b c" and one_line("x" * 400) == "x" * 299 + "…"
+    assert str(InputError("bad", source="p" * 500, field="f")) == "p" * 119 + "…: field 'f': bad"
