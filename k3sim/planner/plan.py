@@ -292,6 +292,9 @@ def _prefix_cache(res: PlanResult, inp) -> None:
 
     rows = []
     tp = inp.scenario.parallelism.tp
+    # Block sizes: 512-token hash blocks and a physical block inside the 1,024-6,144-token range KDA state
+    # snapshots force (MISSION sec. 5); 4,096 within that range is a modelling choice. 'full-attention'
+    # has no KDA state to snapshot, so its physical block can be the hash block.
     for policy, hb, pb in (("coarse", 512, 4096), ("decoupled", 512, 4096), ("full-attention", 512, 512)):
         try:
             cfg = make_config(res.model_path, policy, hb, pb, None, tp=tp)
@@ -317,6 +320,8 @@ def _cp(res: PlanResult, inp, kt) -> None:
         res.notes["cp"] = "model has no attention layers to split"
         return
     g = geometry_from_model(model, par.tp)
+    # Without CP in the scenario, CP is shown at 8 ranks (one 8-GPU NVLink node) and the sequence axis runs
+    # 8k tokens to max(context, 1M) in powers of two: modelling choices of what to show, not of the cost.
     P = par.cp if par.cp > 1 else 8
     ctx = inp.scenario.workload.context_tokens
     top = max(ctx, 2 ** 20)
