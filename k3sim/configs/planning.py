@@ -44,4 +44,3 @@ class SweepSection(BaseModel):
     max_batch: list[PositiveInt] | None = Field(None, description="serving: engine batch limits")
     prefill_replicas: list[NonNegativeInt] | None = Field(
         None, description="serving: prefill replicas of a P:D split (0: the scenario's own fleet)")
-    use_all_gpus: bool = Field(True, description="training: keep only layouts that fill the cluster")

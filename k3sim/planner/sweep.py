@@ -282,7 +282,7 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
     from k3sim.report.figures import pareto_figure
 
     inp = load(path)
-    merged = {k: v for k, v in inp.sweep.model_dump().items() if v is not None and k != "use_all_gpus"}
+    merged = {k: v for k, v in inp.sweep.model_dump().items() if v is not None}
     merged.update({k: v for k, v in (given or {}).items() if v})
     if workers < 1:
         raise InputError(f"must be >= 1 (got {workers})", source="--workers")

@@ -92,3 +92,16 @@ def test_serving_sweep_points_run_the_serving_simulation(root=None):
     assert r["requests"] == 20 and r["gpus"] == 32
     assert r["goodput_requests_per_s_per_gpu"] == pytest.approx(r["goodput_requests_per_s"] / 32)
     assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"]
+
+
+def test_sweep_section_values_are_the_grid_and_unknown_fields_refused(tmp_path):
+    # The scenario's sweep: section is the grid when no option overrides it: tp 1, 2 x pp 2 (dp fills 16 GPUs)
+    path = kl_train(tmp_path, sweep="  tp: [1, 2]\n  pp: [2]\n  ep: [8]\n  cp: [1]\n  virtual_stages: [1]")
+    inp = load(path)
+    pts = grid(inp, {k: v for k, v in inp.sweep.model_dump().items() if v is not None})
+    assert [(p["tp"], p["pp"], p["dp"]) for p in pts] == [(1, 2, 8), (2, 2, 4)]
+    # A field the sweep does not honour is refused, not silently ignored (the old use_all_gpus was)
+    bad = kl_train(tmp_path, sweep="  use_all_gpus: false")
+    with pytest.raises(InputError) as err:
+        load(bad)
+    assert "use_all_gpus" in str(err.value)
