@@ -77,9 +77,13 @@ def save_figure(fig, path: str | Path, **savefig_kw) -> Path:
 def output_dir(path: str | Path, *, source: str = "--out") -> Iterator[Path]:
     """Create the output directory `path` for the block; if the block fails (bad input, Ctrl-C) and the
     directory did not exist before, remove what the block left there, so no empty or half-filled `--out`
-    remains. Files in a directory that already existed are the writers' business (they write atomically)."""
+    remains, nor the parent directories created for it. Files in a directory that already existed are the
+    writers' business (they write atomically)."""
     path = Path(path)
     created = not path.exists()
+    top = path  # the outermost directory this call creates: removed on failure
+    while created and not top.parent.exists() and top.parent != top:
+        top = top.parent
     if path.exists() and not path.is_dir():
         raise InputError("exists and is not a directory", source=f"{source} {path}")
     try:
@@ -91,7 +95,7 @@ def output_dir(path: str | Path, *, source: str = "--out") -> Iterator[Path]:
         yield path
     except BaseException:
         if created:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
         raise
 
 

@@ -58,7 +58,8 @@ def test_output_dir_removes_what_a_failed_block_created_but_not_an_existing_dir(
         with output_dir(fresh) as d:
             (d / "half.csv").write_text("x")
             raise KeyboardInterrupt
-    assert not fresh.exists()
+    assert not fresh.exists() and not fresh.parent.exists()  # nor the parent created for it
+    assert list(tmp_path.iterdir()) == []
     existing = tmp_path / "kept"
     existing.mkdir()
     (existing / "old.md").write_text("old")
