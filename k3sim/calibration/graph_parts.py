@@ -189,7 +189,9 @@ def gemm(out_dir: Path, deadline: float, fp8: bool) -> int:
     one = torch.ones((), device=_device())
 
     def measure(M, N, K):
-        nbytes = (M * K + K * N) * (1 if fp8 else 2) + 2 * M * N
+        from k3sim.kernels.ops import OPS
+
+        nbytes = int(OPS[op].bytes({"M": M, "N": N, "K": K}))  # the predictor's traffic: one formula
         fns = []
         for _ in range(operand_sets(nbytes, cap=64)):
             if fp8:
