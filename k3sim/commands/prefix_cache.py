@@ -228,10 +228,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget):
-    """The replay's step clock: t = overhead + tokens / rate, both derived from the step model of the
-    scenario's replica (overhead = a one-token decode step, rate = the extra tokens of a full token-budget
-    prefill chunk over its extra time), unless the user sets them as a what-if. A line through two points
-    of the same model the serving simulator uses (`k3sim serve` prices every step with it in full)."""
+    """The replay's step clock: `ModelStepCost.line` of the scenario's replica (the step model `k3sim serve`
+    prices every step with), unless both line parameters are given as a what-if."""
     from k3sim.configs import load_model
     from k3sim.files import project_path
     from k3sim.prefix_cache.serving import ModelStepCost, StepCost
@@ -239,8 +237,4 @@ def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget
     if tokens_per_s is not None and step_overhead_s is not None:
         return StepCost(tokens_per_s, step_overhead_s)
     msc = ModelStepCost.from_scenario(project_path(scenario), load_model(project_path(model_path)))
-    t1 = msc.fn(1, 4096, ())
-    tb = msc.fn(0, 0, ((token_budget, 0),))
-    rate = tokens_per_s if tokens_per_s is not None else (token_budget - 1) / max(tb - t1, 1e-9)
-    over = step_overhead_s if step_overhead_s is not None else t1
-    return StepCost(rate, over)
+    return msc.line(token_budget, tokens_per_s=tokens_per_s, step_overhead_s=step_overhead_s)

@@ -4,8 +4,10 @@ decode, completion. In-flight requests pin pages, copies land one step later, ev
 Step durations come from an injected cost. `ModelStepCost` takes every step's time from the step-cost model of a
 replica (`k3sim.step.StepCostModel` through the serving simulator's fast path), given the step's decodes, their
 context and its prefill chunks with their cached prefixes: the same step times `k3sim serve` uses. Hit rates of
-a bounded pool depend on which requests overlap in time, so the step time matters. `StepCost` (a constant token
-throughput) remains only as a stand-in for tests that need a cheap, model-free clock. Decode-only stretches are
+a bounded pool depend on which requests overlap in time, so the step time matters. `StepCost` is a line
+(overhead + tokens / rate): `k3sim prefix-cache` draws it through two points of the same step model
+(`ModelStepCost.line`), so a sweep of many configurations stays cheap; tests use it as a model-free clock.
+Decode-only stretches are
 batched into one simpy timeout up to the next event (an arrival or a completion): nothing else can happen to the
 cache between those events.
 """
@@ -45,7 +47,7 @@ class ModelStepCost:
     `mean_context` tokens."""
 
     def __init__(self, model, hardware="h200", *, tp: int = 8, pp: int = 2, ep: int = 8, gpus_per_node: int = 8,
-                 mean_context: int = 4096):
+                 mean_context: int = 4096):  # modelling choice: a decode's context when a cost gets none
         from k3sim.configs import Parallelism, load_hardware
 
         self.model = model
@@ -86,6 +88,28 @@ class ModelStepCost:
 
     def __call__(self, prefill_tokens: int, decode_tokens: int) -> float:
         return self.fn(decode_tokens, decode_tokens * self.mean_context, ((prefill_tokens, 0),) if prefill_tokens else ())
+
+    def line(self, token_budget: int, *, tokens_per_s: float | None = None,
+             step_overhead_s: float | None = None) -> StepCost:
+        """The `StepCost` line through two steps of this model: a one-token decode step (at `mean_context`,
+        a modelling choice) and a prefill chunk of `token_budget` tokens, so the line gives both exactly.
+        `tokens_per_s` or `step_overhead_s`, when given (a what-if), replace the derived one; with only the rate
+        given, the line still passes through the one-token step."""
+        from k3sim.errors import InputError
+
+        if tokens_per_s is not None and step_overhead_s is not None:
+            return StepCost(tokens_per_s, step_overhead_s)
+        t1 = self.fn(1, self.mean_context, ())
+        tb = self.fn(0, 0, ((token_budget, 0),))
+        rate = tokens_per_s
+        if rate is None:
+            if token_budget < 2 or not tb > t1:
+                raise InputError(f"a {token_budget}-token prefill step ({tb:.4g} s) is not slower than a one-token "
+                                 f"decode step ({t1:.4g} s): no tokens/s to derive; give --tokens-per-s",
+                                 source="--token-budget")
+            rate = (token_budget - 1) / (tb - t1)
+        over = step_overhead_s if step_overhead_s is not None else t1 - 1.0 / rate
+        return StepCost(rate, over)
 
 
 def _step_time(cost, decoders: list, chunks: list, pf: int, n_steps: int = 1) -> float:

@@ -46,8 +46,12 @@ def test_step_clock_is_the_step_models_line_unless_given():
     d = json.loads(run_cli("prefix-cache", "--trace", CONV, "--policy", "decoupled", "--capacity-bytes", "64e9",
                            "--limit", "20", "--json").stdout)["step_clock"]
     msc = ModelStepCost.from_scenario(ROOT / "scenarios/default.yaml", load_model(ROOT / "models/kimi-k3.yaml"))
-    t1, tb = msc.fn(1, 4096, ()), msc.fn(0, 0, ((8192, 0),))
-    assert d["step_overhead_s"] == pytest.approx(t1) and d["tokens_per_s"] == pytest.approx(8191 / (tb - t1))
+    from k3sim.prefix_cache.serving import StepCost
+
+    clock = StepCost(d["tokens_per_s"], d["step_overhead_s"])
+    # the line gives the step model's one-token decode step and its full-budget (8192) prefill step exactly
+    assert clock(0, 1) == pytest.approx(msc.fn(1, msc.mean_context, ()), rel=1e-9)
+    assert clock(8192, 0) == pytest.approx(msc.fn(0, 0, ((8192, 0),)), rel=1e-9)
     given = json.loads(run_cli("prefix-cache", "--trace", CONV, "--limit", "20", "--tokens-per-s", "2e5",
                                "--step-overhead-s", "0.01", "--json").stdout)["step_clock"]
     assert given == {"tokens_per_s": 2e5, "step_overhead_s": 0.01, "source": "option"}
