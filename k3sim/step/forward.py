@@ -163,7 +163,10 @@ def handoff_call(model: ModelConfig, layout: StepLayout, batch: Batch, layers: l
         b = model.attn_res_block_size
         blocks = (layers[-1] + 1) // b - layers[0] // b
     nbytes = M * d * BF16 * (1 + blocks) / layout.tp  # sequence-split over the TP ranks of the stage
-    return Call("pp_handoff", "send_recv", {"bytes": max(1, int(nbytes)), "gpus": 2})
+    params = {"bytes": max(1, int(nbytes)), "gpus": 2}
+    if layout.stage_gpus >= layout.gpus_per_node:  # a stage fills its node(s): the hand-off crosses the NICs
+        params["gpus_per_node"] = 1
+    return Call("pp_handoff", "send_recv", params)
 
 
 def limiter(res: StepResult, hw: Any) -> str:

@@ -129,3 +129,11 @@ def test_layout_refuses_bad_degrees():
         StepLayout(tp=True)
     with pytest.raises(ValueError):
         StepLayout(expert_kernel="magic")
+
+
+def test_stage_hand_off_crosses_nodes_only_when_a_stage_fills_its_node():
+    from k3sim.step.forward import handoff_call
+
+    b = Batch.decode(8, 4096)
+    assert handoff_call(K3, StepLayout(tp=8, pp=2, ep=8), b, list(range(47))).params["gpus_per_node"] == 1
+    assert "gpus_per_node" not in handoff_call(K3, StepLayout(tp=2, pp=2, ep=2), b, list(range(47))).params
