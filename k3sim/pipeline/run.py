@@ -74,13 +74,11 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
     if need_model:
         if model is None or hw is None:
             raise InputError("model-derived costs need --model and --hardware", source="--model")
-        if p * v > model.num_layers:
-            raise InputError(f"stages x virtual = {p * v} exceeds the {model.num_layers} layers of {model.name}",
-                             source="--stages")
-        from k3sim.configs.parallel import Parallelism
+        from k3sim.configs.parallel import Parallelism, check_layout
 
-        try:
-            Parallelism(tp=spec.tp, pp=p, virtual_stages=v, ep=spec.ep, cp=spec.cp).check_against(model)
+        try:  # the one layout check (configs/parallel.py): heads, experts, pp x virtual <= layers
+            check_layout(model, Parallelism(tp=spec.tp, pp=p, virtual_stages=v, ep=spec.ep, cp=spec.cp),
+                         mode="train")
         except InputError as err:
             option = {"pp": "--stages"}.get(err.field or "", f"--{err.field}")
             raise InputError(err.reason, source=option) from None
