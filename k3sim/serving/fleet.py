@@ -58,9 +58,9 @@ def pd_transfer_bytes(model, context_tokens: int) -> int:
 
 class TransferModel:
     """Time of one P/D KV transfer: the bytes are striped over `links` GPU pairs (each prefill GPU sends to its
-    decode counterpart, as Mooncake's transfer engine uses every NIC). Inside one scale-up domain a link is the
-    calibrated `send_recv`; across nodes it is the send/recv start-up latency (calibrated, at 1 byte) plus the
-    bytes over the profile's scale-out bandwidth per GPU NIC."""
+    decode counterpart, as Mooncake's transfer engine uses every NIC). Each pair is one `send_recv` of the one
+    collective model (`k3sim.comm`, through `kernel_time`): inside one scale-up domain the calibrated NVLink
+    send/recv; across nodes (`gpus_per_node` 1) the NIC link at the calibrated latency and achieved fraction."""
 
     def __init__(self, model, hw, links: int, same_domain: bool, kernel_time=None):
         if kernel_time is None:
@@ -70,7 +70,6 @@ class TransferModel:
         self.links = max(1, links)
         self.same_domain = same_domain
         self.kernel_time = kernel_time
-        self._alpha = None
         from k3sim.memory.sizes import (
             conv_state_bytes_per_request,
             kda_state_bytes_per_request,
@@ -86,12 +85,10 @@ class TransferModel:
         b = self.fixed_bytes + self.bytes_per_token * context_tokens
         self.total_bytes += b
         self.transfers += 1
-        per_link = max(1, math.ceil(b / self.links))
-        if self.same_domain:
-            return self.kernel_time("send_recv", {"bytes": per_link, "gpus": 2}, hardware=self.hw).seconds
-        if self._alpha is None:
-            self._alpha = self.kernel_time("send_recv", {"bytes": 1, "gpus": 2}, hardware=self.hw).seconds
-        return self._alpha + per_link / self.hw.scaleout_bandwidth_bytes_per_s
+        params = {"bytes": max(1, math.ceil(b / self.links)), "gpus": 2}
+        if not self.same_domain:
+            params["gpus_per_node"] = 1  # the two GPUs of a pair sit on different nodes: the NIC link
+        return self.kernel_time("send_recv", params, hardware=self.hw).seconds
 
 
 class Fleet:
