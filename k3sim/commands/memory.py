@@ -88,6 +88,8 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
     try:
         par = validate(Parallelism, {k: v for k, v in layout.items() if v is not None}, source)
         check_layout(model, par, mode=mode, source=source)
+        if mode == "serve":
+            model.check_context(context, source="--context")
         return workload_plan(model, hw, par, workload)
     except InputError as err:
         raise from_option(err) from None

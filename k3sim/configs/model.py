@@ -193,6 +193,17 @@ class ModelConfig(BaseModel):
     def num_dense_layers(self) -> int:
         return self.num_layers - self._pattern()["moe"]
 
+    def check_context(self, tokens: int, source: str | None = "--context") -> None:
+        """Refuse a serving context longer than the model supports (`max_context_tokens`, HF
+        max_position_embeddings); None = unchecked. Training sequences are not checked: context-extension
+        runs train past the released limit."""
+        from k3sim.errors import InputError
+
+        lim = self.max_context_tokens
+        if lim is not None and tokens > lim:
+            raise InputError(f"{tokens:,} tokens exceeds the {lim:,} the model supports (max_context_tokens)",
+                             source=source)
+
     @property
     def num_attn_res_blocks(self) -> int:
         """Block AttnRes blocks = ceil(layers / block size) (K3: ceil(93/12) = 8); 0 without AttnRes."""

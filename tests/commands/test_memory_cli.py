@@ -74,6 +74,9 @@ def test_train_mode_state_bytes_by_hand(cli_json):
     (["--workspace-fraction", "nan"], ["--workspace-fraction:", "finite number"]),
     (["--workspace-fraction", "1"], ["--workspace-fraction:", "less than 1"]),
     (["--context", "-5"], ["--context:", "greater than or equal to 1"]),
+    # serving past the model's max_position_embeddings (K3: 1,048,576) is refused, not planned
+    (["--tp", "8", "--pp", "2", "--ep", "8", "--context", "1048577"],
+     ["--context: 1,048,577 tokens exceeds the 1,048,576 the model supports"]),
     (["--prefill-chunk", "0"], ["--prefill-chunk:", "greater than or equal to 1"]),
     (["--mode", "train", "--micro-batch", "0"], ["--micro-batch:", "greater than or equal to 1"]),
 ])

@@ -57,3 +57,17 @@ def test_model_config_in_code_has_defaults():
                          "qk_rope_head_dim": 2, "v_head_dim": 2})
     assert m.layer_kinds == ["mla", "mla"] and m.ffn_kinds == ["dense", "dense"]
     assert m.mla.kv_cache_dtype == "bf16"
+
+
+@pytest.mark.parametrize("name, limit", [("kimi-k3", 1_048_576), ("kimi-k2", 131_072),
+                                         ("kimi-linear-48b", 1_048_576)])
+def test_hf_max_position_embeddings_is_the_context_limit(root, name, limit):
+    """config.json's max_position_embeddings (K3 nested in text_config) becomes max_context_tokens, and it
+    agrees with our hand-written YAML of the same model."""
+    from k3sim.errors import InputError
+
+    hf = load_model(root / f"tests/data/hf/{name}/config.json")
+    assert hf.max_context_tokens == limit == load_model(root / f"models/{name}.yaml").max_context_tokens
+    hf.check_context(limit)  # the limit itself is allowed
+    with pytest.raises(InputError, match=f"--context: {limit + 1:,} tokens exceeds the {limit:,}"):
+        hf.check_context(limit + 1)
