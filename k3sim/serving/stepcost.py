@@ -11,12 +11,12 @@ own calls and timer, and interpolates only the smooth ones:
   chunk against prefix + chunk, chunk_kda from the cached state), every layer, timed exactly (memo on c and
   the bucketed prefix);
 - decode attention: the MLA decode attention over the KV of each sequence, timed exactly at a context grid
-  (16 points per octave) and interpolated linearly (its bytes are linear in the context);
+  (`GRID_PER_OCTAVE` points per octave) and interpolated linearly (its bytes are linear in the context);
 - base: everything else (projections, experts, norms, communication, LM head, KDA recurrent step): it depends
   on the step's token count M and, through the decode-only kernels, on nd. base(M, nd) =
   base_prefill(M) + base_decode(nd) - base_prefill(nd), each a 1-D table of exact step-model evaluations
-  (minus their chunk / decode-attention parts) on a grid exact to 64 and 16 points per octave above,
-  interpolated linearly. The additive split is exact for kernels that depend on M alone or nd alone;
+  (minus their chunk / decode-attention parts) on a grid exact to `GRID_EXACT` and `GRID_PER_OCTAVE` points
+  per octave above, interpolated linearly. The additive split is exact for kernels that depend on M alone or nd alone;
   `tests/serving/test_stepcost.py` bounds the error against the full step model.
 """
 
@@ -28,7 +28,7 @@ from k3sim.serving.engine import bucket
 
 PER_CHUNK = ("mla_kv_b_expand", "mla_prefill_attention", "kda_chunk_prefill")
 DECODE_CONTEXT = ("mla_decode_attention",)
-GRID_EXACT = 16  # below this, every integer is a grid point
+GRID_EXACT = 16  # modelling choice: below this, every integer is a grid point
 GRID_PER_OCTAVE = 8  # modelling choice: 9 % spacing; the base parts are smooth in token count
 # single kernels are less smooth (tile quantisation, measured points): a finer grid for GridKernelTime
 KERNEL_GRID_PER_OCTAVE = 32  # modelling choice: 2.2 % spacing
