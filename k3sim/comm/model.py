@@ -8,7 +8,8 @@
   domain of `scaleup_domain_gpus`, one NIC per GPU, or a topology file);
 - algorithms, as NCCL picks among them (the lowest predicted time wins): ring (every op; n-1 steps,
   2(n-1) for all_reduce); tree for all_reduce across nodes (NCCL's double binary tree: 2 log2(nodes)
-  inter-node steps plus the intra-node chain, the same bus bytes); NVLS for all_reduce inside one
+  inter-node steps plus the intra-node chain; each rank moves 2 x the buffer, reduce up and broadcast
+  down, more than the ring's 2(n-1)/n x, so the tree wins on latency only); NVLS for all_reduce inside one
   NVSwitch domain (NVLink SHARP reduces in the switch: each GPU sends and receives the buffer once,
   bus bytes n/(2(n-1)) of the ring's). NVLS is modelled and reported but not chosen while the
   profile marks it off (`nvls` argument; on the lent H200 machines NCCL_NVLS_ENABLE=0 by policy, so

@@ -40,6 +40,23 @@ def test_tree_all_reduce_across_nodes_and_nvls_marked_off():
     assert collective_time("all_reduce", 2 ** 20, 8, hw, nvls=True).method == "nvls"
 
 
+def test_tree_wins_on_latency_for_a_small_all_reduce_over_many_nodes():
+    """64 GPUs = 8 nodes of 8: ring 2 x 63 = 126 steps, tree 2 x (log2 8 + 8 - 1) = 20 steps; the tree moves
+    2 x the buffer per rank (reduce up, broadcast down) at the NIC's measured fraction."""
+    from k3sim.comm.model import _calibration
+    from k3sim.kernels.hardware import load_profile
+
+    hw = load_profile("h200")
+    cal = _calibration(hw, "all_reduce")
+    if cal is None:
+        pytest.skip("no measured all_reduce in this checkout")
+    alpha, frac = cal[0], cal[1]
+    t = collective_time("all_reduce", 1024, 64, hw)
+    assert t.method == "tree" and "20 steps" in t.detail
+    assert t.seconds == pytest.approx(20 * alpha + 2 * 1024 / (frac * hw.scaleout_bandwidth_bytes_per_s), rel=1e-12)
+    assert t.seconds < 126 * alpha  # the ring's latency alone
+
+
 def test_topology_file_errors(tmp_path):
     f = tmp_path / "topo.yaml"
     f.write_text("gpus: 3\nlinks:\n  - [gpu0, nvs0, 4.0e+11]\n  - [gpu1, nvs0, 4.0e+11]\n")
