@@ -18,9 +18,14 @@ def test_readme_examples_run_from_another_directory(tmp_path, capsys, monkeypatc
     assert code == 0, err
     res = json.loads(out)
     assert res["requests"] + res["requests_rejected"] == 200
-    code, out, err = run_main(capsys, "memory", "--model", "models/kimi-k3.yaml", "--tp", "8", "--pp", "2",
-                              "--ep", "8", "--json")
-    assert code == 0 and json.loads(out)["max_concurrent_requests"] > 0, err
+    memory = ("memory", "--model", "models/kimi-k3.yaml", "--tp", "8", "--pp", "2", "--ep", "8", "--json")
+    code, out, err = run_main(capsys, *memory)
+    assert code == 0, err
+    elsewhere = json.loads(out)
+    monkeypatch.chdir(ROOT)  # the same plan as from the checkout itself: the same files were found
+    code, out, err = run_main(capsys, *memory)
+    assert code == 0 and json.loads(out) == elsewhere and elsewhere["max_concurrent_requests"] >= 1, err
+    monkeypatch.chdir(tmp_path)
     code, out, err = run_main(capsys, "cp", "--seq-len", "32K", "--json")
     assert code == 0 and json.loads(out)["cp"] == 8, err
     assert list(tmp_path.iterdir()) == []  # nothing written into the working directory
