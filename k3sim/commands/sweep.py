@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
         max_batch: str = typer.Option(None, "--max-batch", help="serving: engine batch limits (max_num_seqs)"),
         prefill_replicas: str = typer.Option(None, "--prefill-replicas",
                                              help="serving: prefill replicas of P:D splits (0: the scenario's fleet)"),
-        requests: int = typer.Option(200, "--requests", min=1, help="serving: requests simulated per point"),
+        requests: int = typer.Option(None, "--requests", min=1, help="serving: requests simulated per point "
+                                                                     "(default: k3sim.planner.sweep.SERVING_REQUESTS)"),
         workers: int = typer.Option(1, "--workers", help="local processes (1: in this process)"),
         scheduler: str = typer.Option(None, "--scheduler", help="Dask scheduler address tcp://HOST:PORT"),
         chunk_size: int = typer.Option(None, "--chunk-size", min=1, help="points per task"),
@@ -58,6 +59,7 @@ def register(app: typer.Typer) -> None:
         from k3sim.errors import InputError
         from k3sim.output import print_json, print_table
         from k3sim.planner.inputs import load
+        from k3sim.planner.sweep import SERVING_REQUESTS
         from k3sim.planner.sweep import sweep as run_sweep
 
         given = {"tp": int_list(tp, "--tp"), "pp": int_list(pp, "--pp"),
@@ -66,8 +68,6 @@ def register(app: typer.Typer) -> None:
                  "num_micro_batches": int_list(micro_batches, "--micro-batches"),
                  "max_batch": int_list(max_batch, "--max-batch"),
                  "prefill_replicas": int_list(prefill_replicas, "--prefill-replicas", minimum=0)}
-        if workers < 1:
-            raise InputError(f"must be >= 1 (got {workers})", source="--workers")
         if scheduler is not None and not scheduler.startswith(("tcp://", "tls://", "inproc://")):
             raise InputError(f"expected tcp://HOST:PORT, got {scheduler!r}", source="--scheduler")
         from k3sim.report import check_out_dir
@@ -86,7 +86,8 @@ def register(app: typer.Typer) -> None:
             progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         try:
             res = run_sweep(scenario, out, given=given, workers=workers, scheduler=scheduler,
-                            chunk_size=chunk_size, progress=progress, serving_requests=requests)
+                            chunk_size=chunk_size, progress=progress,
+                            serving_requests=SERVING_REQUESTS if requests is None else requests)
         finally:
             if progress is not None:
                 bar.stop()
