@@ -81,6 +81,14 @@ def test_round_robin_and_least_loaded(scenario):
     ll = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "least-loaded"}, num_gpus=48)),
                   reqs, step_seconds=constant(0.05)).frame().sort_values("request")
     assert ll["replica"].tolist()[:3] == [0, 1, 2]  # each new request goes to an empty replica first
+    # where the two differ: A (1000 outputs, 50 s of 0.05 s steps) holds replica 0; B, C, D (2 outputs: done
+    # 0.1 s after arriving) come 1 s apart, each finding loads [1, 0, 0]: least-loaded sends all three to the
+    # lowest-index empty replica, round-robin goes on turning
+    reqs = [_req(0.0, 1024, 1000, [0, 1]), *(_req(float(i), 1024, 2, [10 * i, 10 * i + 1]) for i in (1, 2, 3))]
+    for router, want in (("least-loaded", [0, 1, 1, 1]), ("round-robin", [0, 1, 2, 0])):
+        setup = ServeSetup.from_scenario(scenario({"replicas": 3, "router": router}, num_gpus=48))
+        df = simulate(setup, reqs, step_seconds=constant(0.05)).frame().sort_values("request")
+        assert df["replica"].tolist() == want, router
 
 
 def test_prefix_aware_router_follows_the_cached_prefix(scenario):
@@ -156,3 +164,11 @@ def test_pd_decode_replica_does_not_jump_past_a_new_arrival(scenario):
     # lands at 11.5 + transfer, joins at the decode replica's next step boundary (<= 1 s), two decode steps
     assert df.loc[1, "completion_s"] <= 11.5 + df.loc[1, "transfer_s"] + 1.0 + 2.0
     assert df.loc[0, "completion_s"] > 45
+
+
+def test_knee_is_the_lowest_rate_served_below_95_percent():
+    from k3sim.serving.report import knee_rate
+
+    # 0.95 x 2 = 1.9 <= 1.95 (kept up); 0.95 x 3 = 2.85 > 2.5 (the queue grows): the knee is 3, whatever the order
+    assert knee_rate([3.0, 1.0, 2.0, 4.0], [2.5, 1.0, 1.95, 2.6]) == 3.0
+    assert knee_rate([1.0, 2.0], [1.0, 1.9]) is None  # exactly 95 % still counts as keeping up
