@@ -52,7 +52,8 @@ WORKLOAD_OPTIONS = {"mode": "--mode", "context_tokens": "--context", "micro_batc
 
 def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, context: int,
                micro_batch: int | None = None, recompute: bool | None = None, num_micro_batches: int | None = None,
-               prefill_chunk: int | None = None, workspace_fraction: float = 0.10, source: str = "command line"):
+               prefill_chunk: int | None = None, workspace_fraction: float | None = None,
+               source: str = "command line"):
     """Load the inputs and compute the plan; bad input raises InputError, a misfit DoesNotFit.
 
     Options left as None were not given: a mode-specific option given in the other mode is refused by the
@@ -76,10 +77,10 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
 
     if mode not in ("serve", "train"):
         raise InputError(f"unknown mode '{mode}' (serve or train)", source="--mode")
-    given = dict(micro_batch_size=micro_batch, num_micro_batches=num_micro_batches,
+    given = dict(micro_batch_size=micro_batch, num_micro_batches=num_micro_batches, workspace_fraction=workspace_fraction,
                  activation_checkpointing=recompute, prefill_chunk_tokens=prefill_chunk)
     try:
-        workload = validate(Workload, dict(mode=mode, context_tokens=context, workspace_fraction=workspace_fraction,
+        workload = validate(Workload, dict(mode=mode, context_tokens=context,
                                            **{k: v for k, v in given.items() if v is not None}), source)
     except InputError as err:
         raise from_option(err) from None
@@ -96,6 +97,13 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.configs import Parallelism, Workload
+
+    def default(cls, name: str):
+        """The schema's default, shown in --help: the one place it is written is the schema."""
+        value = cls.model_fields[name].default
+        return {True: "recompute", False: "no-recompute"}.get(value, value) if isinstance(value, bool) else value
+
     @app.command("memory")
     def memory(
         model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
@@ -108,15 +116,16 @@ def register(app: typer.Typer) -> None:
         dp: int = typer.Option(1, "--dp"),
         virtual_stages: int = typer.Option(1, "--virtual-stages", help="model chunks per pipeline rank"),
         zero_stage: Optional[int] = typer.Option(
-            None, "--zero-stage", help="train: 0-3, shards over data-parallel replicas [default: 1]"),
+            None, "--zero-stage", help=f"train: 0-3, shards over data-parallel replicas [default: {default(Parallelism, 'zero_stage')}]"),
         context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence"),
         micro_batch: Optional[int] = typer.Option(
-            None, "--micro-batch", help="train: sequences per micro-batch [default: 1]"),
+            None, "--micro-batch", help=f"train: sequences per micro-batch [default: {default(Workload, 'micro_batch_size')}]"),
         recompute: Optional[bool] = typer.Option(
-            None, "--recompute/--no-recompute", help="train: activation checkpointing [default: recompute]"),
+            None, "--recompute/--no-recompute", help=f"train: activation checkpointing [default: {default(Workload, 'activation_checkpointing')}]"),
         prefill_chunk: Optional[int] = typer.Option(
-            None, "--prefill-chunk", help="serve: chunked-prefill tokens [default: 8192]"),
-        workspace_fraction: float = typer.Option(0.10, "--workspace-fraction", help="HBM held back"),
+            None, "--prefill-chunk", help=f"serve: chunked-prefill tokens [default: {default(Workload, 'prefill_chunk_tokens')}]"),
+        workspace_fraction: float = typer.Option(default(Workload, "workspace_fraction"), "--workspace-fraction",
+                                                 help="HBM held back"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
         """Per-GPU memory: weights, KV cache, KDA state (serve) or grads, optimizer, activations (train)."""

@@ -100,3 +100,20 @@ def test_infinite_hbm_profile_one_line(cli, root, tmp_path):
     assert str(hw) in err and "field 'hbm_bytes'" in err and "finite" in err
 
 
+
+
+def test_help_defaults_are_the_schemas(cli):
+    """The options left unset fall back to the Workload/Parallelism schema defaults, so --help must show
+    those (it showed hand-typed copies): 8192-token prefill chunks, 1 sequence, ZeRO-1, 10 % workspace."""
+    from k3sim.configs import Parallelism, Workload
+
+    proc = cli("memory", "--help")
+    text = " ".join(proc.stdout.split())
+    wf = Workload.model_fields
+    for option, value in (("--prefill-chunk", wf["prefill_chunk_tokens"].default),
+                          ("--micro-batch", wf["micro_batch_size"].default),
+                          ("--zero-stage", Parallelism.model_fields["zero_stage"].default),
+                          ("--workspace-fraction", wf["workspace_fraction"].default)):
+        after = text.split(option, 1)[1]
+        assert f"[default: {value}]" in after[: after.find("]") + 1], (option, after[:120])
+    assert (wf["prefill_chunk_tokens"].default, wf["workspace_fraction"].default) == (8192, 0.10)
