@@ -20,10 +20,22 @@ def test_training_plan_sections_and_json(tmp_path):
     assert res.mode == "train" and res.fits
     assert t.step_time_s == pytest.approx(sum(r.seconds for r in t.breakdown))
     assert 0 < t.mfu < 1
+    # The plan's step is the step model's answer for the scenario's layout and workload (one source of
+    # truth): tp 2, pp 2, ep 8, dp 4; 4 micro-batches of one 4096-token sequence, recompute on.
+    from k3sim.configs.parallel import Parallelism
+    from k3sim.planner.inputs import load
+    from k3sim.training import TrainOptions, train_step
+
+    inp = load(res.scenario_file)
+    direct = train_step(inp.model, inp.hw, Parallelism(tp=2, pp=2, ep=8, dp=4), seq_len=4096,
+                        micro_batch_size=1, num_micro_batches=4, activation_checkpointing=True,
+                        options=TrainOptions(), with_memory=False)
+    assert t.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12)
+    assert t.mfu == pytest.approx(direct.mfu, rel=1e-12)
     j = res.to_json()
-    for key in ("step_time_s", "tokens_per_s", "mfu", "breakdown", "memory"):
-        assert key in j
+    assert j["step_time_s"] == t.step_time_s and j["mfu"] == t.mfu
     assert j["memory"]["mode"] == "train" and j["tokens_per_step"] == 4 * 4 * 4096
+    assert j["tokens_per_s"] == pytest.approx(4 * 4 * 4096 / t.step_time_s)
     # every kernel the step called is listed with how its time was obtained
     ops = {k["op"] for k in res.kernel_calls}
     assert {"gemm_bf16", "chunk_kda_fwd", "all_gather", "reduce_scatter", "all_to_all"} <= ops
