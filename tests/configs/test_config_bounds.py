@@ -32,10 +32,18 @@ def test_check_range_accepts_the_ends_and_every_shipped_config():
     for r in BOUNDS.values():
         assert r.lo <= r.hi and r.why
     assert check_range(10_000, "layers", "--x") == 10_000 and check_range(1, "layers", "--x") == 1
-    for name in ("kimi-k3", "kimi-k2", "kimi-linear-48b"):
-        load_model(f"models/{name}.yaml")
-    for hw in ("h100-sxm", "h800", "h200", "b200", "gb200-nvl72"):
+    from k3sim.configs.loaders import REPO_ROOT, hardware_names
+
+    models = sorted((REPO_ROOT / "models").glob("*.yaml"))
+    assert len(models) >= 3 and len(hardware_names()) >= 5  # every shipped file, not a hand-kept list
+    for path in models:
+        load_model(path)
+    for hw in hardware_names():
         load_hardware(hw)
+    # the upper ends clear the largest shipped figures by the margin their `why` claims (>= 10x)
+    k3 = load_model(K3)
+    assert BOUNDS["layers"].hi >= 100 * k3.num_layers and BOUNDS["experts"].hi >= 70 * k3.moe.num_routed_experts
+    assert BOUNDS["tokens"].hi >= 1000 * k3.max_context_tokens
 
 
 def test_option_range_callback_passes_none_and_checks_lists():
