@@ -28,12 +28,17 @@ def test_pre_process_walks_only_the_last_document_piece():
 
 
 def test_aligned_documents_skip_the_pre_process():
-    """8 equal documents on 2, 4, 8 GPUs: every boundary is a rank boundary, so no rank pre-processes."""
+    """8 equal documents on 2, 4, 8 GPUs: every boundary is a rank boundary, so no rank pre-processes.
+    One document: every rank's whole piece (T / g tokens) continues on the next, so the pre-process walks
+    T / g tokens forward (and backward, under fwd+bwd): exactly the part's time at L = T / g."""
     hw = load_profile("h200")
     parts = load_parts(measured_dir(hw), 132)
     for g in (2, 4, 8):
         assert kcp_time(parts, hw, 262144, 12, g, 8).pre_fwd_s == 0.0
-        assert kcp_time(parts, hw, 262144, 12, g, 1).pre_fwd_s > 0.0
+        one = kcp_time(parts, hw, 262144, 12, g, 1, fwd_bwd=True)
+        assert one.pre_fwd_s == parts.pre("fwd", 262144 // g, 12)[0] > 0.0
+        assert one.pre_bwd_s == parts.pre("bwd", 262144 // g, 12)[0] > 0.0
+        assert kcp_time(parts, hw, 262144, 12, g, 1).pre_bwd_s == 0.0  # forward only: no backward pass
 
 
 def test_rebuilt_kcp_against_committed_fla_measurements():
