@@ -46,8 +46,10 @@ def register(app: typer.Typer) -> None:
             params = validate_params(spec, parse_sets(sets))
         except InputError as err:  # a bad parameter value came in through --set: say so
             raise InputError(err.reason, source=err.source or "--set", field=err.field) from None
-        if convention not in ("graph", "eager"):
-            raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
+        from k3sim.kernels.store import CONVENTIONS  # the predictor's list, named here for the option
+
+        if convention not in CONVENTIONS:
+            raise InputError(f"must be one of {', '.join(CONVENTIONS)}, got {convention!r}", source="--convention")
         if topology:
             if spec.kind != "collective":
                 raise InputError(f"applies to collectives only, not {op}", source="--topology")
