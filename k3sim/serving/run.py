@@ -218,6 +218,8 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
         per_gpu, cap = None, None
     else:
         per_gpu = e.pool_bytes
+        # a train scenario has no serving context; the planner wants one (it checks it against the model), but the
+        # pool it leaves (HBM - weights - AttnRes blocks - workspace) does not depend on it: 131072 is a placeholder
         ctx = scn.workload.context_tokens if scn.workload.mode == "serve" else 131072
         cap = pool_capacity_bytes(model, hw, par, per_gpu, context_tokens=ctx,
                                   prefill_chunk_tokens=e.token_budget, workspace_fraction=scn.workload.workspace_fraction,
