@@ -23,7 +23,7 @@ from pathlib import Path
 
 from k3sim.calibration import grids
 from k3sim.calibration.records import OpWriter
-from k3sim.calibration.timing import Timing, time_cuda
+from k3sim.calibration.timing import Timing, _quantile, time_cuda
 
 
 _DEVICE = "cuda"  # "cpu" under gloo (tests)
@@ -179,9 +179,7 @@ def time_collective(fn, convention: str, *, reps: int = CONVENTION_REPS, samples
             clock.start()
             graph.replay()
             xs.append(clock.stop() / reps)
-    xs.sort()
-    q = lambda f: xs[min(len(xs) - 1, int(round(f * (len(xs) - 1))))]  # noqa: E731
-    return Timing(statistics.median(xs), q(0.2), q(0.8), len(xs))
+    return Timing(statistics.median(xs), _quantile(xs, 0.2), _quantile(xs, 0.8), len(xs))
 
 
 def collectives(out_dir: Path, deadline: float, rank: int, world: int, *, sizes: list[int] | None = None,
