@@ -406,6 +406,8 @@ def state_bytes(s: StepSpec, batch: int) -> int:
 
 def weight_bytes(s: StepSpec, expert_kernel: str = "grouped_bf16") -> int:
     """Bytes of the random weights the builder allocates (bf16; MXFP4 routed experts at 4.25 bit)."""
+    from k3sim.calibration import mxfp4  # the format's bits per element, one definition
+
     d = s.hidden
     n = 0
     if s.kda:
@@ -429,7 +431,7 @@ def weight_bytes(s: StepSpec, expert_kernel: str = "grouped_bf16") -> int:
             e = s.moe
             x_w = e.latent or d
             routed = e.experts_local * 3 * x_w * e.width
-            n += int(routed * (4.25 / 8 if expert_kernel == "mxfp4" else BF16))
+            n += int(routed * (mxfp4.BITS_PER_ELEMENT / 8 if expert_kernel == "mxfp4" else BF16))
             n += (d * (e.latent + e.experts) + e.latent * d if e.latent else d * e.experts) * BF16
             n += 3 * d * e.shared_width * BF16
     if s.embed_head:
