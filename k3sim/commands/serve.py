@@ -15,6 +15,7 @@ SUMMARY_KEYS = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_
 
 def _rates(text: str) -> list[float]:
     """'0.5,1,2' or 'lo:hi:n' (n evenly spaced rates from lo to hi)."""
+    from k3sim.configs.bounds import check_range
     from k3sim.errors import InputError
 
     def num(x: str) -> float:
@@ -22,10 +23,10 @@ def _rates(text: str) -> list[float]:
             v = float(x)
         except ValueError:
             v = math.nan
-        if not (math.isfinite(v) and 0 < v <= 1e12):  # configs/bounds.py "rate"
-            raise InputError(f"rates must be positive numbers of requests/s up to 1e12, got '{x.strip()[:40]}'",
+        if not (math.isfinite(v) and v > 0):
+            raise InputError(f"rates must be positive numbers of requests/s, got '{x.strip()[:40]}'",
                              source="--sweep-rate")
-        return v
+        return check_range(v, "rate", "--sweep-rate")
 
     if ":" in text:
         parts = text.split(":")
@@ -131,10 +132,12 @@ def register(app: typer.Typer) -> None:
         if not (math.isfinite(arrival_cv) and 0 < arrival_cv <= 100):
             raise InputError(f"must be a number in (0, 100] (got {arrival_cv})", source="--arrival-cv")
         for opt, v, hi in (("--limit", limit, 2 ** 40), ("--processes", processes, 1024),
-                           ("--requests", n_requests, 10 ** 9 if workload == "stream" else 100_000)):
-            # a streamed workload may be as long as a trace; in-memory synthetic ones use bounds.py's range
+                           ("--requests", n_requests, 10 ** 9)):
+            # modelling-choice sanity bounds (a streamed workload may be as long as a trace)
             if v is not None and not 1 <= v <= hi:
                 raise InputError(f"must be between 1 and {hi:,} (got {v})", source=opt)
+        if workload is not None and workload != "stream":
+            check_range(n_requests, "requests", "--requests", integer=True)  # held in memory: bounds.py's range
         rates = _rates(sweep_rate) if sweep_rate is not None else None
         if rates is not None and arrival_rate is not None:
             raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
