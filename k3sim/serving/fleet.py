@@ -17,10 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from k3sim.configs.serving import ROUTERS
 from k3sim.serving.entities import RecordBook, Request
 from k3sim.workloads.request import prefix_keys
-
-ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
 
 
 @dataclass(frozen=True)
