@@ -85,16 +85,17 @@ def _cross_node(a: int, b: int, gpus_per_stage: int, gpus_per_node: int) -> bool
 
 
 def p2p_seconds(nbytes: float, hw: Any, cross_node: bool, kernel_time: Callable) -> tuple[float, str]:
-    """One hop of `nbytes`. Same node: the calibrated send_recv (2 GPUs). Across nodes: the slower of
-    that and bytes / scale-out bandwidth (modelling choice: the measured send_recv is intra-node, so its
-    latency is kept and its bandwidth capped at the NIC's)."""
+    """One hop of `nbytes` between adjacent stages, from the one collective model the training step uses
+    for its pipeline sends (`k3sim.training.placement.Collectives.p2p`, through `k3sim.cp.comm.CommModel`):
+    inside the scale-up domain the calibrated send_recv; across it, its latency plus the bytes over the
+    scale-out NIC."""
     if nbytes <= 0:
         return 0.0, "nothing sent"
-    kt = kernel_time("send_recv", {"bytes": int(math.ceil(nbytes)), "gpus": 2}, hardware=hw)
-    if not cross_node:
-        return kt.seconds, f"send_recv {kt.source}"
-    nic = nbytes / float(hw.scaleout_bandwidth_bytes_per_s)
-    return (max(kt.seconds, nic), f"max(send_recv {kt.source}, bytes / scaleout_bandwidth_bytes_per_s)")
+    from k3sim.training.placement import Collectives
+
+    link = "scale-out" if cross_node else "scale-up"
+    seconds, src = Collectives(hw, kernel_time).p2p(nbytes, link)
+    return seconds, f"send_recv {src} ({link})"
 
 
 def model_stage_costs(model: Any, hw: Any, p: int, v: int = 1, *, tp: int = 1, ep: int = 1, cp: int = 1,

@@ -56,10 +56,11 @@ class KT:
 
 
 def fake_kernel_time(op, params, hardware=None):
-    """send_recv: 1 us + bytes / 1e9; gemm: 2 M N K / 1e12; sdpa fwd T^2 H D 2 / 1e12 (bwd 2.5x that);
+    """send_recv: 1 us + bytes / 1e9 in a node, 1 us + bytes / 1e8 (the toy GPU's NIC) between nodes
+    (gpus_per_node 1); gemm: 2 M N K / 1e12; sdpa fwd T^2 H D 2 / 1e12 (bwd 2.5x that);
     collectives: 10 us + bytes / 1e9."""
     if op == "send_recv":
-        return KT(1e-6 + params["bytes"] / 1e9)
+        return KT(1e-6 + params["bytes"] / (1e8 if params.get("gpus_per_node") == 1 else 1e9))
     if op == "gemm_bf16":
         return KT(2 * params["M"] * params["N"] * params["K"] / 1e12)
     if op == "sdpa_causal_fwd":

@@ -61,11 +61,13 @@ def test_hop_bytes_and_saved_bytes():
 def test_p2p_time_same_node_vs_across_nodes():
     same = costs(2, 1, tp=1)            # 2 GPUs, one node of 8; hop after 4 layers: 1000 + 3 x 100 B
     assert same.hop_cross_node[0] is False
-    assert same.costs.send_forward_s[0] == pytest.approx(1e-6 + 1300 / 1e9)
+    # (the collective model interpolates between 2^(k/8)-byte grid points: within 1e-3 of the exact line)
+    assert same.costs.send_forward_s[0] == pytest.approx(1e-6 + 1300 / 1e9, rel=1e-3)
     assert same.costs.send_backward_s[1] == same.costs.send_forward_s[0]
     cross = costs(2, 1, tp=8)           # a stage fills a node: every hop leaves it
     assert cross.hop_cross_node[0] is True
-    assert cross.costs.send_forward_s[0] == pytest.approx(1300 / 1e8)   # NIC-bound
+    # the collective model's cross-node send: latency + bytes over the toy NIC (1e8 B/s)
+    assert cross.costs.send_forward_s[0] == pytest.approx(1e-6 + 1300 / 1e8)
 
 
 def test_more_chunks_than_layers_is_bad_input():
