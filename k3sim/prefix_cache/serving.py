@@ -103,7 +103,10 @@ class ModelStepCost:
         tb = self.fn(0, 0, ((token_budget, 0),))
         rate = tokens_per_s
         if rate is None:
-            if token_budget < 2 or not tb > t1:
+            if token_budget < 2:
+                raise InputError(f"a budget of {token_budget} token gives one point, not a line: at least 2, or "
+                                 "give --tokens-per-s", source="--token-budget")
+            if not tb > t1:
                 raise InputError(f"a {token_budget}-token prefill step ({tb:.4g} s) is not slower than a one-token "
                                  f"decode step ({t1:.4g} s): no tokens/s to derive; give --tokens-per-s",
                                  source="--token-budget")

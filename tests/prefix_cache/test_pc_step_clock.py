@@ -38,5 +38,5 @@ def test_no_line_when_a_chunk_is_not_slower_than_one_token():
     with pytest.raises(InputError, match="--tokens-per-s") as e:
         _cost(lambda nd, cs, pf: 0.01).line(8192)
     assert e.value.source == "--token-budget"
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="one point, not a line"):
         _cost(lambda nd, cs, pf: 0.01 + 1e-5 * (nd + sum(c for c, _ in pf))).line(1)
