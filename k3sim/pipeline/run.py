@@ -29,7 +29,7 @@ class LayoutSpec:
     encoder_policy: str = "bubble"
     encoder_cost: float | None = None
     encoder_cp: str = "dynamic"
-    images_per_microbatch: float = 2.0
+    images_per_microbatch: float = 2.0   # sampler mean (modelling choice: no public K3 data mix; see encoder.py)
     seed: int = 0
     tp: int = 8
     ep: int = 8

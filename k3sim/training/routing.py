@@ -73,7 +73,8 @@ def _balanced_max(loads, ep: int, slots_per_rank: int) -> float:
 @lru_cache(maxsize=4096)
 def ep_imbalance(num_experts: int, ep: int, topk: int, tokens_per_group: int, *, skew: float = 0.0,
                  redundant_per_rank: int = 0, samples: int = 8, seed: int = 0) -> Imbalance:
-    """max/mean received tokens over the ranks of one EP group, averaged over seeded routing samples."""
+    """max/mean received tokens over the ranks of one EP group, averaged over seeded routing samples
+    (8 by default: a modelling choice trading sampling noise of the mean against time per layout)."""
     import numpy as np
 
     routing = "uniform" if skew <= 0 else f"zipf({skew:g})"
