@@ -47,11 +47,16 @@ def test_collective_on_unmeasured_gpu_count_is_the_ring_model(synth):
     p8 = predict_kernel_time("all_gather", dict(bytes=2 ** 30, gpus=8), synth.hw)
     assert (p8.source, p8.method) == ("model", "ring")
     # 7 ring steps of 15 us, (8-1) x 1 GiB on the wire at 350 GB/s
-    assert p8.seconds == pytest.approx(7 * 15e-6 + 7 * 2 ** 30 / 350e9, rel=0.03)
+    # (the fit of the 3 %-wiggled 2-GPU rows lands within 0.5 % of the truth: 1 % is the bound)
+    assert p8.seconds == pytest.approx(7 * 15e-6 + 7 * 2 ** 30 / 350e9, rel=0.01)
     p16 = predict_kernel_time("all_gather", dict(bytes=2 ** 30, gpus=16), synth.hw)
     # leaves the 8-GPU NVLink domain: the ring's narrowest hop is the 50 GB/s NIC at the same fraction
     assert "scale-out" in p16.detail
-    assert p16.seconds == pytest.approx(15 * 15e-6 + 15 * 2 ** 30 / (350e9 * 50e9 / 450e9), rel=0.03)
+    assert p16.seconds == pytest.approx(15 * 15e-6 + 15 * 2 ** 30 / (350e9 * 50e9 / 450e9), rel=0.01)
+    # 1 KiB: the latency term decides, so the step count is what is checked (7 and 15 ring steps of 15 us)
+    for n, bw in ((8, 350e9), (16, 350e9 * 50e9 / 450e9)):
+        small = predict_kernel_time("all_gather", dict(bytes=1024, gpus=n), synth.hw)
+        assert small.seconds == pytest.approx((n - 1) * 15e-6 + (n - 1) * 1024 / bw, rel=0.01)
 
 
 def test_uncalibrated_profile_is_datasheet_roofline():
