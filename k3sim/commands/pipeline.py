@@ -42,6 +42,12 @@ def register(app: typer.Typer) -> None:
         from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
         from k3sim.pipeline import LayoutSpec, parse_uniform_costs, simulate_layout
 
+        from k3sim.errors import InputError
+
+        for option, path in (("--gantt", gantt), ("--trace", trace)):  # refused before any work is done
+            if path is not None and (path.is_dir() or not path.parent.is_dir()):
+                raise InputError(f"cannot write {path}: " + ("it is a directory" if path.is_dir() else
+                                 f"directory {path.parent} does not exist"), source=option)
         uni = parse_uniform_costs(uniform_costs) if uniform_costs is not None else None
         spec = LayoutSpec(schedule=schedule, stages=stages, virtual=virtual, microbatches=microbatches,
                           uniform=uni, encoder_policy=encoder_policy, encoder_cost=encoder_cost,

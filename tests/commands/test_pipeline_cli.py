@@ -60,6 +60,9 @@ def test_model_derived_example_from_the_issue():
     (["--uniform-costs", "-1,2", "--encoder-policy", "none"], "--uniform-costs"),
     (["--uniform-costs", "1;2", "--encoder-policy", "none"], "--uniform-costs"),
     (["--uniform-costs", "1,2", "--encoder-cost", "-0.5"], "--encoder-cost"),
+    (["--uniform-costs", "1,2", "--encoder-policy", "none", "--gantt", "no-such-dir/g.png"], "--gantt"),
+    (["--uniform-costs", "1,2", "--encoder-policy", "none", "--trace", "no-such-dir/t.json"], "--trace"),
+    (["--uniform-costs", "1,2", "--encoder-policy", "none", "--trace", "."], "--trace"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, option):
     proc = run_cli("pipeline", *args)
