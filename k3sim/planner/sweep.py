@@ -96,8 +96,14 @@ def serving_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
     sc = inp.scenario
     sv = sc.serving
     R = (sv.replicas if sv is not None and sv.replicas else None) or sc.replicas
-    batches = given.get("max_batch") or [16, 64, 256]
+    batches = given.get("max_batch") or [16, 64, 256]   # modelling choice: small, medium, large batch limits
     splits = given.get("prefill_replicas") or ([0] + list(range(1, R)) if R > 1 else [0])
+    bad = [p for p in splits if p >= R]
+    if bad:
+        raise InputError(f"{bad[0]} prefill replica(s) leave no decode replica: the fleet has {R} replica(s), so "
+                         f"a P:D split takes 1 to {R - 1} (0: the scenario's own fleet)"
+                         if R > 1 else f"{bad[0]} prefill replica(s): the fleet has one replica, no P:D split "
+                         "(only 0: the scenario's own fleet)", source="--prefill-replicas")
     pts = []
     for b, p in itertools.product(batches, splits):
         pts.append({"max_batch": b, "prefill_replicas": p, "decode_replicas": (R - p) if p else 0})

@@ -41,3 +41,13 @@ def test_sweep_bad_input(cli, tmp_path, args, words):
     err = proc.stderr.strip()
     assert "\n" not in err and all(w in err for w in words), err
     assert not (tmp_path / "o").exists()
+
+
+def test_sweep_prefill_split_beyond_the_fleet_refused(cli, root, tmp_path):
+    # the default scenario serves with one replica: no P:D split exists (was 3 rows of -4 decode replicas, exit 0)
+    proc = cli("sweep", str(root / "scenarios/default.yaml"), "--out", str(tmp_path / "o"), "--prefill-replicas", "5")
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert "\n" not in err and "--prefill-replicas" in err and "one replica" in err, err
+    assert not (tmp_path / "o").exists()
+
