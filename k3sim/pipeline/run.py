@@ -14,7 +14,6 @@ from k3sim.pipeline.result import PipelineResult, run_pipeline
 from k3sim.pipeline.schedules import build_schedule
 from k3sim.pipeline.stagecosts import uniform_costs
 
-ENCODER_BACKWARD_FACTOR = 2.0   # uniform encoder: backward = 2 x forward (2x the GEMM FLOPs), modelling choice
 MAX_OPS = 4_000_000             # resource limit (about 2 GB of op tables), 30x the 64 x 2 x 512 benchmark
 MERGE = 4                       # MoonViT 2x2 patch merger: LLM tokens = patches / 4 (K2.5 report), for the send size
 
@@ -109,9 +108,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
     encoder = None
     if need_encoder:
         if spec.encoder_cost is not None:
-            fw = [spec.encoder_cost * stage_fwd] * m
-            bw = [ENCODER_BACKWARD_FACTOR * x for x in fw]
-            send = 0.0
+            encoder = EncoderWork.uniform(m, spec.encoder_cost * stage_fwd)   # its backward: 2 x forward
             extra["encoder"] = {"cost_ratio": spec.encoder_cost, "source": "--encoder-cost"}
         else:
             from k3sim.pipeline.costs import p2p_seconds
@@ -139,7 +136,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
                 "mean_image_patches": statistics.mean(s.image_tokens for s in steps),
                 "images_per_microbatch": spec.images_per_microbatch, "seed": spec.seed,
                 "send_s": send}
-        encoder = EncoderWork(tuple(fw), tuple(bw), send)
+            encoder = EncoderWork(tuple(fw), tuple(bw), send)
     res = run_pipeline(sched, costs, encoder, spec.encoder_policy, upfront=spec.upfront,
                        keep_timeline=keep_timeline)
     res.extra.update(extra)
