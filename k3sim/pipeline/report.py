@@ -141,14 +141,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("reports/pipeline"))
     a = ap.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    rows = encoder_sweep()
-    atomic_write_text(a.out / "encoder_sweep.csv", _csv(rows))
-    plot_sweep(rows, a.out / "encoder_sweep.png")
-    cp_rows = encoder_cp_table()
-    atomic_write_text(a.out / "encoder_cp.csv", _csv(cp_rows))
-    summary = k3_runs(a.out)
-    atomic_write_text(a.out / "k3_summary.json", json.dumps(summary, indent=1, default=float) + "\n")
+    from k3sim.files import output_dir
+
+    with output_dir(a.out) as out:   # a new --out that fails half-way is removed, not left half-written
+        rows = encoder_sweep()
+        atomic_write_text(out / "encoder_sweep.csv", _csv(rows))
+        plot_sweep(rows, out / "encoder_sweep.png")
+        cp_rows = encoder_cp_table()
+        atomic_write_text(out / "encoder_cp.csv", _csv(cp_rows))
+        summary = k3_runs(out)
+        atomic_write_text(out / "k3_summary.json", json.dumps(summary, indent=1, default=float) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "extra"}, indent=1, default=float)[:4000])
 
 
