@@ -43,6 +43,9 @@ def test_serve_rate_sweep_writes_the_plot(tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert [r["arrival_rate"] for r in d["rows"]] == [0.05, 0.4]
+    # every rate serves every request, and Little's law holds on each run
+    assert [r["requests"] + r["requests_rejected"] for r in d["rows"]] == [15, 15]
+    assert all(r["little_law_relative_error"] < 0.02 for r in d["rows"])
     assert (out / "rate_sweep.png").stat().st_size > 0 and (out / "rate_sweep.csv").exists()
 
 
