@@ -28,7 +28,8 @@ class PoolSpec:
     replicas: int
     parallelism: object  # configs.Parallelism
     cache: object  # prefix_cache.CacheConfig (pages per TP rank, all layers; capacity in those bytes)
-    pool_bytes_per_gpu: float | None  # None: unbounded
+    pool_bytes_per_gpu: float | str | None  # as given: bytes, 'unbounded', or None (the memory planner's free HBM;
+    # the figure in whole-model pages is `cache.capacity_bytes`)
 
     @property
     def gpus_per_replica(self) -> int:
@@ -214,18 +215,16 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
 
     e = sv.engine
     pb = e.physical_block_tokens or default_physical_block(model, e.hash_block_tokens, par.tp, e.cache_policy)
-    if e.pool_bytes == "unbounded":
-        per_gpu, cap = None, None
+    per_gpu = e.pool_bytes
+    if per_gpu == "unbounded":
+        cap = None
     else:
-        per_gpu = e.pool_bytes
         # a train scenario has no serving context; the planner wants one (it checks it against the model), but the
         # pool it leaves (HBM - weights - AttnRes blocks - workspace) does not depend on it: 131072 is a placeholder
         ctx = scn.workload.context_tokens if scn.workload.mode == "serve" else 131072
         cap = pool_capacity_bytes(model, hw, par, per_gpu, context_tokens=ctx,
                                   prefill_chunk_tokens=e.token_budget, workspace_fraction=scn.workload.workspace_fraction,
                                   source=src)
-        if per_gpu is None:
-            per_gpu = cap  # reported as the whole-model figure when the planner chose it
     with _named_options(_CACHE_OPTIONS):
         cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp)
     pages = cfg.num_pages
