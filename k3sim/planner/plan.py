@@ -251,13 +251,11 @@ def _serving(res: PlanResult, inp, kt, requests: int | None) -> None:
     if importlib.util.find_spec("k3sim.serving.run") is None:
         res.notes["serving"] = "not available: k3sim.serving is not installed in this checkout"
         return
-    from k3sim.serving.run import ServeSetup, request_source, simulate
+    from k3sim.serving.run import ServeSetup, simulate
 
     n = requests or SERVING_REQUESTS
     setup = ServeSetup.from_scenario(inp.path)
-    src = request_source(trace=None, workload=SERVING_WORKLOAD, n_requests=n, seed=setup.serving.seed,
-                         arrival="poisson", cv=2.0, limit=None)
-    run = simulate(setup, src(None))
+    run = simulate(setup, serving_sample(setup, n))
     # wall_s is this machine's run time, not an answer about the fleet: left out so a report regenerated
     # from the same inputs is byte-identical
     res.serving = {k: v for k, v in run.summary.items() if k != "wall_s"}
@@ -266,6 +264,15 @@ def _serving(res: PlanResult, inp, kt, requests: int | None) -> None:
                             "generator's own arrival times (the same run as `k3sim serve --workload "
                             f"{SERVING_WORKLOAD} --requests {n}`): a short sample keeps the plan fast; run "
                             "`k3sim serve` on a full trace for tail latencies")
+
+
+def serving_sample(setup, n: int):
+    """The seeded synthetic request sample the plan and the sweep simulate: `k3sim serve --workload chat
+    --requests n` at the generator's own arrival times (no --arrival-rate, so no retiming)."""
+    from k3sim.serving.run import request_source
+
+    return request_source(trace=None, workload=SERVING_WORKLOAD, n_requests=n, seed=setup.serving.seed,
+                          arrival="poisson", cv=2.0, limit=None)(None)
 
 
 def _decode(res: PlanResult, inp, kt) -> None:

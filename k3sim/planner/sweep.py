@@ -161,15 +161,14 @@ def _train_point(inp, ctx, p: dict) -> dict:
 
 
 def _serve_point(inp, kt, p: dict, requests: int) -> dict:
-    from k3sim.serving.run import ServeSetup, request_source, simulate
+    from k3sim.planner.plan import serving_sample
+    from k3sim.serving.run import ServeSetup, simulate
 
     split = f"{p['prefill_replicas']}:{p['decode_replicas']}" if p["prefill_replicas"] else None
     setup = ServeSetup.from_scenario(inp.path, disaggregate=split)
     sv = setup.serving
     setup.serving = sv.model_copy(update={"engine": sv.engine.model_copy(update={"max_batch": p["max_batch"]})})
-    src = request_source(trace=None, workload="chat", n_requests=requests, seed=sv.seed, arrival="poisson",
-                         cv=2.0, limit=None)
-    s = simulate(setup, src(None)).summary
+    s = simulate(setup, serving_sample(setup, requests)).summary
     return {"gpus": setup.gpus, "fits": True, "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
             "tpot_p99_s": s["tpot_p99_s"], "goodput_requests_per_s": s["goodput_requests_per_s"],
             "goodput_requests_per_s_per_gpu": s["goodput_requests_per_s"] / setup.gpus,
