@@ -72,10 +72,7 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
     from k3sim.errors import InputError
     from k3sim.step.layout import CONVENTIONS, EXPERT_KERNELS
 
-    lim = model_cfg.max_context_tokens
-    if lim is not None and context > lim:
-        raise InputError(f"{context:,} tokens exceeds the {lim:,} the model supports (max_context_tokens)",
-                         source="--context")
+    model_cfg.check_context(context, source="--context")
     from k3sim.kernels.ops import OPS
 
     # a verify step walks up to 2n + 1 tokens per sequence through the measured multi-token KDA kernel
