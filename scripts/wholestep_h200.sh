@@ -32,7 +32,7 @@ if [ "$mode" = smoke ]; then
 elif [ "$mode" = serve ]; then
   timeout 450 $R --check --plan serve "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 else
-  timeout 530 $R --check --plan train "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
+  timeout 540 $R --check --plan train "$@" 2>&1 | tee /tmp/ws/log-$mode.txt
 fi
 for f in $out/*.csv; do echo "$f $(grep -c ',ok,' $f) ok $(grep -c ',failed,' $f) failed"; done
 cp /tmp/ws/log-$mode.txt $out/ 2>/dev/null

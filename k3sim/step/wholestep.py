@@ -112,7 +112,6 @@ def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan:
     from k3sim.calibration.wholestep import run as R
     from k3sim.calibration.wholestep import spec as S
     from k3sim.configs import load_hardware, load_model
-    from k3sim.step.training import training_layer_costs
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     specs = S.load_specs(S.SPECS_PATH)
@@ -148,16 +147,12 @@ def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan:
                                          decodes=r, predicted_model_s=mod, predicted_manifest_s=man,
                                          proxy_share=info["by_source"].get("proxy", 0.0) / man))
         else:
-            for mb in R.TRAIN_MB:
-                costs = training_layer_costs(model, hw, tp=spec.tp, ep=spec.ep, tokens=R.TRAIN_SEQ * mb,
-                                             seq_len=R.TRAIN_SEQ, kernel_time=kernel_time)
-                sel = [c for c in costs if c.layer in layers]
-                fwd = sum(c.forward_s for c in sel)
-                both = fwd + sum(c.backward_s for c in sel)
-                for phase, v in (("fwd", fwd), ("fwd_bwd", both)):
-                    rows.append(dict(config=cfg, part="train", expert_kernel="bf16", seq=R.TRAIN_SEQ, micro_batch=mb,
-                                     phase=phase, predicted_model_s=v, predicted_manifest_s=float("nan"),
-                                     proxy_share=float("nan")))
+            from k3sim.step.wholestep_train import predict as train_predict
+
+            for r in train_predict([(cfg, q, mb) for q in R.TRAIN_SEQ for mb in R.TRAIN_MB], hw, kernel_time):
+                rows.append(dict(config=cfg, part="train", expert_kernel="bf16", seq=r["seq"],
+                                 micro_batch=r["micro_batch"], phase=r["phase"], predicted_model_s=r["predicted_s"],
+                                 predicted_manifest_s=float("nan"), proxy_share=float("nan")))
     return rows
 
 

@@ -52,7 +52,10 @@ def cpu_run(monkeypatch, tmp_path, root):
         states = m.alloc_states(st)
         return T, m.trace(_inp(m, st), st, states)
 
-    def train_point(m, st, trace=True):
+    def train_point(m, st, trace=True, profile=None):
+        if profile is not None:
+            profile["fwd"] = [{"kernel": "fake_fwd", "calls": 1, "gpu_s": 1e-6}]
+            profile["fwd_bwd"] = [{"kernel": "fake_bwd", "calls": 3, "gpu_s": 3e-6}]
         x = torch.randn((st.tokens, m.spec.hidden)).to(torch.bfloat16).requires_grad_(True)
         m.forward(x, st).float().sum().backward()
         return {"fwd": T, "fwd_bwd": T}, m.trace(x, st)
@@ -73,7 +76,8 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
     rc = R.main(["--out", str(out), "--specs", str(specs), "--check",
                  "--plan", "tiny:decode=60,tiny:prefill=60,tinyk3:train=60",
                  "--batches", "1,8", "--contexts", "16,32", "--chunks", "16", "--prefixes", "0,16",
-                 "--ride-decodes", "2", "--ride-context", "8", "--seq", "16", "--micro-batches", "1,2"])
+                 "--ride-decodes", "2", "--ride-context", "8", "--seq", "16,32", "--micro-batches", "1,2",
+                 "--profile-train", "32x2"])
     assert rc == 0
     dec = _rows(out / "decode_step.csv")
     ok = [r for r in dec if r["status"] == "ok"]
@@ -86,7 +90,8 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
     assert [(r["prefix"], r["decodes"], r["status"]) for r in pre] == [("0", "2", "ok"), ("16", "2", "ok")]
     assert all(r["manifest_ok"] == "True" for r in pre)
     tr = _rows(out / "train_step.csv")
-    assert [(r["micro_batch"], r["phase"]) for r in tr] == [("1", "fwd"), ("1", "fwd_bwd"), ("2", "fwd"), ("2", "fwd_bwd")]
+    assert [(r["seq"], r["micro_batch"], r["phase"]) for r in tr] == [
+        (q, m, p) for q in ("16", "32") for m in ("1", "2") for p in ("fwd", "fwd_bwd")]
     man = json.loads((out / "manifest.json").read_text())
     assert set(man["tiny"]) == {"checks", "decode@grouped_bf16", "prefill@grouped_bf16"}
     assert set(man["tinyk3"]) == {"checks", "train"}
@@ -95,7 +100,11 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
     assert "plan" in (out / "provenance.yaml").read_text()
     # B = 1 and 8 are profiled once per configuration (first context): their kernels land in kernels.csv
     prof = _rows(out / "kernels.csv")
-    assert [(r["B"], r["C"], r["kernel"]) for r in prof] == [("1", "16", "fake_kernel"), ("8", "16", "fake_kernel")]
+    assert [(r["B"], r["C"], r["kernel"]) for r in prof if r["part"] == "decode"] == [
+        ("1", "16", "fake_kernel"), ("8", "16", "fake_kernel")]
+    # the one training point asked for is profiled in both phases
+    assert [(r["seq"], r["micro_batch"], r["phase"], r["kernel"]) for r in prof if r["part"] == "train"] == [
+        ("32", "2", "fwd", "fake_fwd"), ("32", "2", "fwd_bwd", "fake_bwd")]
 
 
 def test_time_box_records_the_rest_as_skipped(cpu_run, monkeypatch):

@@ -38,8 +38,9 @@ PREFILL_CHUNKS = [512, 1024, 2048, 4096, 8192]
 PREFILL_PREFIX = [0, 8192]
 PREFILL_RIDE = [0, 32]
 RIDE_CONTEXT = 4096
-TRAIN_SEQ = 4096
+TRAIN_SEQ = [4096]
 TRAIN_MB = [1, 2]
+TRAIN_PROFILE = ["4096x1"]  # SEQxMB points whose fwd and fwd+bwd kernels are profiled
 
 
 def parse_plan(text: str, specs: dict, default_kernel: str = "grouped_bf16") -> list[tuple[str, str, str, float]]:
@@ -163,7 +164,8 @@ class Runner:
 
         path = self.out / "kernels.csv"
         new = not path.exists()
-        cols = ["config", "part", "expert_kernel", "B", "C", "chunk", "prefix", "decodes", "kernel", "calls", "gpu_s"]
+        cols = ["config", "part", "expert_kernel", "B", "C", "chunk", "prefix", "decodes", "seq", "micro_batch",
+                "phase", "kernel", "calls", "gpu_s"]
         with path.open("a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             if new:
@@ -278,23 +280,27 @@ class Runner:
         w = self.writer("train")
         n = 0
         for st in item_points(self.a, cfg, "train"):
-            mb = st.seqs
+            mb, seq = st.seqs, st.chunk
             self.note_manifest(cfg, kernel, "train", st)
-            base = dict(config=cfg, seq=self.a.seq, micro_batch=mb)
+            base = dict(config=cfg, seq=seq, micro_batch=mb)
             if time.monotonic() > deadline:
                 w.failed(dict(base, phase="fwd_bwd"), "skipped: part time budget exhausted")
                 continue
             try:
-                res, traced = train_step.measure_point(model, st, trace=not self.a.no_trace)
+                prof = {} if f"{seq}x{mb}" in self.a.profile_train else None
+                res, traced = train_step.measure_point(model, st, trace=not self.a.no_trace, profile=prof)
                 ex = self.extras(model, st, traced)
                 for phase, t in res.items():
                     w.ok(dict(base, phase=phase), t, **ex)
+                for phase, rows in (prof or {}).items():
+                    self.write_profile(rows, dict(base, part="train", expert_kernel=kernel, phase=phase))
                 n += 1
-                print(f"[wholestep] train {cfg} T={self.a.seq} mb={mb}: fwd {res['fwd'].seconds * 1e3:.2f} ms, "
-                      f"fwd+bwd {res['fwd_bwd'].seconds * 1e3:.2f} ms, manifest_ok={ex['manifest_ok']}", flush=True)
+                print(f"[wholestep] train {cfg} T={seq} mb={mb}: fwd {res['fwd'].seconds * 1e3:.2f} ms, "
+                      f"fwd+bwd {res['fwd_bwd'].seconds * 1e3:.2f} ms, manifest_ok={ex['manifest_ok']}"
+                      f"{', profiled' if prof else ''}", flush=True)
             except Exception as err:  # noqa: BLE001
                 w.failed(dict(base, phase="fwd_bwd"), err)
-                print(f"[wholestep] train {cfg} mb={mb} failed: {type(err).__name__}: {err}", flush=True)
+                print(f"[wholestep] train {cfg} T={seq} mb={mb} failed: {type(err).__name__}: {err}", flush=True)
                 torch.cuda.empty_cache()
         return n
 
@@ -307,7 +313,7 @@ def item_points(a, cfg: str, part: str) -> list[S.StepShape]:
     if part == "prefill":
         return [S.StepShape(decodes=r, context=a.ride_context if r else 0, chunk=ch, prefix=p)
                 for r in a.ride_decodes for p in a.prefixes for ch in a.chunks]
-    return [S.StepShape(chunk=a.seq, seqs=mb, train=True) for mb in a.micro_batches]
+    return [S.StepShape(chunk=q, seqs=mb, train=True) for q in a.seq for mb in a.micro_batches]
 
 
 def write_manifest_only(a) -> Path:
@@ -388,8 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefixes", default=",".join(map(str, PREFILL_PREFIX)))
     ap.add_argument("--ride-decodes", default=",".join(map(str, PREFILL_RIDE)))
     ap.add_argument("--ride-context", type=int, default=RIDE_CONTEXT)
-    ap.add_argument("--seq", type=int, default=TRAIN_SEQ)
+    ap.add_argument("--seq", default=",".join(map(str, TRAIN_SEQ)), help="training sequence lengths")
     ap.add_argument("--micro-batches", default=",".join(map(str, TRAIN_MB)))
+    ap.add_argument("--profile-train", default=",".join(TRAIN_PROFILE),
+                    help="SEQxMB training points whose kernels are profiled (fwd and fwd+bwd)")
     ap.add_argument("--check", action="store_true", help="numerical self-checks after each model build")
     ap.add_argument("--no-trace", action="store_true", help="skip the per-point kernel-list check")
     ap.add_argument("--manifest-only", action="store_true",
@@ -408,11 +416,17 @@ def parse_args(argv: list[str] | None = None):
     a.prefixes = int_list(a.prefixes, "--prefixes")
     a.ride_decodes = int_list(a.ride_decodes, "--ride-decodes")
     a.micro_batches = int_list(a.micro_batches, "--micro-batches")
+    a.seq = int_list(a.seq, "--seq")
+    a.profile_train = [x.strip() for x in a.profile_train.split(",") if x.strip()]
+    for x in a.profile_train:
+        q, _, m = x.partition("x")
+        if not (q.isdigit() and m.isdigit()):
+            raise InputError(f"expected SEQxMB points like 4096x1, got {x!r}", source="--profile-train")
     for opt, vals in (("--batches", a.batches), ("--contexts", a.contexts), ("--chunks", a.chunks),
-                      ("--micro-batches", a.micro_batches)):
+                      ("--micro-batches", a.micro_batches), ("--seq", a.seq)):
         if any(v == 0 for v in vals):
             raise InputError(f"values must be positive, got {vals}", source=opt)
-    for opt, v in (("--ride-context", a.ride_context), ("--seq", a.seq)):
+    for opt, v in (("--ride-context", a.ride_context),):
         if v <= 0:
             raise InputError(f"must be positive, got {v}", source=opt)
     specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)

@@ -12,7 +12,9 @@ from k3sim.calibration.wholestep import spec as S
 REPS = 8
 
 
-def measure_point(model, st: S.StepShape, trace: bool = True):
+def measure_point(model, st: S.StepShape, trace: bool = True, profile: dict | None = None):
+    """Timings {"fwd", "fwd_bwd"} of one point and the traced kernel list; with `profile` (a dict), one
+    eager call of each phase is profiled by kernel into profile["fwd"] / profile["fwd_bwd"]."""
     import torch
 
     from k3sim.calibration.timing import time_cuda
@@ -37,6 +39,16 @@ def measure_point(model, st: S.StepShape, trace: bool = True):
     reset()
     torch.cuda.synchronize()
     traced = model.trace(x, st) if trace else None
+    if profile is not None:
+        from k3sim.calibration.wholestep.decode_step import kernel_profile
+
+        try:
+            profile["fwd"] = kernel_profile(fwd)
+            reset()
+            profile["fwd_bwd"] = kernel_profile(fwd_bwd)
+            reset()
+        except Exception as err:  # noqa: BLE001
+            print(f"[wholestep] kernel profile failed: {type(err).__name__}: {err}", flush=True)
     out["fwd"] = time_cuda(fwd, reps=REPS, warmup=2, budget_s=4.0)
     out["fwd_bwd"] = time_cuda(fwd_bwd, reps=REPS, warmup=2, before_each=reset, budget_s=6.0)
     reset()
