@@ -11,6 +11,9 @@ forward's shapes otherwise:
   FLOP and weight bytes), both from the grouped-GEMM data.
 - small elementwise kernels (norms, activations, conv, router): twice the forward (modelling choice:
   the backward reads the gradient and the saved input and writes one gradient, about twice the bytes).
+- kernels the profile has not measured (MoE permute/combine, short conv, gated norm): their HBM-copy
+  proxy times the glue calibration's factors (`step.glue`: forward ~10x, backward ~6x, fitted on a
+  profiled whole training step; `GlueCalibration.proxy()` for the bytes-only model).
 Collectives are left out: the training step model places TP / EP / CP / DP communication itself.
 Costs are compute per GPU; activation recompute is the caller's choice (add the forward once more).
 """
@@ -23,6 +26,7 @@ from typing import Any, Callable
 from k3sim.configs.model import ModelConfig
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, Timer
+from k3sim.step.glue import GlueCalibration, load_glue
 from k3sim.step.layers import embedding_calls, layer_calls, layer_signature, lm_head_calls
 from k3sim.step.layout import StepLayout
 
@@ -45,11 +49,15 @@ class LayerCost:
         return self.backward_input_s + self.backward_weight_s
 
 
-def _call_costs(timer: Timer, call: Call) -> tuple[float, float, float]:
+def _call_costs(timer: Timer, call: Call, glue: GlueCalibration | None = None) -> tuple[float, float, float]:
     """(forward, backward input, backward weight) seconds of one call."""
     if call.op in COLLECTIVES:
         return 0.0, 0.0, 0.0
-    fwd = timer.row(call, 0).seconds
+    row = timer.row(call, 0)
+    fwd = row.seconds
+    if row.source.startswith("proxy"):
+        g = glue or GlueCalibration.proxy()
+        return g.fwd * fwd, g.bwd * SMALL_OP_BACKWARD_FACTOR * fwd, 0.0
     p = call.params
     if call.op.startswith("gemm_"):
         bi = timer.time(call.op, {"M": p["M"], "N": p["K"], "K": p["N"]})[0]
@@ -64,40 +72,41 @@ def _call_costs(timer: Timer, call: Call) -> tuple[float, float, float]:
     return fwd, SMALL_OP_BACKWARD_FACTOR * fwd, 0.0
 
 
-def _sum(timer: Timer, calls: list[Call]) -> tuple[float, float, float]:
+def _sum(timer: Timer, calls: list[Call], glue: GlueCalibration | None) -> tuple[float, float, float]:
     f = bi = bw = 0.0
     for c in calls:
-        a, b, w = _call_costs(timer, c)
+        a, b, w = _call_costs(timer, c, glue)
         f, bi, bw = f + a, bi + b, bw + w
     return f, bi, bw
 
 
 def training_layer_costs(model: ModelConfig, hw: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
                          tokens: int, seq_len: int, kernel_time: Callable | None = None,
-                         expert_kernel: str = "grouped_bf16") -> list[LayerCost]:
+                         expert_kernel: str = "grouped_bf16", glue: GlueCalibration | None = None) -> list[LayerCost]:
     """Per-layer compute of one micro-batch of `tokens` tokens in sequences of `seq_len`, on one GPU of
     a TP x EP (x CP) stage. Under CP each GPU holds seq_len / cp tokens of each sequence (the CP
     exchange itself is the CP model's). Routed experts in bf16 grouped GEMMs (training keeps bf16
-    master weights; `expert_kernel` to change)."""
+    master weights; `expert_kernel` to change). `glue`: None = the profile's glue calibration."""
     if tokens < 1 or seq_len < 1 or tokens % seq_len:
         raise ValueError(f"tokens={tokens} must be a positive multiple of seq_len={seq_len}")
     layout = StepLayout(tp=tp, ep=ep, expert_kernel=expert_kernel)
     timer = Timer(hw, kernel_time, "graph")
+    glue = load_glue(hw) if glue is None else glue
     local = max(1, seq_len // cp)
     batch = Batch(prefill=((local, 0),) * (tokens // seq_len))
     d = model.hidden_size
     act = batch.tokens * d * BF16 / tp  # sequence-parallel shard of the hidden state
-    out = [LayerCost(-1, "embedding", *_sum(timer, embedding_calls(model, batch)), act, 0.0)]
+    out = [LayerCost(-1, "embedding", *_sum(timer, embedding_calls(model, batch), glue), act, 0.0)]
     memo: dict[tuple, tuple[float, float, float]] = {}
     blk = act if model.attn_res_block_size else 0.0
     for i in range(model.num_layers):
         sig = layer_signature(model, i)
         if sig not in memo:
-            memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel))
+            memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel), glue)
         out.append(LayerCost(i, model.layer_kinds[i], *memo[sig], act, blk))
     head = [c for c in lm_head_calls(model, layout, batch) if c.component != "sampling"]
     # training computes logits (and the loss) for every token, not one per sequence
     head = [Call(c.component, c.op, {**c.params, "M": batch.tokens}) if c.component == "lm_head" else c
             for c in head]
-    out.append(LayerCost(model.num_layers, "lm_head", *_sum(timer, head), 0.0, 0.0))
+    out.append(LayerCost(model.num_layers, "lm_head", *_sum(timer, head, glue), 0.0, 0.0))
     return out

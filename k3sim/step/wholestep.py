@@ -194,13 +194,14 @@ FAMILIES = [
     ("routed experts", ("enable_3x_kernel_for_sm9x", "prepare_grouped_gemm_data", "gate_up_kernel", "down_kernel"),
      ("moe_grouped_bf16", "moe_mxfp4_decode")),
     ("KDA kernel", ("fused_recurrent_kda", "chunk_kda", "chunk_gated_delta", "chunk_gla", "recompute_w_u",
-                    "kda_gate_chunk_cumsum", "l2norm_fwd"), ("recurrent_kda_decode", "chunk_kda_fwd")),
-    ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash"), ("mla_decode", "sdpa_causal_fwd",
-                                                                           "sdpa_prefix_causal_fwd")),
+                    "kda_gate_chunk_cumsum", "l2norm_fwd", "l2norm_bwd", "kda_gate_bwd", "chunk_local_cumsum"),
+     ("recurrent_kda_decode", "chunk_kda_fwd")),
+    ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash", "compute_dot_do_o"),
+     ("mla_decode", "sdpa_causal_fwd", "sdpa_prefix_causal_fwd")),
     ("GEMMs", ("nvjet", "splitKreduce", "cutlass::Kernel2", "dot_kernel", "reduce_1Block", "gemv"),
      ("gemm_bf16", "bmm_bf16")),
     ("short conv", ("causal_conv1d",), ("conv1d_update", "causal_conv1d_fwd")),
-    ("norms", ("layer_norm",), ("rmsnorm", "gated_rmsnorm")),
+    ("norms", ("layer_norm", "GammaBetaBackward"), ("rmsnorm", "gated_rmsnorm")),
 ]
 OTHER = "elementwise, routing, copies"
 

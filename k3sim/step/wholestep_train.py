@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from k3sim.step.batch import Batch
 from k3sim.step.calls import Timer
+from k3sim.step.glue import GlueCalibration
 from k3sim.step.layers import layer_calls
 from k3sim.step.layout import StepLayout
 from k3sim.step.training import COLLECTIVES, _call_costs
@@ -29,8 +30,9 @@ PHASES = ("fwd", "fwd_bwd")
 
 
 def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int, micro_batch: int,
-                kernel_time: Callable | None = None) -> list[dict]:
-    """One row per call of the slice: op, component, forward / backward seconds, proxy or measured."""
+                kernel_time: Callable | None = None, glue: GlueCalibration | None = None) -> list[dict]:
+    """One row per call of the slice: op, component, forward / backward seconds, proxy or measured.
+    `glue` as in `training_layer_costs` except that None here is the bytes-only proxy (the plain model)."""
     lay = StepLayout(tp=tp, ep=ep, expert_kernel="grouped_bf16", replicated_down_proj=True)
     timer = Timer(hw, kernel_time, "graph")
     batch = Batch(prefill=((seq, 0),) * micro_batch)
@@ -39,7 +41,7 @@ def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int
         for c in layer_calls(model, i, lay, batch, "grouped_bf16"):
             if c.op in COLLECTIVES or c.hidden:
                 continue
-            f, bi, bw = _call_costs(timer, c)
+            f, bi, bw = _call_costs(timer, c, glue or GlueCalibration.proxy())
             proxy = timer.row(c, 0).source.startswith("proxy")
             rows.append(dict(layer=i, component=c.component, op=c.op, fwd_s=f, bwd_s=bi + bw, proxy=proxy))
     return rows
@@ -63,10 +65,10 @@ def split(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def predict(points, hw: Any = "h200", kernel_time: Callable | None = None, glue: dict | None = None) -> list[dict]:
-    """Rows (config, seq, micro_batch, phase, predicted_model_s, ...) for `points` = (config, seq, mb).
-
-    `glue`: {"fwd": k_f, "bwd": k_b} multiplies the proxy-priced calls (None: the plain model)."""
+def predict(points, hw: Any = "h200", kernel_time: Callable | None = None,
+            glue: GlueCalibration | None = None) -> list[dict]:
+    """Rows (config, seq, micro_batch, phase, predicted_s, glue_s) for `points` = (config, seq, mb);
+    `glue` None: the plain model (proxy bytes only)."""
     from k3sim.configs import load_hardware
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
@@ -74,42 +76,123 @@ def predict(points, hw: Any = "h200", kernel_time: Callable | None = None, glue:
     for cfg, seq, mb in points:
         spec, model, layers = _spec_model(cfg)
         s = split(train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
-                              kernel_time=kernel_time))
-        kf, kb = (glue["fwd"], glue["bwd"]) if glue else (1.0, 1.0)
-        fwd = s["fwd_measured"] + kf * s["fwd_glue"]
-        bwd = s["bwd_measured"] + kb * s["bwd_glue"]
-        for phase, v in (("fwd", fwd), ("fwd_bwd", fwd + bwd)):
-            out.append(dict(config=cfg, seq=seq, micro_batch=mb, phase=phase, predicted_s=v,
-                            glue_s=kf * s["fwd_glue"] + (kb * s["bwd_glue"] if phase == "fwd_bwd" else 0.0)))
+                              kernel_time=kernel_time, glue=glue))
+        fwd = s["fwd_measured"] + s["fwd_glue"]
+        for phase, v, g in (("fwd", fwd, s["fwd_glue"]),
+                            ("fwd_bwd", fwd + s["bwd_measured"] + s["bwd_glue"], s["fwd_glue"] + s["bwd_glue"])):
+            out.append(dict(config=cfg, seq=seq, micro_batch=mb, phase=phase, predicted_s=v, glue_s=g))
+    return out
+
+
+def _points(text: str) -> list[tuple[str, int, int]]:
+    out = []
+    for item in text.split(","):
+        cfg, _, sm = item.partition(":")
+        q, _, m = sm.partition("x")
+        out.append((cfg, int(q), int(m)))
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,...`"""
+    """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue]`: predictions,
+    written before a run. `... check RUN_DIR OUT_DIR`: the check tables. `... fit-glue RUN_DIR OUT.yaml
+    --points CFG:SEQxMB,...`: the glue calibration from one configuration's profiled points."""
     import argparse
+    import sys
+
+    import pandas as pd
+    import yaml
+
+    from k3sim.configs import load_hardware
+    from k3sim.files import atomic_write_text
+    from k3sim.step.glue import fit, load_glue
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["predict", "check", "fit-glue"])
+    ap.add_argument("src", help="predict: the CSV to write; check, fit-glue: the run directory")
+    ap.add_argument("out", nargs="?", default="")
+    ap.add_argument("--points", default="", help="CONFIG:SEQxMB,...")
+    ap.add_argument("--glue", action="store_true", help="with the profile's glue calibration (default: plain)")
+    a = ap.parse_args(argv)
+    hw = load_hardware("h200")
+    if a.what == "predict":
+        glue = load_glue(hw) if a.glue else None
+        df = pd.DataFrame(predict(_points(a.points), hw, glue=glue))
+        atomic_write_text(a.src, df.to_csv(index=False, float_format="%.6g"))
+        print((glue.source + "\n") if glue else "", df.to_string(index=False), sep="")
+    elif a.what == "fit-glue":
+        pts = _points(a.points)
+        if len({c for c, _, _ in pts}) != 1:
+            raise SystemExit("fit-glue: the points must be of one configuration")
+        doc = fit(a.src, pts[0][0], [(q, m) for _, q, m in pts], hw)
+        doc = {**doc, "fwd": float(doc["fwd"]), "bwd": float(doc["bwd"]),
+               "command": "python3 -m k3sim.step.wholestep_train " + " ".join(sys.argv[1:] if argv is None else argv)}
+        atomic_write_text(a.out, "# Written by `python3 -m k3sim.step.wholestep_train fit-glue`; refit instead of "
+                          "editing.\n# Factors on the HBM-copy proxy time of the kernels the op registry has not "
+                          "measured, in training (step/glue.py).\n" + yaml.safe_dump(doc, sort_keys=False))
+        print(doc)
+    else:
+        from pathlib import Path
+
+        steps, fams = check_tables(a.src, hw)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "wholestep_train_check.csv", steps.to_csv(index=False, float_format="%.6g"))
+        atomic_write_text(out / "wholestep_train_families.csv", fams.to_csv(index=False, float_format="%.6g"))
+        print(steps.to_string(index=False))
+
+
+# ----------------------------------------------------------------------------------------- checks
+def family_prediction(cfg: str, seq: int, mb: int, hw: Any = "h200", kernel_time: Callable | None = None,
+                      glue: GlueCalibration | None = None) -> dict[str, dict[str, float]]:
+    """{phase: {kernel family: predicted seconds}} for one point (families of `step.wholestep`)."""
+    from k3sim.configs import load_hardware
+    from k3sim.step.wholestep import op_family
+
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    spec, model, layers = _spec_model(cfg)
+    out: dict[str, dict[str, float]] = {p: {} for p in PHASES}
+    for r in train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
+                         kernel_time=kernel_time, glue=glue):
+        fam = op_family(r["op"])
+        out["fwd"][fam] = out["fwd"].get(fam, 0.0) + r["fwd_s"]
+        out["fwd_bwd"][fam] = out["fwd_bwd"].get(fam, 0.0) + r["fwd_s"] + r["bwd_s"]
+    return out
+
+
+def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None):
+    """(steps, families) for a training run directory: measured seconds beside the plain model's
+    prediction at every point, and, where the point was profiled, each kernel family's predicted vs
+    profiled GPU seconds (the kernels' sum beside the measured step shows the launch gaps)."""
+    from pathlib import Path
 
     import pandas as pd
 
-    from k3sim.files import atomic_write_text
+    from k3sim.step.wholestep import FAMILIES, OTHER, kernel_family
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["predict"])
-    ap.add_argument("out")
-    ap.add_argument("--points", required=True, help="CONFIG:SEQxMB,...")
-    ap.add_argument("--glue", default="", help="FWD,BWD glue factors (default: the plain model)")
-    a = ap.parse_args(argv)
-    pts = []
-    for item in a.points.split(","):
-        cfg, _, sm = item.partition(":")
-        q, _, m = sm.partition("x")
-        pts.append((cfg, int(q), int(m)))
-    glue = None
-    if a.glue:
-        f, b = (float(x) for x in a.glue.split(","))
-        glue = {"fwd": f, "bwd": b}
-    df = pd.DataFrame(predict(pts, glue=glue))
-    atomic_write_text(a.out, df.to_csv(index=False, float_format="%.6g"))
-    print(df.to_string(index=False))
+    run_dir = Path(run_dir)
+    T = pd.read_csv(run_dir / "train_step.csv")
+    T = T[T.status == "ok"]
+    keys = ["config", "seq", "micro_batch", "phase"]
+    pts = sorted({(r.config, int(r.seq), int(r.micro_batch)) for r in T.itertuples()})
+    P = pd.DataFrame(predict(pts, hw, kernel_time))
+    steps = T[keys + ["seconds", "host_s"]].merge(P[keys + ["predicted_s"]], on=keys)
+    steps["error"] = steps.predicted_s / steps.seconds - 1
+    fams = []
+    kpath = run_dir / "kernels.csv"
+    if kpath.exists():
+        K = pd.read_csv(kpath)
+        K = K[K.part == "train"]
+        K["family"] = K.kernel.map(kernel_family)
+        for (cfg, seq, mb, phase), g in K.groupby(keys):
+            pred = family_prediction(cfg, int(seq), int(mb), hw, kernel_time)[phase]
+            meas = g.groupby("family").gpu_s.sum().to_dict()
+            for fam in [f for f, _, _ in FAMILIES] + [OTHER]:
+                fams.append(dict(config=cfg, seq=int(seq), micro_batch=int(mb), phase=phase, family=fam,
+                                 predicted_s=pred.get(fam, 0.0), profiled_s=meas.get(fam, 0.0)))
+            m = (steps.config == cfg) & (steps.seq == seq) & (steps.micro_batch == mb) & (steps.phase == phase)
+            steps.loc[m, "profiled_kernel_sum_s"] = g.gpu_s.sum()
+    return steps, pd.DataFrame(fams)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ from k3sim.calibration.timing import Timing  # noqa: E402
 from k3sim.calibration.wholestep import decode_step, model, prefill_step, train_step  # noqa: E402
 from k3sim.calibration.wholestep import run as R  # noqa: E402
 from k3sim.calibration.wholestep import spec as S  # noqa: E402
+from k3sim.errors import InputError  # noqa: E402
 
 from test_wholestep_model import _fake_fla, _inp, _tiny  # noqa: E402  (same directory; pytest puts it on sys.path)
 
@@ -105,6 +106,20 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
     # the one training point asked for is profiled in both phases
     assert [(r["seq"], r["micro_batch"], r["phase"], r["kernel"]) for r in prof if r["part"] == "train"] == [
         ("32", "2", "fwd", "fake_fwd"), ("32", "2", "fwd_bwd", "fake_bwd")]
+
+
+def test_train_points_per_configuration(cpu_run):
+    specs, out = cpu_run
+    rc = R.main(["--out", str(out), "--specs", str(specs), "--plan", "tinyk3:train=60",
+                 "--train-points", "tinyk3:32x1,tinyk3:16x3,tiny:64x1"])
+    assert rc == 0
+    tr = _rows(out / "train_step.csv")
+    assert [(r["seq"], r["micro_batch"]) for r in tr if r["phase"] == "fwd"] == [("32", "1"), ("16", "3")]
+
+
+def test_train_points_refuses_a_malformed_point():
+    with pytest.raises(InputError, match="--train-points"):
+        R.parse_args(["--out", "x", "--train-points", "k3-tp8-ep8-l5-8:4096"])
 
 
 def test_time_box_records_the_rest_as_skipped(cpu_run, monkeypatch):

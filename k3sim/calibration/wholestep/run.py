@@ -313,6 +313,8 @@ def item_points(a, cfg: str, part: str) -> list[S.StepShape]:
     if part == "prefill":
         return [S.StepShape(decodes=r, context=a.ride_context if r else 0, chunk=ch, prefix=p)
                 for r in a.ride_decodes for p in a.prefixes for ch in a.chunks]
+    if getattr(a, "train_points", None):
+        return [S.StepShape(chunk=q, seqs=mb, train=True) for q, mb in a.train_points.get(cfg, [])]
     return [S.StepShape(chunk=q, seqs=mb, train=True) for q in a.seq for mb in a.micro_batches]
 
 
@@ -396,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ride-context", type=int, default=RIDE_CONTEXT)
     ap.add_argument("--seq", default=",".join(map(str, TRAIN_SEQ)), help="training sequence lengths")
     ap.add_argument("--micro-batches", default=",".join(map(str, TRAIN_MB)))
+    ap.add_argument("--train-points", default="",
+                    help="CONFIG:SEQxMB,... training points per configuration (instead of --seq x --micro-batches)")
     ap.add_argument("--profile-train", default=",".join(TRAIN_PROFILE),
                     help="SEQxMB training points whose kernels are profiled (fwd and fwd+bwd)")
     ap.add_argument("--check", action="store_true", help="numerical self-checks after each model build")
@@ -422,6 +426,15 @@ def parse_args(argv: list[str] | None = None):
         q, _, m = x.partition("x")
         if not (q.isdigit() and m.isdigit()):
             raise InputError(f"expected SEQxMB points like 4096x1, got {x!r}", source="--profile-train")
+    tp: dict = {}
+    for x in (x.strip() for x in a.train_points.split(",") if x.strip()):
+        cfg, _, sm = x.partition(":")
+        q, _, m = sm.partition("x")
+        if not (cfg and q.isdigit() and m.isdigit() and int(q) > 0 and int(m) > 0):
+            raise InputError(f"expected CONFIG:SEQxMB points like k3-tp8-ep8-l5-8:4096x1, got {x!r}",
+                             source="--train-points")
+        tp.setdefault(cfg, []).append((int(q), int(m)))
+    a.train_points = tp
     for opt, vals in (("--batches", a.batches), ("--contexts", a.contexts), ("--chunks", a.chunks),
                       ("--micro-batches", a.micro_batches), ("--seq", a.seq)):
         if any(v == 0 for v in vals):

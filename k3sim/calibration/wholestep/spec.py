@@ -35,12 +35,16 @@ SPECS_PATH = Path(__file__).with_name("specs.json")
 # The configurations the measurement runs: name -> (model YAML relative to the repo root, tp, ep,
 # 1-based first and last layer or None for the whole model, embedding + LM head forced on a slice).
 # Layers 5-8 of both models are three KDA layers then one MLA layer, all with MoE FFNs; layers 1-4 of
-# Kimi-Linear hold its dense-FFN layer and its first MLA layer (the smoke test's small whole model).
+# Kimi-Linear hold its dense-FFN layer and its first MLA layer (the smoke test's small whole model);
+# layers 1-4 of either model without the head are the training check's second layer mix.
 CONFIGS = {
     "kimi-linear-48b": ("models/kimi-linear-48b.yaml", 1, 1, None, False),
     "kimi-linear-48b-l5-8": ("models/kimi-linear-48b.yaml", 1, 1, (5, 8), False),
     "kimi-linear-48b-l1-4h": ("models/kimi-linear-48b.yaml", 1, 1, (1, 4), True),
     "k3-tp8-ep8-l5-8": ("models/kimi-k3.yaml", 8, 8, (5, 8), False),
+    # training slices with the dense-FFN layer (issue 15 item 2, out-of-sample layer mix)
+    "kimi-linear-48b-l1-4": ("models/kimi-linear-48b.yaml", 1, 1, (1, 4), False),
+    "k3-tp8-ep8-l1-4": ("models/kimi-k3.yaml", 8, 8, (1, 4), False),
 }
 
 
