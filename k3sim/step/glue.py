@@ -71,13 +71,12 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
 
     from k3sim.configs import load_hardware
     from k3sim.step.wholestep import PROXIED, kernel_family, op_family
-    from k3sim.step.wholestep_train import _spec_model, train_calls
+    from k3sim.step.wholestep_train import _calls
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     K = pd.read_csv(Path(run_dir) / "kernels.csv")
     K = K[(K.part == "train") & (K.config == config)]
     K = K.assign(family=K.kernel.map(kernel_family))
-    spec, model, layers = _spec_model(config)
     num_f = num_b = den_f = den_b = 0.0
     for seq, mb in points:
         g = K[(K.seq == seq) & (K.micro_batch == mb) & K.family.isin(PROXIED)]
@@ -85,8 +84,7 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
             raise ValueError(f"{config} {seq}x{mb} was not profiled in {run_dir}")
         prof_f = g[g.phase == "fwd"].gpu_s.sum()
         prof_b = g[g.phase == "fwd_bwd"].gpu_s.sum() - prof_f
-        rows = [r for r in train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb)
-                if op_family(r["op"]) in PROXIED]
+        rows = [r for r in _calls(config, hw, seq, mb, None, None) if op_family(r["op"]) in PROXIED]
         num_f += prof_f - sum(r["fwd_s"] for r in rows if not r["proxy"])
         num_b += prof_b - sum(r["bwd_s"] for r in rows if not r["proxy"])
         den_f += sum(r["fwd_s"] for r in rows if r["proxy"])

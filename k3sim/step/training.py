@@ -72,6 +72,14 @@ def _call_costs(timer: Timer, call: Call, glue: GlueCalibration | None = None) -
     return fwd, SMALL_OP_BACKWARD_FACTOR * fwd, 0.0
 
 
+def training_head_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> list[Call]:
+    """Final norm and LM head as training runs them: logits (and the loss) for every token, not one per
+    sequence as a prefill step; no sampling."""
+    head = [c for c in lm_head_calls(model, layout, batch) if c.component != "sampling"]
+    return [Call(c.component, c.op, {**c.params, "M": batch.tokens}) if c.component == "lm_head" else c
+            for c in head]
+
+
 def _sum(timer: Timer, calls: list[Call], glue: GlueCalibration | None) -> tuple[float, float, float]:
     f = bi = bw = 0.0
     for c in calls:
@@ -104,9 +112,6 @@ def training_layer_costs(model: ModelConfig, hw: Any, *, tp: int = 1, ep: int = 
         if sig not in memo:
             memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel), glue)
         out.append(LayerCost(i, model.layer_kinds[i], *memo[sig], act, blk))
-    head = [c for c in lm_head_calls(model, layout, batch) if c.component != "sampling"]
-    # training computes logits (and the loss) for every token, not one per sequence
-    head = [Call(c.component, c.op, {**c.params, "M": batch.tokens}) if c.component == "lm_head" else c
-            for c in head]
+    head = training_head_calls(model, layout, batch)
     out.append(LayerCost(model.num_layers, "lm_head", *_sum(timer, head, glue), 0.0, 0.0))
     return out

@@ -22,28 +22,33 @@ from typing import Any, Callable
 from k3sim.step.batch import Batch
 from k3sim.step.calls import Timer
 from k3sim.step.glue import GlueCalibration
-from k3sim.step.layers import layer_calls
+from k3sim.step.layers import embedding_calls, layer_calls
 from k3sim.step.layout import StepLayout
-from k3sim.step.training import COLLECTIVES, _call_costs
+from k3sim.step.training import COLLECTIVES, _call_costs, training_head_calls
 
 PHASES = ("fwd", "fwd_bwd")
 
 
 def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int, micro_batch: int,
-                kernel_time: Callable | None = None, glue: GlueCalibration | None = None) -> list[dict]:
+                kernel_time: Callable | None = None, glue: GlueCalibration | None = None,
+                embed_head: bool = False) -> list[dict]:
     """One row per call of the slice: op, component, forward / backward seconds, proxy or measured.
     `glue` as in `training_layer_costs` except that None here is the bytes-only proxy (the plain model)."""
     lay = StepLayout(tp=tp, ep=ep, expert_kernel="grouped_bf16", replicated_down_proj=True)
     timer = Timer(hw, kernel_time, "graph")
     batch = Batch(prefill=((seq, 0),) * micro_batch)
-    rows = []
+    calls = [(-1, c) for c in embedding_calls(model, batch)] if embed_head else []
     for i in layers:
-        for c in layer_calls(model, i, lay, batch, "grouped_bf16"):
-            if c.op in COLLECTIVES or c.hidden:
-                continue
-            f, bi, bw = _call_costs(timer, c, glue or GlueCalibration.proxy())
-            proxy = timer.row(c, 0).source.startswith("proxy")
-            rows.append(dict(layer=i, component=c.component, op=c.op, fwd_s=f, bwd_s=bi + bw, proxy=proxy))
+        calls += [(i, c) for c in layer_calls(model, i, lay, batch, "grouped_bf16")]
+    if embed_head:
+        calls += [(model.num_layers, c) for c in training_head_calls(model, lay, batch)]
+    rows = []
+    for i, c in calls:
+        if c.op in COLLECTIVES or c.hidden:
+            continue
+        f, bi, bw = _call_costs(timer, c, glue or GlueCalibration.proxy())
+        proxy = timer.row(c, 0).source.startswith("proxy")
+        rows.append(dict(layer=i, component=c.component, op=c.op, fwd_s=f, bwd_s=bi + bw, proxy=proxy))
     return rows
 
 
@@ -53,6 +58,12 @@ def _spec_model(cfg: str):
 
     spec = S.load_specs(S.SPECS_PATH)[cfg]
     return spec, load_model(spec.model), [r["index"] - 1 for r in spec.layers]
+
+
+def _calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None, glue: GlueCalibration | None):
+    spec, model, layers = _spec_model(cfg)
+    return train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
+                       kernel_time=kernel_time, glue=glue, embed_head=spec.embed_head)
 
 
 def split(rows: list[dict]) -> dict[str, float]:
@@ -74,9 +85,7 @@ def predict(points, hw: Any = "h200", kernel_time: Callable | None = None,
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     out = []
     for cfg, seq, mb in points:
-        spec, model, layers = _spec_model(cfg)
-        s = split(train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
-                              kernel_time=kernel_time, glue=glue))
+        s = split(_calls(cfg, hw, seq, mb, kernel_time, glue))
         fwd = s["fwd_measured"] + s["fwd_glue"]
         for phase, v, g in (("fwd", fwd, s["fwd_glue"]),
                             ("fwd_bwd", fwd + s["bwd_measured"] + s["bwd_glue"], s["fwd_glue"] + s["bwd_glue"])):
@@ -150,10 +159,8 @@ def family_prediction(cfg: str, seq: int, mb: int, hw: Any = "h200", kernel_time
     from k3sim.step.wholestep import op_family
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
-    spec, model, layers = _spec_model(cfg)
     out: dict[str, dict[str, float]] = {p: {} for p in PHASES}
-    for r in train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
-                         kernel_time=kernel_time, glue=glue):
+    for r in _calls(cfg, hw, seq, mb, kernel_time, glue):
         fam = op_family(r["op"])
         out["fwd"][fam] = out["fwd"].get(fam, 0.0) + r["fwd_s"]
         out["fwd_bwd"][fam] = out["fwd_bwd"].get(fam, 0.0) + r["fwd_s"] + r["bwd_s"]

@@ -62,6 +62,10 @@ def _impls():
     return {n: (getattr(decode_ops, n) if decode_ops is not None and hasattr(decode_ops, n) else None) for n in names}
 
 
+def _drop_grad(p) -> None:
+    p.grad = None
+
+
 def fla_ops():
     """fla's kernels the model calls (one place, so CPU tests can hand in stand-ins with the same API)."""
     from types import SimpleNamespace
@@ -80,10 +84,14 @@ class WholeStepModel:
     `fla` and `device` exist for CPU tests (stand-in kernels); a measurement uses the defaults."""
 
     def __init__(self, spec: S.StepSpec, *, expert_kernel: str = "grouped_bf16", grad: bool = False, seed: int = 0,
-                 fla=None, device: str = "cuda"):
+                 fla=None, device: str = "cuda", free_grads: bool = False):
         import torch
 
         self.spec, self.expert_kernel, self.grad = spec, expert_kernel, grad
+        # free_grads: each weight gradient is dropped as soon as autograd has accumulated it (the
+        # optimizer-in-backward memory pattern), so a model whose weights fit but whose weights plus
+        # gradients do not (Kimi-Linear-48B whole: 2 x 96 GB) still runs every weight-gradient kernel.
+        self.free_grads = free_grads
         self.fla = fla if fla is not None else fla_ops()
         self.rec = Recorder()
         self._rows: dict = {}
@@ -122,6 +130,8 @@ class WholeStepModel:
         if self.grad:
             t.requires_grad_(True)
             self.params.append(t)
+            if self.free_grads:
+                t.register_post_accumulate_grad_hook(_drop_grad)
         return t
 
     def _ones(self, n):

@@ -67,8 +67,6 @@ def parse_plan(text: str, specs: dict, default_kernel: str = "grouped_bf16") -> 
             raise InputError(f"expected CONFIG:PART=SECONDS, got {item!r}", source="--plan") from None
         if not 0 < s < float("inf"):
             raise InputError(f"time box must be a positive number of seconds, got {item!r}", source="--plan")
-        if part == "train" and specs[cfg].embed_head:
-            raise InputError(f"train runs on a layer slice; {cfg} is the whole model", source="--plan", field="config")
         out.append((cfg, "grouped_bf16" if part == "train" else kernel, part, s))
     if not out:
         raise InputError("empty plan", source="--plan")
@@ -128,7 +126,9 @@ class Runner:
             self.model = None
             torch.cuda.empty_cache()
             t0 = time.monotonic()
-            self.model = WholeStepModel(self.specs[cfg], expert_kernel=kernel, grad=grad)
+            # the whole model's weights and gradients do not fit together: gradients dropped as made
+            self.model = WholeStepModel(self.specs[cfg], expert_kernel=kernel, grad=grad,
+                                        free_grads=grad and self.specs[cfg].embed_head)
             torch.cuda.synchronize()
             self.model_key = key
             print(f"[wholestep] built {cfg} ({kernel}, grad={grad}) in {time.monotonic() - t0:.1f}s; "

@@ -1,5 +1,6 @@
 """Training forward and forward+backward of a layer slice (issue 15 item 2): sequence T x micro-batch
-b, bf16 weights as trainable leaves, autograd through fla's chunk_kda and causal_conv1d, torch SDPA (flash,
+b, bf16 weights as trainable leaves (the whole model: token ids in, every token's logits out, weight
+gradients dropped as they are made so weights and gradients need not fit together), autograd through fla's chunk_kda and causal_conv1d, torch SDPA (flash,
 causal) and torch._grouped_mm. Input hidden states require grad (the slice sits inside a model); the
 backward is driven by a random output gradient. Weight gradients are computed (and reset, untimed,
 before each repetition), no optimizer step. Timed with CUDA events (`timing.time_cuda`).
@@ -20,8 +21,12 @@ def measure_point(model, st: S.StepShape, trace: bool = True, profile: dict | No
     from k3sim.calibration.timing import time_cuda
 
     g = torch.Generator(device="cuda").manual_seed(2)
-    x = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16).requires_grad_(True)
-    dy = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16)
+    if model.spec.embed_head:  # the whole model: token ids in, logits of every token out
+        x = torch.randint(0, model.spec.vocab_local, (st.tokens,), device="cuda", generator=g)
+        dy = torch.randn((st.tokens, model.spec.vocab_local), device="cuda", generator=g).to(torch.bfloat16)
+    else:
+        x = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16).requires_grad_(True)
+        dy = torch.randn((st.tokens, model.spec.hidden), device="cuda", generator=g).to(torch.bfloat16)
 
     def fwd():
         return model.forward(x, st)
