@@ -172,3 +172,23 @@ def test_prefix_attention_mask_fallback_equals_lower_right(spec):
     # the last query row sees every key; the first sees the 7 prefix keys and itself
     m = model._bufs[("prefix_mask", 5, 12)]
     assert m[-1].all() and int(m[0].sum()) == 8
+
+
+def test_free_grads_runs_the_weight_gradients_and_keeps_none(spec):
+    # The whole model's weights and gradients do not fit together on one GPU: each weight gradient is
+    # dropped as soon as autograd accumulates it, so after backward no .grad is held - yet every hook
+    # fired (the weight-gradient kernels ran).
+    model = WholeStepModel(spec, fla=_fake_fla(), device="cpu", grad=True, free_grads=True)
+    fired = []
+    for p in model.params:
+        p.register_post_accumulate_grad_hook(lambda p: fired.append(1))
+    st = S.StepShape(chunk=16, seqs=2, train=True)
+    if spec.embed_head:
+        x = torch.randint(0, spec.vocab_local, (st.tokens,))
+        dy = torch.randn((st.tokens, spec.vocab_local)).to(torch.bfloat16)
+    else:
+        x = torch.randn((st.tokens, spec.hidden)).to(torch.bfloat16).requires_grad_(True)
+        dy = torch.randn((st.tokens, spec.hidden)).to(torch.bfloat16)
+    model.forward(x, st).backward(dy)
+    assert len(fired) == len(model.params) > 0
+    assert all(p.grad is None for p in model.params)

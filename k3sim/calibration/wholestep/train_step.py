@@ -40,9 +40,12 @@ def measure_point(model, st: S.StepShape, trace: bool = True, profile: dict | No
             p.grad = None
 
     out = {}
+    torch.cuda.reset_peak_memory_stats()
     fwd_bwd()  # compiles fla's forward and backward kernels for this shape family
     reset()
     torch.cuda.synchronize()
+    print(f"[wholestep] train T={st.chunk} mb={st.seqs}: peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB "
+          f"allocated in fwd+bwd", flush=True)
     traced = model.trace(x, st) if trace else None
     if profile is not None:
         from k3sim.calibration.wholestep.decode_step import kernel_profile
