@@ -120,11 +120,11 @@ class WholeStepModel:
             self.head = self._w(d, spec.vocab_local)
 
     # ------------------------------------------------------------------ weights (random, never zeros)
-    def _w(self, *shape, std: float | None = None, dtype=None):
+    def _w(self, *shape, std: float | None = None, dtype=None, leaf: bool = True):
         torch = self.torch
         std = std if std is not None else 1.0 / math.sqrt(shape[-2] if len(shape) >= 2 else shape[-1])
         t = torch.empty(shape, device=self.dev, dtype=dtype or torch.bfloat16).normal_(0.0, std, generator=self.gen)
-        return self._leaf(t)
+        return self._leaf(t) if leaf else t
 
     def _leaf(self, t):
         if self.grad:
@@ -196,8 +196,12 @@ class WholeStepModel:
                                                            seed=int(torch.randint(0, 2 ** 31, (1,), generator=self.gen, device=self.dev)))
         else:
             # (E, N, K) then a transposed view, as torch_ops.moe_grouped_bf16 lays them out.
-            w["e_gu"] = self._w(e.experts_local, 2 * e.width, xw, std=1.0 / math.sqrt(xw)).transpose(-2, -1)
-            w["e_dn"] = self._w(e.experts_local, xw, e.width, std=1.0 / math.sqrt(e.width)).transpose(-2, -1)
+            # With free_grads the transposed view is itself the leaf (no transpose node between the
+            # grouped GEMM's weight gradient and the leaf: with one, the H200 run kept each layer's
+            # expert gradients alive through the backward although .grad was dropped).
+            t = (lambda a: self._leaf(a.detach().transpose(-2, -1))) if self.free_grads else (lambda a: a.transpose(-2, -1))
+            w["e_gu"] = t(self._w(e.experts_local, 2 * e.width, xw, std=1.0 / math.sqrt(xw), leaf=not self.free_grads))
+            w["e_dn"] = t(self._w(e.experts_local, xw, e.width, std=1.0 / math.sqrt(e.width), leaf=not self.free_grads))
         if e.shared_width:
             w["s_gu"], w["s_dn"] = self._w(d, 2 * e.shared_width), self._w(e.shared_width, d)
         return w
