@@ -104,7 +104,8 @@ def _points(text: str) -> list[tuple[str, int, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue]`: predictions,
-    written before a run. `... check RUN_DIR OUT_DIR`: the check tables. `... fit-glue RUN_DIR OUT.yaml
+    written before a run. `... check RUN_DIR OUT_DIR`: the check tables (OUT_DIR/check_RUN.csv,
+    families_RUN.csv). `... fit-glue RUN_DIR OUT.yaml
     --points CFG:SEQxMB,...`: the glue calibration from one configuration's profiled points."""
     import argparse
     import sys
@@ -146,8 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         steps, fams = check_tables(a.src, hw)
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "wholestep_train_check.csv", steps.to_csv(index=False, float_format="%.6g"))
-        atomic_write_text(out / "wholestep_train_families.csv", fams.to_csv(index=False, float_format="%.6g"))
+        run = Path(a.src).name
+        atomic_write_text(out / f"check_{run}.csv", steps.to_csv(index=False, float_format="%.6g"))
+        atomic_write_text(out / f"families_{run}.csv", fams.to_csv(index=False, float_format="%.6g"))
         print(steps.to_string(index=False))
 
 
@@ -167,24 +169,41 @@ def family_prediction(cfg: str, seq: int, mb: int, hw: Any = "h200", kernel_time
     return out
 
 
-def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None):
-    """(steps, families) for a training run directory: measured seconds beside the plain model's
-    prediction at every point, and, where the point was profiled, each kernel family's predicted vs
-    profiled GPU seconds (the kernels' sum beside the measured step shows the launch gaps)."""
+GPU_BOUND = 0.9  # a point whose profiled kernels fill >= 90 % of its measured time is GPU-bound
+
+
+def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
+                 glue: GlueCalibration | None = None):
+    """(steps, families) for a training run directory.
+
+    steps: per measured point the seconds, the plain model's prediction and the glue-calibrated one
+    (`glue`, default the profile's calibration), their errors, the profiled kernels' sum (GPU time)
+    and `gpu_bound` (kernel sum >= 90 % of the step: else the host's launches set the pace, which the
+    step model does not price), `held_out` (the point did not take part in fitting the glue).
+    families: at profiled points each kernel family's predicted (plain) vs profiled GPU seconds."""
     from pathlib import Path
 
     import pandas as pd
 
+    from k3sim.configs import load_hardware
+    from k3sim.step.glue import load_glue
     from k3sim.step.wholestep import FAMILIES, OTHER, kernel_family
 
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    glue = glue or load_glue(hw)
     run_dir = Path(run_dir)
     T = pd.read_csv(run_dir / "train_step.csv")
     T = T[T.status == "ok"]
     keys = ["config", "seq", "micro_batch", "phase"]
     pts = sorted({(r.config, int(r.seq), int(r.micro_batch)) for r in T.itertuples()})
     P = pd.DataFrame(predict(pts, hw, kernel_time))
+    G = pd.DataFrame(predict(pts, hw, kernel_time, glue=glue)).rename(columns={"predicted_s": "predicted_glue_s"})
     steps = T[keys + ["seconds", "host_s"]].merge(P[keys + ["predicted_s"]], on=keys)
+    steps = steps.merge(G[keys + ["predicted_glue_s"]], on=keys)
     steps["error"] = steps.predicted_s / steps.seconds - 1
+    steps["error_glue"] = steps.predicted_glue_s / steps.seconds - 1
+    fit_pts = {(c, int(q), int(m)) for c, q, m in _fit_points(glue)}
+    steps["held_out"] = [(r.config, int(r.seq), int(r.micro_batch)) not in fit_pts for r in steps.itertuples()]
     fams = []
     kpath = run_dir / "kernels.csv"
     if kpath.exists():
@@ -199,7 +218,25 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None)
                                  predicted_s=pred.get(fam, 0.0), profiled_s=meas.get(fam, 0.0)))
             m = (steps.config == cfg) & (steps.seq == seq) & (steps.micro_batch == mb) & (steps.phase == phase)
             steps.loc[m, "profiled_kernel_sum_s"] = g.gpu_s.sum()
+            steps.loc[m, "kernel_launches"] = int(g.calls.sum())
+    if "profiled_kernel_sum_s" in steps:
+        steps["gpu_bound"] = steps.profiled_kernel_sum_s >= GPU_BOUND * steps.seconds
+        steps["error_glue_vs_kernels"] = steps.predicted_glue_s / steps.profiled_kernel_sum_s - 1
     return steps, pd.DataFrame(fams)
+
+
+def _fit_points(glue: GlueCalibration) -> list[tuple[str, int, int]]:
+    """The (config, seq, mb) shapes the glue calibration was fitted on (from its source); the same shape
+    measured in another run is not held out either."""
+    import re
+
+    m = re.match(r"glue calibration (\S+) (\S+) at \[(.*)\]", glue.source)
+    if not m:
+        return []
+    out = []
+    for x in re.findall(r"(\d+)x(\d+)", m.group(3)):
+        out.append((m.group(2), int(x[0]), int(x[1])))
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

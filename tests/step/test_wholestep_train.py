@@ -1,0 +1,87 @@
+"""The training whole-step check on committed H200 runs (issue 15 item 2) and the glue calibration."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from k3sim.configs import load_hardware, load_model
+from k3sim.kernels.hardware import profiles_dir
+from k3sim.step.batch import Batch
+from k3sim.step.calls import Call, Timer
+from k3sim.step.glue import GLUE_FILE, GlueCalibration, fit, load_glue
+from k3sim.step.training import _call_costs, training_layer_costs
+from k3sim.step.wholestep_train import check_tables
+
+RUNS = profiles_dir() / "measured" / "h200"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_hardware("h200")
+
+
+def test_glue_file_is_what_its_fit_gives_from_the_committed_run(h200):
+    doc = yaml.safe_load((RUNS / GLUE_FILE).read_text())
+    again = fit(RUNS / doc["run"], doc["config"], [tuple(map(int, p.split("x"))) for p in doc["points"]], h200)
+    assert float(again["fwd"]) == pytest.approx(doc["fwd"], rel=1e-3)
+    assert float(again["bwd"]) == pytest.approx(doc["bwd"], rel=1e-3)
+    # the implementation's glue is several times the bytes-only proxy: the reason it is calibrated
+    assert doc["fwd"] > 3 and doc["bwd"] > 2
+
+
+def test_glue_scales_proxy_calls_only(h200):
+    timer = Timer(h200)
+    proxy = Call("moe_permute", "moe_permute", {"T": 4096, "D": 2304}, proxy_bytes=2 * 4096 * 8 * 2304 * 2)
+    gemm = Call("x", "gemm_bf16", {"M": 4096, "N": 4096, "K": 2304})
+    f1, b1, w1 = _call_costs(timer, proxy, GlueCalibration.proxy())
+    f3, b3, w3 = _call_costs(timer, proxy, GlueCalibration(3.0, 5.0))
+    assert (f3, b3, w3) == pytest.approx((3 * f1, 5 * b1, 0.0))
+    assert b1 == pytest.approx(2 * f1)  # the small-op backward: twice the forward's bytes
+    assert _call_costs(timer, gemm, GlueCalibration(3.0, 5.0)) == _call_costs(timer, gemm, None)
+
+
+def test_training_layer_costs_use_the_profile_calibration_by_default(h200):
+    model = load_model(str(profiles_dir().parent / "models" / "kimi-linear-48b.yaml"))
+    kw = dict(tp=1, ep=1, tokens=4096, seq_len=4096)
+    default = training_layer_costs(model, h200, **kw)
+    calibrated = training_layer_costs(model, h200, glue=load_glue(h200), **kw)
+    plain = training_layer_costs(model, h200, glue=GlueCalibration.proxy(), **kw)
+    moe = [i for i, c in enumerate(default) if c.kind == "kda"][-1]
+    assert default[moe] == calibrated[moe]
+    assert default[moe].forward_s > 1.1 * plain[moe].forward_s
+
+
+def test_load_glue_carries_h200_to_an_uncalibrated_profile_and_says_so(h200):
+    own = load_glue(h200)
+    other = load_glue(load_hardware("gb200-nvl72"))
+    assert "carried" not in own.source and "carried to profile 'gb200-nvl72'" in other.source
+    assert (other.fwd, other.bwd) == (own.fwd, own.bwd)
+
+
+@pytest.fixture(scope="module")
+def checks(h200):
+    return {r: check_tables(RUNS / f"20261201-wholestep-train-{r}", h200)[0] for r in "bcd"}
+
+
+def test_glue_calibrated_training_steps_within_ten_percent_where_gpu_bound(checks):
+    # Runs c and d were predicted before they ran (reports/training/wholestep_train_predictions_*.csv);
+    # the glue comes from one point of run b. Every GPU-bound point of every run: within 10 %.
+    for run, st in checks.items():
+        gb = st[st.gpu_bound]
+        assert len(gb) >= 2, run
+        assert gb.error_glue.abs().max() < 0.10, (run, gb.error_glue.abs().max())
+        # the plain model (bytes-only glue) misses the same points by more than 10 % on average
+        assert gb.error.abs().mean() > 0.10, run
+    held = checks["c"]
+    assert held.held_out.all() and len(held) == 22
+
+
+def test_host_bound_points_are_flagged_and_their_gpu_time_is_predicted(checks):
+    # The whole Kimi-Linear-48B at <= 2048 tokens is launch-bound in eager PyTorch: the model does not
+    # price host time, so those points are judged against their profiled kernel time instead.
+    d = checks["d"]
+    short = d[d.seq <= 2048]
+    assert not short.gpu_bound.any()
+    assert short.error_glue_vs_kernels.abs().max() < 0.10
+    assert (short.error_glue < -0.10).any()  # against the step it misses: why they are flagged
