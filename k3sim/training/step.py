@@ -508,7 +508,17 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
         options=opts.__dict__.copy(), pipeline=pipe,
-        assumptions=ASSUMPTIONS)
+        assumptions=ASSUMPTIONS + [glue_assumption(hw)])
+
+
+def glue_assumption(hw) -> dict:
+    """The training glue calibration the layer costs used (`k3sim.step.glue`), as an assumption row."""
+    from k3sim.step.glue import load_glue
+
+    g = load_glue(hw)
+    return {"assumption": f"unmeasured kernels (MoE permute/combine, short conv, gated norm): HBM-copy time of "
+                          f"their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused routing glue)",
+            "source": f"{g.source}; held-out check reports/training/README.md"}
 
 
 def memory_verdict(plan) -> str:

@@ -151,8 +151,8 @@ def test_parse_args_and_plan():
         R.parse_args(["--out", "x", "--plan", "k3-tp8-ep8-l5-8@fp3:decode=10"])
     with pytest.raises(InputError, match="unknown configuration"):
         R.parse_args(["--out", "x", "--plan", "nope:decode=10"])
-    with pytest.raises(InputError, match="whole model"):
-        R.parse_args(["--out", "x", "--plan", "kimi-linear-48b:train=10"])
+    # the whole model trains too (weight gradients dropped as made: model.WholeStepModel free_grads)
+    assert R.parse_plan("kimi-linear-48b:train=10", S.load_specs()) == [("kimi-linear-48b", "grouped_bf16", "train", 10.0)]
     with pytest.raises(InputError, match="positive"):
         R.parse_args(["--out", "x", "--plan", "kimi-linear-48b:decode=-1"])
     with pytest.raises(InputError, match="--batches"):
