@@ -45,6 +45,7 @@ CONFIGS = {
     # training slices with the dense-FFN layer (issue 15 item 2, out-of-sample layer mix)
     "kimi-linear-48b-l1-4": ("models/kimi-linear-48b.yaml", 1, 1, (1, 4), False),
     "k3-tp8-ep8-l1-4": ("models/kimi-k3.yaml", 8, 8, (1, 4), False),
+    "k3-tp4-ep8-l5-8": ("models/kimi-k3.yaml", 4, 8, (5, 8), False),  # another TP degree (24 KDA heads)
 }
 
 
