@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 RUNS = ("20261201-wholestep-train", "20261201-wholestep-train-b", "20261201-wholestep-train-c",
-        "20261201-wholestep-train-d")
+        "20261201-wholestep-train-d", "20261201-wholestep-train-e")
 PREDICTED_IN = {"20261201-wholestep-train": "3fc898e (reports/decode/wholestep_predictions_train.csv)",
                 "20261201-wholestep-train-b": "fcacf22 (wholestep_train_predictions_b.csv)",
                 "20261201-wholestep-train-c": "b679270 (wholestep_train_predictions_c.csv)",
-                "20261201-wholestep-train-d": "b9fdeb8 (wholestep_train_predictions_d.csv)"}
+                "20261201-wholestep-train-d": "b9fdeb8 (wholestep_train_predictions_d.csv)",
+                "20261201-wholestep-train-e": "2a2245d (wholestep_train_predictions_e.csv)"}
 
 
 def _pct(x: float) -> str:
