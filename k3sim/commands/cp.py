@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         m = load_model(model)
         hw = load_hardware(hardware)
         try:  # the one layout check; its fields are the options here
-            check_layout(m, Parallelism(tp=tp, cp=cp_degree))
+            check_layout(m, Parallelism(tp=tp, cp=cp_degree), hardware=hw)
         except InputError as err:
             raise InputError(err.reason, source=f"--{(err.field or 'tp').split('.')[-1]}") from None
         g = geometry_from_model(m, tp=tp)

@@ -103,7 +103,7 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
         raise InputError("--sweep-batch needs --out DIR for its table and plot", source="--out")
 
 
-def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention):
+def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=None):
     from k3sim.configs.parallel import Parallelism, check_layout
     from k3sim.errors import InputError
     from k3sim.step import StepLayout
@@ -111,7 +111,7 @@ def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention):
     names = {"tp": "--tp", "pp": "--pp", "ep": "--ep", "dp": "--attention-dp"}
     try:
         par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp)
-        check_layout(model_cfg, par, mode="serve")
+        check_layout(model_cfg, par, mode="serve", hardware=hw)
     except InputError as err:
         f = (err.field or "").split(".")[-1]
         raise InputError(err.reason, source=names.get(f, err.source), field=None) from None
@@ -129,7 +129,7 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
     hw = load_hardware(hardware)
     _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_kernel, convention, zipf,
                    sweep_batch, out)
-    layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention)
+    layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw)
     spec = SpecConfig(mtp, acceptance, rollback or "replay") if mtp else None
     if sweep_batch:
         _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out)

@@ -88,7 +88,7 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
     hw = load_hardware(hardware)
     try:
         par = validate(Parallelism, {k: v for k, v in layout.items() if v is not None}, source)
-        check_layout(model, par, mode=mode, source=source)
+        check_layout(model, par, mode=mode, source=source, hardware=hw)
         if mode == "serve":
             model.check_context(context, source="--context")
         return workload_plan(model, hw, par, workload)

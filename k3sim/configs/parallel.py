@@ -141,10 +141,11 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     - model: tp divides the KDA and MLA heads, ep divides the routed experts and the tp*cp*dp GPUs of a
       stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
     - mode "serve": `zero_stage` (optimizer/gradient sharding) has no effect and is refused if given;
+    - hardware (with or without a cluster): a TP group is no larger than one NVLink domain
+      (`scaleup_domain_gpus`: tensor parallelism needs the scale-up fabric);
     - cluster: num_gpus is a multiple of the replica's tp*pp*cp*dp GPUs; with `hardware`, gpus_per_node
-      tiles the NVLink domain (`scaleup_domain_gpus`: a node holds whole domains or a domain whole nodes)
-      and a TP group is no larger than one domain (tensor parallelism needs the scale-up fabric); without
-      `hardware`, no larger than one node.
+      tiles the NVLink domain (a node holds whole domains or a domain whole nodes); without `hardware`,
+      a TP group is no larger than one node.
     Field names are the scenario's (`parallelism.tp`, `cluster.gpus_per_node`); a command that sets them from
     options maps them to its option names.
     """
@@ -158,9 +159,13 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     if mode == "serve" and "zero_stage" in parallelism.model_fields_set:
         fail("parallelism.zero_stage", "ZeRO shards optimizer states and gradients of training; it has no "
              "effect in mode serve; remove it")
+    par = parallelism
+    if hardware is not None and par.tp > int(hardware.scaleup_domain_gpus):
+        domain = int(hardware.scaleup_domain_gpus)
+        fail("parallelism.tp", f"tp={par.tp} does not fit in the {domain}-GPU NVLink domain of "
+             f"{hardware.name} (tensor parallelism needs the scale-up fabric; at most {domain})")
     if cluster is None:
         return
-    par = parallelism
     if cluster.num_gpus % par.gpus:
         fail("cluster.num_gpus", f"{cluster.num_gpus} GPUs is not a multiple of tp*pp*cp*dp={par.gpus} "
              "(the GPUs of one replica)")
@@ -170,9 +175,6 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
         if domain % node and node % domain:
             fail("cluster.gpus_per_node", f"{node} GPUs per node does not tile the {domain}-GPU NVLink domain "
                  f"of {hardware.name} (use a divisor or a multiple of {domain})")
-        if par.tp > domain:
-            fail("parallelism.tp", f"tp={par.tp} does not fit in the {domain}-GPU NVLink domain of "
-                 f"{hardware.name} (tensor parallelism needs the scale-up fabric; at most {domain})")
     elif par.tp > node:
         fail("parallelism.tp", f"tp={par.tp} does not fit in a node of {node} GPUs "
              f"(cluster.gpus_per_node; at most {node})")

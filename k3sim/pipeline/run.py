@@ -77,9 +77,10 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
 
         try:  # the one layout check (configs/parallel.py): heads, experts, pp x virtual <= layers
             check_layout(model, Parallelism(tp=spec.tp, pp=p, virtual_stages=v, ep=spec.ep, cp=spec.cp),
-                         mode="train")
+                         mode="train", hardware=hw)
         except InputError as err:
-            option = {"pp": "--stages"}.get(err.field or "", f"--{err.field}")
+            f = (err.field or "").split(".")[-1]  # "parallelism.tp" from the hardware check -> --tp
+            option = {"pp": "--stages", "virtual_stages": "--virtual"}.get(f, f"--{f}")
             raise InputError(err.reason, source=option) from None
         from k3sim.pipeline.costs import model_stage_costs
 

@@ -57,20 +57,24 @@ class StepTimer:
             self.memo[key] = v
         return v
 
-    def stall_free_budget(self, num_decode: int, context_sum: int, max_tokens: int, unit: int) -> int:
+    def stall_free_budget(self, num_decode: int, context_sum: int, max_tokens: int, unit: int,
+                          prefix: int = 0) -> int:
         """Sarathi-Serve: the most prefill tokens (a multiple of `unit`) whose step with these decodes stays
-        within the TPOT SLO; at least `unit` so the queue always moves."""
-        key = (num_decode, bucket(context_sum), max_tokens)
+        within the TPOT SLO; at least `unit` so the queue always moves. `prefix`: the tokens already cached
+        before the chunk that will run first (its attention reads them), so a late chunk of a long prompt
+        gets the smaller budget it needs."""
+        key = (num_decode, bucket(context_sum), max_tokens, bucket(prefix), unit)
         b = self._budget_memo.get(key)
         if b is None:
+            pre = key[3]
             hi = max((max_tokens - num_decode) // unit, 1)
             lo = 1
-            if self(num_decode, context_sum, ((hi * unit, 0),)) <= self.slo_tpot_s:
+            if self(num_decode, context_sum, ((hi * unit, pre),)) <= self.slo_tpot_s:
                 lo = hi
             else:
                 while hi - lo > 1:  # step time grows with the chunk: bisect
                     mid = (lo + hi) // 2
-                    if self(num_decode, context_sum, ((mid * unit, 0),)) <= self.slo_tpot_s:
+                    if self(num_decode, context_sum, ((mid * unit, pre),)) <= self.slo_tpot_s:
                         lo = mid
                     else:
                         hi = mid

@@ -134,7 +134,7 @@ class ServeSetup:
         gpn = scn.cluster.gpus_per_node
         pools = []
         if sv.disaggregation is None:
-            check_layout(model, scn.parallelism, mode="serve", source=src)
+            check_layout(model, scn.parallelism, mode="serve", source=src, hardware=hw)
             pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src))
         else:
             dz = sv.disaggregation
@@ -144,7 +144,7 @@ class ServeSetup:
                                  f"cluster's {scn.replicas} replicas", source=src, field="serving.disaggregation")
             for role, pc in (("prefill", dz.prefill), ("decode", dz.decode)):
                 par = pc.parallelism or scn.parallelism
-                check_layout(model, par, mode="serve", source=src)
+                check_layout(model, par, mode="serve", source=src, hardware=hw)
                 pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src)
 

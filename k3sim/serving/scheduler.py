@@ -10,6 +10,7 @@ the head of the queue to prefill prompt + generated tokens again.
 Sarathi-Serve's stall-free batching (Agrawal et al., OSDI'24) is the option: the same order, but the step's
 prefill budget is the largest chunk whose step still meets the TPOT SLO with the decodes riding along, so
 prefills never stall decodes past the SLO (with at least one hash block of prefill per step so the queue moves).
+The trial chunk carries the cached prefix of the prefill that runs first (its attention reads that prefix).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def form_batch(rep) -> StepPlan:
     nd = len(decoders)
     budget = ecfg.token_budget - nd
     if ecfg.scheduler == "sarathi" and rep.role != "decode":
-        budget = min(budget, rep.timer.stall_free_budget(nd, plan.context_sum, ecfg.token_budget, rep.B_h))
+        # priced with the cached prefix of the chunk that runs first (a running partial prefill's computed
+        # tokens; a new admission's cached prefix is known only once admitted: 0)
+        prefix = next((r.rs.computed for r in rep.running if r.rs.computed < r.target), 0)
+        budget = min(budget, rep.timer.stall_free_budget(nd, plan.context_sum, ecfg.token_budget, rep.B_h, prefix))
     cap = ecfg.chunk_tokens or ecfg.token_budget
     if rep.role == "decode":
         return plan

@@ -320,7 +320,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     opts.check(source)
     from k3sim.configs.parallel import check_layout
 
-    check_layout(model, par, mode="train", source=source)  # the one layout check (configs/parallel.py)
+    check_layout(model, par, mode="train", source=source, hardware=hw)  # the one layout check (configs/parallel.py)
     if seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len}-token sequence", source=source, field="cp")
     m = num_micro_batches or par.pp * par.virtual_stages

@@ -38,6 +38,11 @@ CONV = ROOT / "tests/data/traces/conversation_head300.jsonl"
     (["prefix-cache", "--trace", CONV, "--hash-block", str(2 ** 40)], ["--hash-block:", "outside"]),
     (["prefix-cache", "--trace", CONV, "--requests", "50"], ["--requests:", "synthetic --workload only"]),
     (["prefix-cache", "--trace", ROOT / "data"], ["--trace", "is a directory"]),
+    # tp=16 on H200 (8-GPU NVLink domain) ran without a cluster in memory / decode / cp / pipeline
+    (["memory", "--model", K3, "--tp", "16", "--pp", "2", "--ep", "8"], ["--tp:", "8-GPU NVLink domain of h200"]),
+    (["decode", "--tp", "16", "--pp", "2", "--ep", "8"], ["--tp:", "8-GPU NVLink domain of h200"]),
+    (["cp", "--tp", "16"], ["--tp:", "8-GPU NVLink domain of h200"]),
+    (["pipeline", "--tp", "16", "--stages", "4"], ["--tp", "8-GPU NVLink domain of h200"]),
     (["kernel-time", "moe_grouped_bf16", "--set", "E=8", "--set", "topk=16", "--set", "B=4", "--set", "K=64",
       "--set", "N=64"], ["topk"]),
 ])

@@ -55,3 +55,12 @@ def test_stall_free_budget_bisects_to_the_slo():
     # 0.1 + 1e-4 x (10 + c) <= 0.25 -> c <= 1490 -> 1024 (multiple of 512)
     assert t.stall_free_budget(10, 10 * 4000, 8192, 512) == 1024
     assert t.stall_free_budget(2000, 2000 * 4000, 8192, 512) == 512  # never below one hash block
+
+
+def test_stall_free_budget_prices_the_cached_prefix():
+    # attention of the chunk over its cached prefix: 1e-4 s per chunk token + 1e-8 s per chunk x prefix token
+    t = StepTimer(lambda nd, cs, pf: 0.1 + sum(1e-4 * c + 1e-8 * c * p for c, p in pf), slo_tpot_s=0.25)
+    # no prefix: c <= 1500 -> 1024; prefix 32768: 1e-4 c (1 + 3.2768) <= 0.15 -> c <= 350 -> one block
+    assert t.stall_free_budget(0, 0, 8192, 512) == 1024
+    assert t.stall_free_budget(0, 0, 8192, 512, prefix=32768) == 512
+    assert t.stall_free_budget(0, 0, 8192, 256, prefix=32768) == 256
