@@ -123,8 +123,12 @@ def main(argv: list[str] | None = None) -> None:
         _register()
         command = typer.main.get_command(app)
         _plain_help(command)
-        command.main(args=argv, prog_name="k3sim", standalone_mode=False)
+        rc = command.main(args=argv, prog_name="k3sim", standalone_mode=False)
         sys.stdout.flush()  # a full disk shows up here for buffered output
+        if isinstance(rc, int) and rc:
+            # click returns (not raises) a command's typer.Exit(code) when standalone_mode is off: e.g.
+            # `plan --json` of a layout that does not fit prints its data, then exits 2
+            sys.exit(rc)
     except InputError as err:
         _fail(f"error: {err}", EXIT_BAD_INPUT)
     except (Interrupted, KeyboardInterrupt):

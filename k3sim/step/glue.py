@@ -18,6 +18,7 @@ model: a stack with fused permute kernels (Transformer Engine's moe_permute) wou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,6 @@ def _h200_file() -> Path:
 
 def load_glue(hw: Any) -> GlueCalibration:
     """The glue calibration for `hw`: its measured directory's file, else H200's, else the proxy."""
-    import yaml
-
     from k3sim.kernels.hardware import measured_dir
 
     try:
@@ -55,10 +54,18 @@ def load_glue(hw: Any) -> GlueCalibration:
     path = own if own is not None and own.is_file() else _h200_file()
     if not path.is_file():
         return GlueCalibration.proxy()
-    doc = yaml.safe_load(path.read_text())
+    doc = _read(str(path), path.stat().st_mtime_ns)
     where = "" if path == own else f" (carried to profile '{getattr(hw, 'name', hw)}')"
     return GlueCalibration(float(doc["fwd"]), float(doc["bwd"]),
                            f"glue calibration {doc['run']} {doc['config']} at {doc['points']}{where}")
+
+
+@lru_cache(maxsize=16)
+def _read(path: str, mtime_ns: int) -> dict:
+    """The calibration file, parsed once per version (a sweep calls the layer costs thousands of times)."""
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text())
 
 
 def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -58,3 +60,11 @@ def test_plan_unwritable_out(cli, tmp_path):
     f.write_text("x")
     proc = cli("plan", "scenarios/kimi-linear-48b-h200.yaml", "--out", str(f))
     assert proc.returncode == 2 and "not a directory" in proc.stderr and "--out" in proc.stderr
+
+
+def test_plan_json_that_does_not_fit_prints_its_data_then_exits_2(cli, tmp_path):
+    # `--json` returned exit 0 here: click hands a command's typer.Exit(2) back instead of raising it
+    proc = cli("plan", "scenarios/k3-h200-1node.yaml", "--json", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.returncode
+    data = json.loads(proc.stdout)
+    assert data["fits"] is False and "does not fit" in data["verdict"] and "180.8 GB" in data["verdict"]
