@@ -103,7 +103,7 @@ def _points(text: str) -> list[tuple[str, int, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue]`: predictions,
+    """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue | --both]`: predictions,
     written before a run. `... check RUN_DIR OUT_DIR`: the check tables (OUT_DIR/check_RUN.csv,
     families_RUN.csv). `... fit-glue RUN_DIR OUT.yaml
     --points CFG:SEQxMB,...`: the glue calibration from one configuration's profiled points."""
@@ -123,11 +123,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", nargs="?", default="")
     ap.add_argument("--points", default="", help="CONFIG:SEQxMB,...")
     ap.add_argument("--glue", action="store_true", help="with the profile's glue calibration (default: plain)")
+    ap.add_argument("--both", action="store_true", help="plain and glue-calibrated columns side by side")
     a = ap.parse_args(argv)
     hw = load_hardware("h200")
     if a.what == "predict":
         glue = load_glue(hw) if a.glue else None
         df = pd.DataFrame(predict(_points(a.points), hw, glue=glue))
+        if a.both:  # the committed prediction files' layout: plain and glue-calibrated side by side
+            keys = ["config", "seq", "micro_batch", "phase"]
+            g = pd.DataFrame(predict(_points(a.points), hw, glue=load_glue(hw)))
+            df = df[keys + ["predicted_s"]].rename(columns={"predicted_s": "predicted_plain_s"}).merge(
+                g.rename(columns={"predicted_s": "predicted_glue_s"}), on=keys)
         atomic_write_text(a.src, df.to_csv(index=False, float_format="%.6g"))
         print((glue.source + "\n") if glue else "", df.to_string(index=False), sep="")
     elif a.what == "fit-glue":

@@ -53,7 +53,10 @@ def build(out: Path) -> str:
              "torch._grouped_mm; weight gradients computed, no optimizer step) and of the whole random-weight "
              "Kimi-Linear-48B (27 layers, embedding, LM head; each weight gradient dropped as it is made so "
              "96 GB of weights and their gradients need not fit together). Eager PyTorch, CUDA events after "
-             "a short GPU sleep (`calibration/timing.time_cuda`), median of 8.", "",
+             "a short GPU sleep (`calibration/timing.time_cuda`), median of 8. Prediction files come from "
+             "`python3 -m k3sim.step.wholestep_train predict FILE --both --points CONFIG:SEQxMB,...` (the "
+             "committed ones are reproduced byte for byte by today's code), the runs from "
+             "`scripts/wholestep_h200.sh train --train-points ... --profile-train ...`.", "",
              "* **plain**: the training step model (`step.training`) with unmeasured kernels (MoE permute / "
              "combine, short conv, gated norm) priced as HBM copies of the bytes they move.",
              f"* **glue**: the same with the glue calibration `{glue.source}`: forward x{glue.fwd:.2f}, "
