@@ -77,8 +77,9 @@ def attn_res_hops(chunks: list[list[int]], p: int, block_size: int | None) -> tu
     return resend, cached
 
 
-def _cross_node(a: int, b: int, gpus_per_stage: int, gpus_per_node: int) -> bool:
-    """Stage GPUs are consecutive ranks: device d holds ranks [d g, (d+1) g)."""
+def cross_node(a: int, b: int, gpus_per_stage: int, gpus_per_node: int) -> bool:
+    """Stage GPUs are consecutive ranks: device d holds ranks [d g, (d+1) g). The one hop rule: the
+    pipeline engine and the training step model (`training.placement.pp_hop_links`) both use it."""
     if gpus_per_stage >= gpus_per_node:
         return a != b
     return (a * gpus_per_stage) // gpus_per_node != (b * gpus_per_stage) // gpus_per_node
@@ -161,7 +162,7 @@ def model_stage_costs(model: Any, hw: Any, p: int, v: int = 1, *, tp: int = 1, e
     hop_bytes[-1] = 0.0
     n = gpus_per_node or int(getattr(hw, "scaleup_domain_gpus", 8) or 8)
     g = tp * cp
-    cross = [_cross_node(s % p, (s + 1) % p, g, n) for s in range(S)]
+    cross = [cross_node(s % p, (s + 1) % p, g, n) for s in range(S)]
     sf, sb = [0.0] * S, [0.0] * S
     for s in range(S - 1):
         t, src = p2p_seconds(hop_bytes[s], hw, cross[s], kernel_time)

@@ -47,11 +47,18 @@ def link_of(group: Group, hw: Any) -> str:
     return "scale-up" if group.span_gpus <= int(hw.scaleup_domain_gpus) else "scale-out"
 
 
-def pp_hop_link(par: Parallelism, hw: Any) -> str:
-    """Link between adjacent pipeline stages: same scale-up domain if both stages fit in one."""
+def pp_hop_links(par: Parallelism, hw: Any) -> list[str]:
+    """Link of each of the p*v - 1 hops between consecutive model chunks: a stage is tp*cp*dp consecutive
+    ranks (rank order tp-cp-ep-dp-pp) and a hop leaves the scale-up domain when its two stages sit in
+    different domains (`pipeline.costs.cross_node`, the pipeline engine's rule)."""
     if par.pp <= 1:
-        return "none"
-    return "scale-up" if 2 * par.tp * par.cp * par.dp <= int(hw.scaleup_domain_gpus) else "scale-out"
+        return []
+    from k3sim.pipeline.costs import cross_node
+
+    p, n = par.pp, int(hw.scaleup_domain_gpus)
+    g = par.tp * par.cp * par.dp
+    return ["scale-out" if cross_node(s % p, (s + 1) % p, g, n) else "scale-up"
+            for s in range(p * par.virtual_stages - 1)]
 
 
 class Collectives:

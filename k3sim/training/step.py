@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from k3sim.configs.parallel import Parallelism
 from k3sim.errors import InputError
-from k3sim.training.placement import Collectives, groups, pp_hop_link
+from k3sim.training.placement import Collectives, groups, pp_hop_links
 from k3sim.training.routing import ep_imbalance
 from k3sim.training.schedule import pipeline_time
 
@@ -413,10 +413,14 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         chunk_layers = math.ceil(model.num_layers / (par.pp * par.virtual_stages))
         blocks = math.ceil(chunk_layers / model.attn_res_block_size) if model.attn_res_block_size else 0
         hop_bytes = micro_batch_size * seq_len / par.cp / par.tp * d * BF16 * (1 + blocks)
-        link = pp_hop_link(par, hw)
-        t_hop, src_hop = coll.p2p(hop_bytes, link)
+        # the mean hop (the engine takes one send time): hops inside a domain on NVLink, the rest on NICs
+        links = pp_hop_links(par, hw)
+        times = {lk: coll.p2p(hop_bytes, lk) for lk in set(links)}
+        t_hop = sum(times[lk][0] for lk in links) / len(links)
+        out = links.count("scale-out")
+        how = "; ".join(f"{lk}: {times[lk][1]}" for lk in sorted(times))
         pp_src = (f"send_recv of {hop_bytes:.3g} B per hop (hidden + {blocks} AttnRes block(s), SP shard), "
-                  f"{link}: {src_hop}")
+                  f"{out} of {len(links)} hops scale-out, mean hop; {how}")
     pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
                          virtual_stages=par.virtual_stages, micro_batches=m, send_s=t_hop,
                          use_engine=opts.use_pipeline_engine)

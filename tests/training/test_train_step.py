@@ -188,3 +188,36 @@ def test_cp_adds_its_communication_per_layer_kind_and_micro_batch():
     assert cp2.exposed_comm_s["cp"] == pytest.approx(3 * per_mb)
     # dp=2 and cp=2 shard gradients over the same 2 ranks: the rest of the step is the same
     assert cp2.step_time_s - base.step_time_s == pytest.approx(3 * per_mb)
+
+
+@pytest.mark.parametrize("par, outs", [
+    (Parallelism(tp=2, pp=8), ["scale-up"] * 3 + ["scale-out"] + ["scale-up"] * 3),  # 4 stages per 8-GPU domain
+    (Parallelism(tp=8, pp=4), ["scale-out"] * 3),                                  # a stage fills a domain
+    (Parallelism(tp=1, pp=4), ["scale-up"] * 3),
+    # interleaved: chunk s on device s % 4, two devices per domain; the loop-back hop 3 -> 0 crosses
+    (Parallelism(tp=4, pp=4, virtual_stages=2), ["scale-up", "scale-out"] * 3 + ["scale-up"]),
+    (Parallelism(tp=2, pp=4, dp=2), ["scale-up", "scale-out", "scale-up"]),        # dp widens the stage
+])
+def test_pp_hops_follow_the_pipeline_engines_rule(par, outs):
+    from k3sim.pipeline.costs import cross_node
+    from k3sim.training.placement import pp_hop_links
+
+    assert pp_hop_links(par, H200) == outs
+    g, p = par.tp * par.cp * par.dp, par.pp
+    assert outs == ["scale-out" if cross_node(s % p, (s + 1) % p, g, 8) else "scale-up"
+                    for s in range(p * par.virtual_stages - 1)]
+
+
+def test_pp_send_time_is_the_mean_hop():
+    from k3sim.kernels import predict_kernel_time
+
+    def run(par):
+        return step(par, kt=predict_kernel_time, num_micro_batches=16, seq_len=65536)
+
+    # dp widens a stage to 4 GPUs without changing the hop's bytes: 2 stages per 8-GPU domain
+    r, up = run(Parallelism(tp=2, pp=4, dp=2)), run(Parallelism(tp=2, pp=4))
+    assert "1 of 3 hops scale-out" in next(b for b in r.breakdown if b.kind == "pp").source
+    assert "0 of 3 hops scale-out" in next(b for b in up.breakdown if b.kind == "pp").source
+    t_up = up.exposed_comm_s["pp"] / (2 * 3)
+    t_out = 3 * r.exposed_comm_s["pp"] / (2 * 3) - 2 * t_up  # the one NIC hop, solved from the mean
+    assert t_out > 1.2 * t_up > 0  # the NIC hop is slower than the NVLink one
