@@ -8,7 +8,8 @@ index_add with its casts and fills, and autograd's backward of each - the patter
 unfused `permute` / `unpermute` (index_select, scatter_add) - at about ten times the proxy's time in the
 forward and six in the backward, stable to 2 % across shapes within a configuration.
 
-`GlueCalibration` carries that as two factors on the proxy-priced calls (forward; backward). They are
+`GlueCalibration` carries that as two factors on the proxy-priced calls of the glue families (`is_glue`:
+forward; backward). They are
 fitted on one configuration's profiled points (`fit`) and kept with their provenance in
 `<measured dir>/training_glue.yaml`; a profile without its own file uses H200's (the factors describe the
 software's glue relative to a copy, not the GPU). `GlueCalibration.proxy()` (factors 1) is the bytes-only
@@ -54,18 +55,47 @@ def load_glue(hw: Any) -> GlueCalibration:
     path = own if own is not None and own.is_file() else _h200_file()
     if not path.is_file():
         return GlueCalibration.proxy()
-    doc = _read(str(path), path.stat().st_mtime_ns)
+    fwd, bwd, run, config, points = _read(str(path), path.stat().st_mtime_ns)
     where = "" if path == own else f" (carried to profile '{getattr(hw, 'name', hw)}')"
-    return GlueCalibration(float(doc["fwd"]), float(doc["bwd"]),
-                           f"glue calibration {doc['run']} {doc['config']} at {doc['points']}{where}")
+    return GlueCalibration(fwd, bwd, f"glue calibration {run} {config} at {points}{where}")
 
 
 @lru_cache(maxsize=16)
-def _read(path: str, mtime_ns: int) -> dict:
-    """The calibration file, parsed once per version (a sweep calls the layer costs thousands of times)."""
+def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, list]:
+    """The calibration file, parsed and checked once per version (a sweep calls the layer costs thousands
+    of times). A broken file is bad input: InputError naming the file and the field."""
+    import math
+
     import yaml
 
-    return yaml.safe_load(Path(path).read_text())
+    from k3sim.errors import InputError
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"not valid YAML ({str(err).splitlines()[0]})", source=path) from None
+    if not isinstance(doc, dict):
+        raise InputError("expected a mapping with fwd, bwd, run, config, points", source=path)
+    out = []
+    for key in ("fwd", "bwd"):
+        v = doc.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise InputError(f"must be a positive number (a factor on the proxy time), got {v!r}", source=path,
+                             field=key)
+        out.append(float(v))
+    for key in ("run", "config", "points"):
+        if key not in doc:
+            raise InputError("missing (the provenance of the factors)", source=path, field=key)
+    return out[0], out[1], str(doc["run"]), str(doc["config"]), list(doc["points"])
+
+
+def is_glue(op: str) -> bool:
+    """Whether the factors apply to a proxy-priced call of `op`: the kernel families the fit measured as
+    glue (`step.wholestep.PROXIED`: elementwise / routing / copies and the short conv). A proxy-priced op
+    of another family (the gated norm, in "norms") keeps its plain proxy: fit and prediction agree."""
+    from k3sim.step.wholestep import PROXIED, op_family
+
+    return op_family(op) in PROXIED
 
 
 def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -> dict:
@@ -77,7 +107,7 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
     import pandas as pd
 
     from k3sim.configs import load_hardware
-    from k3sim.step.wholestep import PROXIED, kernel_family, op_family
+    from k3sim.step.wholestep import PROXIED, kernel_family
     from k3sim.step.wholestep_train import _calls
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
@@ -91,7 +121,7 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
             raise ValueError(f"{config} {seq}x{mb} was not profiled in {run_dir}")
         prof_f = g[g.phase == "fwd"].gpu_s.sum()
         prof_b = g[g.phase == "fwd_bwd"].gpu_s.sum() - prof_f
-        rows = [r for r in _calls(config, hw, seq, mb, None, None) if op_family(r["op"]) in PROXIED]
+        rows = [r for r in _calls(config, hw, seq, mb, None, None) if is_glue(r["op"])]
         num_f += prof_f - sum(r["fwd_s"] for r in rows if not r["proxy"])
         num_b += prof_b - sum(r["bwd_s"] for r in rows if not r["proxy"])
         den_f += sum(r["fwd_s"] for r in rows if r["proxy"])

@@ -12,7 +12,7 @@ forward's shapes otherwise:
 - small elementwise kernels (norms, activations, conv, router): twice the forward (modelling choice:
   the backward reads the gradient and the saved input and writes one gradient, about twice the bytes).
 - kernels the profile has not measured (MoE permute/combine, short conv, gated norm): their HBM-copy
-  proxy times the glue calibration's factors (`step.glue`: forward ~10x, backward ~6x, fitted on a
+  proxy, for the glue families (all but the gated norm, `glue.is_glue`) times the glue calibration's factors (`step.glue`: forward ~10x, backward ~6x, fitted on a
   profiled whole training step; `GlueCalibration.proxy()` for the bytes-only model).
 Collectives are left out: the training step model places TP / EP / CP / DP communication itself.
 Costs are compute per GPU; activation recompute is the caller's choice (add the forward once more).
@@ -26,7 +26,7 @@ from typing import Any, Callable
 from k3sim.configs.model import ModelConfig
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, Timer
-from k3sim.step.glue import GlueCalibration, load_glue
+from k3sim.step.glue import GlueCalibration, is_glue, load_glue
 from k3sim.step.layers import embedding_calls, layer_calls, layer_signature, lm_head_calls
 from k3sim.step.layout import StepLayout
 
@@ -56,7 +56,7 @@ def _call_costs(timer: Timer, call: Call, glue: GlueCalibration | None = None) -
     row = timer.row(call, 0)
     fwd = row.seconds
     if row.source.startswith("proxy"):
-        g = glue or GlueCalibration.proxy()
+        g = glue if glue is not None and is_glue(call.op) else GlueCalibration.proxy()
         return g.fwd * fwd, g.bwd * SMALL_OP_BACKWARD_FACTOR * fwd, 0.0
     p = call.params
     if call.op.startswith("gemm_"):

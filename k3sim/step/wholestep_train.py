@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from k3sim.step.batch import Batch
 from k3sim.step.calls import Timer
-from k3sim.step.glue import GlueCalibration
+from k3sim.step.glue import GlueCalibration, is_glue
 from k3sim.step.layers import embedding_calls, layer_calls
 from k3sim.step.layout import StepLayout
 from k3sim.step.training import COLLECTIVES, _call_costs, training_head_calls
@@ -48,7 +48,8 @@ def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int
             continue
         f, bi, bw = _call_costs(timer, c, glue or GlueCalibration.proxy())
         proxy = timer.row(c, 0).source.startswith("proxy")
-        rows.append(dict(layer=i, component=c.component, op=c.op, fwd_s=f, bwd_s=bi + bw, proxy=proxy))
+        rows.append(dict(layer=i, component=c.component, op=c.op, fwd_s=f, bwd_s=bi + bw, proxy=proxy,
+                         glue=proxy and is_glue(c.op)))
     return rows
 
 
@@ -67,10 +68,11 @@ def _calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None, g
 
 
 def split(rows: list[dict]) -> dict[str, float]:
-    """Seconds of a call list by phase and by measured / proxy ('glue') part."""
+    """Seconds of a call list by phase and by part: 'glue' (proxy-priced calls the glue factors apply to)
+    and 'measured' (everything else, including the gated norm's plain proxy)."""
     out = {"fwd_measured": 0.0, "fwd_glue": 0.0, "bwd_measured": 0.0, "bwd_glue": 0.0}
     for r in rows:
-        part = "glue" if r["proxy"] else "measured"
+        part = "glue" if r["glue"] else "measured"
         out[f"fwd_{part}"] += r["fwd_s"]
         out[f"bwd_{part}"] += r["bwd_s"]
     return out
@@ -226,7 +228,9 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
             steps.loc[m, "profiled_kernel_sum_s"] = g.gpu_s.sum()
             steps.loc[m, "kernel_launches"] = int(g.calls.sum())
     if "profiled_kernel_sum_s" in steps:
-        steps["gpu_bound"] = steps.profiled_kernel_sum_s >= GPU_BOUND * steps.seconds
+        # unknown (NaN, not False) where the point was not profiled: neither GPU- nor host-bound
+        gb = steps.profiled_kernel_sum_s >= GPU_BOUND * steps.seconds
+        steps["gpu_bound"] = gb.astype(object).where(steps.profiled_kernel_sum_s.notna(), None)
         steps["error_glue_vs_kernels"] = steps.predicted_glue_s / steps.profiled_kernel_sum_s - 1
     return steps, pd.DataFrame(fams)
 

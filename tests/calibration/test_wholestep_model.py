@@ -192,3 +192,11 @@ def test_free_grads_runs_the_weight_gradients_and_keeps_none(spec):
     model.forward(x, st).backward(dy)
     assert len(fired) == len(model.params) > 0
     assert all(p.grad is None for p in model.params)
+    # the expert weights the grouped GEMM reads are themselves the leaves (no transpose node between the
+    # weight gradient and the leaf: with one, the H200 run held every layer's expert gradients alive)
+    experts = [L[k] for L in model.layers if L["ffn"] == "moe" for k in ("e_gu", "e_dn")]
+    assert experts and all(w.is_leaf and w.grad_fn is None for w in experts)
+    ids = {id(p) for p in model.params}
+    assert all(id(w) in ids for w in experts)
+    plain = WholeStepModel(spec, fla=_fake_fla(), device="cpu", grad=True)  # slices: the measured layout
+    assert all(not L[k].is_leaf for L in plain.layers if L["ffn"] == "moe" for k in ("e_gu", "e_dn"))

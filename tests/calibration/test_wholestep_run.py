@@ -111,15 +111,22 @@ def test_run_writes_rows_manifest_and_provenance(cpu_run):
 def test_train_points_per_configuration(cpu_run):
     specs, out = cpu_run
     rc = R.main(["--out", str(out), "--specs", str(specs), "--plan", "tinyk3:train=60",
-                 "--train-points", "tinyk3:32x1,tinyk3:16x3,tiny:64x1"])
+                 "--train-points", "tinyk3:32x1,tinyk3:16x3"])
     assert rc == 0
     tr = _rows(out / "train_step.csv")
     assert [(r["seq"], r["micro_batch"]) for r in tr if r["phase"] == "fwd"] == [("32", "1"), ("16", "3")]
 
 
-def test_train_points_refuses_a_malformed_point():
-    with pytest.raises(InputError, match="--train-points"):
-        R.parse_args(["--out", "x", "--train-points", "k3-tp8-ep8-l5-8:4096"])
+@pytest.mark.parametrize("argv", [
+    ["--train-points", "k3-tp8-ep8-l5-8:4096"],                                  # no micro-batch
+    ["--train-points", "k3-tp8-ep8-l5-8:0x1"],
+    ["--train-points", "k3-tp8-ep8-l5-9:4096x1"],                                # not a configuration
+    ["--plan", "k3-tp8-ep8-l5-8:train=10", "--train-points", "kimi-linear-48b-l5-8:4096x1"],  # not in the plan
+    ["--profile-train", "0x0"],
+])
+def test_train_and_profile_points_refuse_what_would_be_silently_skipped(argv):
+    with pytest.raises(InputError, match="--train-points|--profile-train"):
+        R.parse_args(["--out", "x", *argv])
 
 
 def test_time_box_records_the_rest_as_skipped(cpu_run, monkeypatch):

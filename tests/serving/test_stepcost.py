@@ -64,3 +64,6 @@ def test_stall_free_budget_prices_the_cached_prefix():
     assert t.stall_free_budget(0, 0, 8192, 512) == 1024
     assert t.stall_free_budget(0, 0, 8192, 512, prefix=32768) == 512
     assert t.stall_free_budget(0, 0, 8192, 256, prefix=32768) == 256
+    # between the floor and the cap: prefix 8192 -> 1e-4 c (1 + 0.8192) <= 0.15 -> c <= 824 -> 768
+    assert t.stall_free_budget(0, 0, 8192, 256) == 1280
+    assert t.stall_free_budget(0, 0, 8192, 256, prefix=8192) == 768

@@ -85,3 +85,56 @@ def test_host_bound_points_are_flagged_and_their_gpu_time_is_predicted(checks):
     assert not short.gpu_bound.any()
     assert short.error_glue_vs_kernels.abs().max() < 0.10
     assert (short.error_glue < -0.10).any()  # against the step it misses: why they are flagged
+
+
+def test_gpu_bound_is_unknown_where_a_point_was_not_profiled(tmp_path, h200):
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "20261201-wholestep-train-x"
+    shutil.copytree(RUNS / "20261201-wholestep-train-c", run)
+    K = pd.read_csv(run / "kernels.csv")
+    K[~((K.config == "k3-tp8-ep8-l1-4") & (K.seq == 4096))].to_csv(run / "kernels.csv", index=False)
+    st, _ = check_tables(run, h200)
+    miss = st[(st.config == "k3-tp8-ep8-l1-4") & (st.seq == 4096)]
+    assert len(miss) == 2 and miss.gpu_bound.isna().all()
+    assert st.gpu_bound.notna().sum() == len(st) - 2 and (st.gpu_bound == True).sum() == len(st) - 2  # noqa: E712
+
+
+def test_fit_and_prediction_agree_on_the_glue_at_the_fit_point(h200):
+    # The factors reproduce the fit point's profiled glue families exactly (the rule that picks the calls
+    # the factors apply to is the one the fit counted).
+    import pandas as pd
+
+    from k3sim.step.wholestep import PROXIED, kernel_family
+    from k3sim.step.wholestep_train import family_prediction
+
+    doc = yaml.safe_load((RUNS / GLUE_FILE).read_text())
+    q, m = map(int, doc["points"][0].split("x"))
+    K = pd.read_csv(RUNS / doc["run"] / "kernels.csv")
+    K = K[(K.config == doc["config"]) & (K.seq == q) & (K.micro_batch == m)]
+    K = K[K.kernel.map(kernel_family).isin(PROXIED)]
+    pred = family_prediction(doc["config"], q, m, h200, glue=load_glue(h200))
+    for phase in ("fwd", "fwd_bwd"):
+        profiled = K[K.phase == phase].gpu_s.sum()
+        assert sum(pred[phase].get(f, 0.0) for f in PROXIED) == pytest.approx(profiled, rel=2e-3)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("fwd: ten\nbwd: 6\nrun: r\nconfig: c\npoints: [1x1]\n", "fwd"),
+    ("fwd: 10\nbwd: -3\nrun: r\nconfig: c\npoints: [1x1]\n", "bwd"),
+    ("fwd: 10\nbwd: 6\nconfig: c\npoints: [1x1]\n", "run"),
+    ("fwd: [10\n", None),
+    ("- 10\n", None),
+])
+def test_a_broken_glue_file_is_bad_input_naming_file_and_field(tmp_path, h200, text, field):
+    from k3sim.errors import InputError
+
+    (tmp_path / GLUE_FILE).write_text(text)
+    hw = h200.model_copy(update={"calibration_dir": str(tmp_path)})
+    with pytest.raises(InputError) as ei:
+        load_glue(hw)
+    assert str(tmp_path / GLUE_FILE) in str(ei.value)
+    if field:
+        assert ei.value.field == field

@@ -424,8 +424,8 @@ def parse_args(argv: list[str] | None = None):
     a.profile_train = [x.strip() for x in a.profile_train.split(",") if x.strip()]
     for x in a.profile_train:
         q, _, m = x.partition("x")
-        if not (q.isdigit() and m.isdigit()):
-            raise InputError(f"expected SEQxMB points like 4096x1, got {x!r}", source="--profile-train")
+        if not (q.isdigit() and m.isdigit() and int(q) > 0 and int(m) > 0):
+            raise InputError(f"expected positive SEQxMB points like 4096x1, got {x!r}", source="--profile-train")
     tp: dict = {}
     for x in (x.strip() for x in a.train_points.split(",") if x.strip()):
         cfg, _, sm = x.partition(":")
@@ -443,7 +443,12 @@ def parse_args(argv: list[str] | None = None):
         if v <= 0:
             raise InputError(f"must be positive, got {v}", source=opt)
     specs = S.load_specs(Path(a.specs) if a.specs else S.SPECS_PATH)
-    parse_plan(a.plan, specs, a.expert_kernel)
+    plan = parse_plan(a.plan, specs, a.expert_kernel)
+    trained = {c for c, _, part, _ in plan if part == "train"}
+    for cfg in a.train_points:
+        if cfg not in trained:
+            raise InputError(f"{cfg!r} is not a training item of the plan (trained: {', '.join(sorted(trained)) or 'none'})",
+                             source="--train-points")
     return a
 
 
