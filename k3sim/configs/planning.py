@@ -23,6 +23,9 @@ class TrainingSection(BaseModel):
     kda_cp: Literal["kcp", "lasp2", "ulysses"] = "kcp"
     mla_cp: Literal["allgather-kv", "ring", "zigzag-ring", "ulysses"] = "allgather-kv"
     seed: NonNegativeInt = 0
+    moe_glue: Literal["calibrated", "proxy"] = Field(
+        "calibrated", description="MoE routing glue: calibrated (measured unfused, reports/training) or proxy "
+                                  "(bytes only: fused permute kernels, not measured)")
 
     def options(self, use_pipeline_engine: bool | None = None):
         from k3sim.training import TrainOptions

@@ -50,7 +50,9 @@ class TrainOptions:
     for a measured router histogram). redundant_experts: MoonEP redundant expert slots per EP rank (0 =
     off). tp_overlap / ep_overlap: fraction of TP / EP communication hidden under compute (0 = none, the
     conservative default; Megatron's TP-comm-overlap and K2.5's EP overlap under interleaved 1F1B can raise
-    it). kda_cp / mla_cp: CP schemes (k3sim.cp). use_pipeline_engine: None = the engine when present.
+    it). kda_cp / mla_cp: CP schemes (k3sim.cp). moe_glue: "calibrated" (the measured unfused routing glue,
+    `k3sim.step.glue`) or "proxy" (bytes-only: a stack with fused permute kernels, not measured).
+    use_pipeline_engine: None = the engine when present.
     """
 
     routing_skew: float = 0.0
@@ -60,6 +62,7 @@ class TrainOptions:
     kda_cp: str = "kcp"
     mla_cp: str = "allgather-kv"
     seed: int = 0
+    moe_glue: str = "calibrated"
     use_pipeline_engine: bool | None = None
 
     def check(self, source: str | None = None) -> None:
@@ -72,6 +75,8 @@ class TrainOptions:
         if self.redundant_experts < 0:
             raise InputError(f"must be >= 0, got {self.redundant_experts}", source=source,
                              field="redundant_experts")
+        if self.moe_glue not in ("calibrated", "proxy"):
+            raise InputError(f"must be calibrated or proxy, got {self.moe_glue!r}", source=source, field="moe_glue")
 
 
 @dataclass
@@ -162,11 +167,14 @@ class TrainingContext:
         self._flop: dict[int, float] = {}
         self._stages: dict[tuple, list] = {}
 
-    def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int) -> list:
-        key = (tp, ep, cp, tokens, seq_len)
+    def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated") -> list:
+        key = (tp, ep, cp, tokens, seq_len, glue)
         if key not in self._layers:
+            from k3sim.step.glue import GlueCalibration
+
+            kw = {"glue": GlueCalibration.proxy()} if glue == "proxy" else {}  # default: the calibration
             self._layers[key] = list(self.layer_costs_fn(self.model, self.hw, tp=tp, ep=ep, cp=cp, tokens=tokens,
-                                                         seq_len=seq_len, kernel_time=self.kernel_time))
+                                                         seq_len=seq_len, kernel_time=self.kernel_time, **kw))
         return self._layers[key]
 
     def cp_overhead(self, tp: int, cp: int, seq_len: int, opts: TrainOptions, source: str | None) -> dict:
@@ -253,15 +261,16 @@ class TrainingContext:
             self._flop[seq_len] = f
         return self._flop[seq_len]
 
-    def stage_sums(self, par: Parallelism, tokens: int, seq_len: int) -> list[tuple[list[int], dict]]:
+    def stage_sums(self, par: Parallelism, tokens: int, seq_len: int,
+                   glue: str = "calibrated") -> list[tuple[list[int], dict]]:
         """Per pipeline rank: its layers and the sums a step needs (compute of its layers, the embedding
         on the first rank and the LM head on the last; layer counts by kind), memoised per layout shape."""
-        key = (par.tp, par.ep, par.cp, par.pp, par.virtual_stages, tokens, seq_len)
+        key = (par.tp, par.ep, par.cp, par.pp, par.virtual_stages, tokens, seq_len, glue)
         hit = self._stages.get(key)
         if hit is None:
             from k3sim.memory.layout import rank_layers
 
-            costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len)
+            costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len, glue)
             by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
             extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
             kinds, ffn = self.model.layer_kinds, self.model.ffn_kinds
@@ -379,7 +388,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}
 
     stages = []
-    for r, (layers, agg) in enumerate(ctx.stage_sums(par, tokens_mb, seq_len)):
+    for r, (layers, agg) in enumerate(ctx.stage_sums(par, tokens_mb, seq_len, opts.moe_glue)):
         F, B, Rf = agg["forward_s"], agg["backward_s"], agg["layer_forward_s"]
         n, n_moe = len(layers), agg["moe"]
         F += fold_fix_f * n_moe
@@ -512,13 +521,17 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
         options=opts.__dict__.copy(), pipeline=pipe,
-        assumptions=ASSUMPTIONS + [glue_assumption(hw)])
+        assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue)])
 
 
-def glue_assumption(hw) -> dict:
+def glue_assumption(hw, mode: str = "calibrated") -> dict:
     """The training glue calibration the layer costs used (`k3sim.step.glue`), as an assumption row."""
     from k3sim.step.glue import load_glue
 
+    if mode == "proxy":
+        return {"assumption": "unmeasured kernels (MoE permute/combine, short conv, gated norm): HBM-copy time "
+                              "of their bytes (training.moe_glue: proxy, a fused-permute stack)",
+                "source": "modelling choice (not measured); the measured unfused glue is x10 / x6: reports/training"}
     g = load_glue(hw)
     return {"assumption": f"unmeasured kernels (MoE permute/combine, short conv, gated norm): HBM-copy time of "
                           f"their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused routing glue)",

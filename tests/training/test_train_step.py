@@ -221,3 +221,21 @@ def test_pp_send_time_is_the_mean_hop():
     t_up = up.exposed_comm_s["pp"] / (2 * 3)
     t_out = 3 * r.exposed_comm_s["pp"] / (2 * 3) - 2 * t_up  # the one NIC hop, solved from the mean
     assert t_out > 1.2 * t_up > 0  # the NIC hop is slower than the NVLink one
+
+
+def test_moe_glue_proxy_is_the_bytes_only_model_and_says_so():
+    from k3sim.kernels import predict_kernel_time
+
+    def run(mode):
+        return train_step(toy_model(), H200, Parallelism(tp=2, ep=2), seq_len=4096, num_micro_batches=2,
+                          kernel_time=predict_kernel_time, options=TrainOptions(moe_glue=mode))
+
+    cal, proxy = run("calibrated"), run("proxy")
+    assert proxy.compute_s < cal.compute_s
+    glue_rows = [[a for a in r.assumptions if "unmeasured kernels" in a["assumption"]] for r in (cal, proxy)]
+    assert "x 10.1 forward" in glue_rows[0][0]["assumption"]
+    assert "glue calibration 20261201" in glue_rows[0][0]["source"]
+    assert "glue calibration 20261201" not in glue_rows[1][0]["source"]
+    assert "fused-permute" in glue_rows[1][0]["assumption"]
+    with pytest.raises(InputError, match="calibrated or proxy"):
+        run("fused")
