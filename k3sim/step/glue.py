@@ -24,17 +24,41 @@ from pathlib import Path
 from typing import Any
 
 GLUE_FILE = "training_glue.yaml"
+GLUE_MODES = ("calibrated", "proxy")  # the training option `moe_glue`: the profile's calibration, or bytes only
 
 
 @dataclass(frozen=True)
 class GlueCalibration:
+    """Factors on the proxy time of the glue calls, with where they were fitted (`config` at `points`,
+    each "SEQxMB", of run `run`; empty for the bytes-only proxy)."""
+
     fwd: float = 1.0
     bwd: float = 1.0
     source: str = "proxy: HBM-copy time of the bytes moved (no glue calibration)"
+    run: str = ""
+    config: str = ""
+    points: tuple[str, ...] = ()
 
     @classmethod
     def proxy(cls) -> "GlueCalibration":
         return cls()
+
+    def fit_shapes(self) -> set[tuple[str, int, int]]:
+        """(config, seq, micro-batch) of the points the factors were fitted on."""
+        out = set()
+        for p in self.points:
+            q, _, m = p.partition("x")
+            out.add((self.config, int(q), int(m)))
+        return out
+
+
+def glue_for(hw: Any, mode: str) -> GlueCalibration:
+    """The calibration a training option `moe_glue` asks for: the profile's ("calibrated") or none ("proxy")."""
+    from k3sim.errors import InputError
+
+    if mode not in GLUE_MODES:
+        raise InputError(f"must be {' or '.join(GLUE_MODES)}, got {mode!r}", field="moe_glue")
+    return load_glue(hw) if mode == "calibrated" else GlueCalibration.proxy()
 
 
 def _h200_file() -> Path:
@@ -57,14 +81,16 @@ def load_glue(hw: Any) -> GlueCalibration:
         return GlueCalibration.proxy()
     fwd, bwd, run, config, points = _read(str(path), path.stat().st_mtime_ns)
     where = "" if path == own else f" (carried to profile '{getattr(hw, 'name', hw)}')"
-    return GlueCalibration(fwd, bwd, f"glue calibration {run} {config} at {points}{where}")
+    return GlueCalibration(fwd, bwd, f"glue calibration {run} {config} at {list(points)}{where}", run, config,
+                           points)
 
 
 @lru_cache(maxsize=16)
-def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, list]:
+def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, tuple[str, ...]]:
     """The calibration file, parsed and checked once per version (a sweep calls the layer costs thousands
     of times). A broken file is bad input: InputError naming the file and the field."""
     import math
+    import re
 
     import yaml
 
@@ -86,7 +112,10 @@ def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, list]:
     for key in ("run", "config", "points"):
         if key not in doc:
             raise InputError("missing (the provenance of the factors)", source=path, field=key)
-    return out[0], out[1], str(doc["run"]), str(doc["config"]), list(doc["points"])
+    pts = doc["points"]
+    if not isinstance(pts, list) or not all(isinstance(p, str) and re.fullmatch(r"[1-9]\d*x[1-9]\d*", p) for p in pts):
+        raise InputError(f"expected a list of SEQxMB points like 4096x1, got {pts!r}", source=path, field="points")
+    return out[0], out[1], str(doc["run"]), str(doc["config"]), tuple(pts)
 
 
 def is_glue(op: str) -> bool:
@@ -108,7 +137,7 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
 
     from k3sim.configs import load_hardware
     from k3sim.step.wholestep import PROXIED, kernel_family
-    from k3sim.step.wholestep_train import _calls
+    from k3sim.step.wholestep_train import slice_calls
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     K = pd.read_csv(Path(run_dir) / "kernels.csv")
@@ -118,10 +147,12 @@ def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -
     for seq, mb in points:
         g = K[(K.seq == seq) & (K.micro_batch == mb) & K.family.isin(PROXIED)]
         if g.empty:
-            raise ValueError(f"{config} {seq}x{mb} was not profiled in {run_dir}")
+            from k3sim.errors import InputError
+
+            raise InputError(f"{config} {seq}x{mb} was not profiled there", source=str(run_dir), field="points")
         prof_f = g[g.phase == "fwd"].gpu_s.sum()
         prof_b = g[g.phase == "fwd_bwd"].gpu_s.sum() - prof_f
-        rows = [r for r in _calls(config, hw, seq, mb, None, None) if is_glue(r["op"])]
+        rows = [r for r in slice_calls(config, hw, seq, mb, None, None) if is_glue(r["op"])]
         num_f += prof_f - sum(r["fwd_s"] for r in rows if not r["proxy"])
         num_b += prof_b - sum(r["bwd_s"] for r in rows if not r["proxy"])
         den_f += sum(r["fwd_s"] for r in rows if r["proxy"])

@@ -61,7 +61,9 @@ def _spec_model(cfg: str):
     return spec, load_model(spec.model), [r["index"] - 1 for r in spec.layers]
 
 
-def _calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None, glue: GlueCalibration | None):
+def slice_calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None,
+                glue: GlueCalibration | None) -> list[dict]:
+    """`train_calls` of a measured configuration of the whole-step harness (`specs.json`) at seq x mb."""
     spec, model, layers = _spec_model(cfg)
     return train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
                        kernel_time=kernel_time, glue=glue, embed_head=spec.embed_head)
@@ -87,7 +89,7 @@ def predict(points, hw: Any = "h200", kernel_time: Callable | None = None,
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     out = []
     for cfg, seq, mb in points:
-        s = split(_calls(cfg, hw, seq, mb, kernel_time, glue))
+        s = split(slice_calls(cfg, hw, seq, mb, kernel_time, glue))
         fwd = s["fwd_measured"] + s["fwd_glue"]
         for phase, v, g in (("fwd", fwd, s["fwd_glue"]),
                             ("fwd_bwd", fwd + s["bwd_measured"] + s["bwd_glue"], s["fwd_glue"] + s["bwd_glue"])):
@@ -96,28 +98,35 @@ def predict(points, hw: Any = "h200", kernel_time: Callable | None = None,
 
 
 def _points(text: str) -> list[tuple[str, int, int]]:
+    """'CONFIG:SEQxMB,...' -> [(config, seq, mb)]; InputError naming --points otherwise."""
+    from k3sim.calibration.wholestep import spec as S
+    from k3sim.errors import InputError
+
+    known = S.load_specs(S.SPECS_PATH)
     out = []
-    for item in text.split(","):
+    for item in (x.strip() for x in text.split(",") if x.strip()):
         cfg, _, sm = item.partition(":")
         q, _, m = sm.partition("x")
+        if cfg not in known or not (q.isdigit() and m.isdigit() and int(q) > 0 and int(m) > 0):
+            raise InputError(f"expected CONFIG:SEQxMB with a configuration of specs.json and positive numbers, "
+                             f"got {item!r}", source="--points")
         out.append((cfg, int(q), int(m)))
+    if not out:
+        raise InputError("needs at least one CONFIG:SEQxMB point", source="--points")
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue | --both]`: predictions,
+def main(argv: list[str] | None = None) -> int:
+    """Bad input (points, a run directory without its CSVs) is one line on stderr and exit code 2.
+
+    `python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue | --both]`: predictions,
     written before a run. `... check RUN_DIR OUT_DIR`: the check tables (OUT_DIR/check_RUN.csv,
     families_RUN.csv). `... fit-glue RUN_DIR OUT.yaml
     --points CFG:SEQxMB,...`: the glue calibration from one configuration's profiled points."""
     import argparse
     import sys
 
-    import pandas as pd
-    import yaml
-
-    from k3sim.configs import load_hardware
-    from k3sim.files import atomic_write_text
-    from k3sim.step.glue import fit, load_glue
+    from k3sim.errors import InputError
 
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["predict", "check", "fit-glue"])
@@ -127,7 +136,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--glue", action="store_true", help="with the profile's glue calibration (default: plain)")
     ap.add_argument("--both", action="store_true", help="plain and glue-calibrated columns side by side")
     a = ap.parse_args(argv)
+    try:
+        _main(a, argv)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"error: {err.filename}: not found", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _main(a, argv) -> None:
+    import sys
+
+    import pandas as pd
+    import yaml
+
+    from k3sim.configs import load_hardware
+    from k3sim.errors import InputError
+    from k3sim.files import atomic_write_text
+    from k3sim.step.glue import fit, load_glue
+
     hw = load_hardware("h200")
+    if a.what != "predict" and not a.out:
+        raise InputError(f"{a.what} needs OUT after the run directory", source="out")
     if a.what == "predict":
         glue = load_glue(hw) if a.glue else None
         df = pd.DataFrame(predict(_points(a.points), hw, glue=glue))
@@ -141,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     elif a.what == "fit-glue":
         pts = _points(a.points)
         if len({c for c, _, _ in pts}) != 1:
-            raise SystemExit("fit-glue: the points must be of one configuration")
+            raise InputError("the points must be of one configuration", source="--points")
         doc = fit(a.src, pts[0][0], [(q, m) for _, q, m in pts], hw)
         doc = {**doc, "fwd": float(doc["fwd"]), "bwd": float(doc["bwd"]),
                "command": "python3 -m k3sim.step.wholestep_train " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -170,7 +203,7 @@ def family_prediction(cfg: str, seq: int, mb: int, hw: Any = "h200", kernel_time
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     out: dict[str, dict[str, float]] = {p: {} for p in PHASES}
-    for r in _calls(cfg, hw, seq, mb, kernel_time, glue):
+    for r in slice_calls(cfg, hw, seq, mb, kernel_time, glue):
         fam = op_family(r["op"])
         out["fwd"][fam] = out["fwd"].get(fam, 0.0) + r["fwd_s"]
         out["fwd_bwd"][fam] = out["fwd_bwd"].get(fam, 0.0) + r["fwd_s"] + r["bwd_s"]
@@ -210,7 +243,7 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
     steps = steps.merge(G[keys + ["predicted_glue_s"]], on=keys)
     steps["error"] = steps.predicted_s / steps.seconds - 1
     steps["error_glue"] = steps.predicted_glue_s / steps.seconds - 1
-    fit_pts = {(c, int(q), int(m)) for c, q, m in _fit_points(glue)}
+    fit_pts = glue.fit_shapes()  # the same shape measured in another run is not held out either
     steps["held_out"] = [(r.config, int(r.seq), int(r.micro_batch)) not in fit_pts for r in steps.itertuples()]
     fams = []
     kpath = run_dir / "kernels.csv"
@@ -235,19 +268,5 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
     return steps, pd.DataFrame(fams)
 
 
-def _fit_points(glue: GlueCalibration) -> list[tuple[str, int, int]]:
-    """The (config, seq, mb) shapes the glue calibration was fitted on (from its source); the same shape
-    measured in another run is not held out either."""
-    import re
-
-    m = re.match(r"glue calibration (\S+) (\S+) at \[(.*)\]", glue.source)
-    if not m:
-        return []
-    out = []
-    for x in re.findall(r"(\d+)x(\d+)", m.group(3)):
-        out.append((m.group(2), int(x[0]), int(x[1])))
-    return out
-
-
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    raise SystemExit(main())

@@ -75,8 +75,11 @@ class TrainOptions:
         if self.redundant_experts < 0:
             raise InputError(f"must be >= 0, got {self.redundant_experts}", source=source,
                              field="redundant_experts")
-        if self.moe_glue not in ("calibrated", "proxy"):
-            raise InputError(f"must be calibrated or proxy, got {self.moe_glue!r}", source=source, field="moe_glue")
+        from k3sim.step.glue import GLUE_MODES
+
+        if self.moe_glue not in GLUE_MODES:
+            raise InputError(f"must be {' or '.join(GLUE_MODES)}, got {self.moe_glue!r}", source=source,
+                             field="moe_glue")
 
 
 @dataclass
@@ -170,11 +173,11 @@ class TrainingContext:
     def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated") -> list:
         key = (tp, ep, cp, tokens, seq_len, glue)
         if key not in self._layers:
-            from k3sim.step.glue import GlueCalibration
+            from k3sim.step.glue import glue_for
 
-            kw = {"glue": GlueCalibration.proxy()} if glue == "proxy" else {}  # default: the calibration
             self._layers[key] = list(self.layer_costs_fn(self.model, self.hw, tp=tp, ep=ep, cp=cp, tokens=tokens,
-                                                         seq_len=seq_len, kernel_time=self.kernel_time, **kw))
+                                                         seq_len=seq_len, kernel_time=self.kernel_time,
+                                                         glue=glue_for(self.hw, glue)))
         return self._layers[key]
 
     def cp_overhead(self, tp: int, cp: int, seq_len: int, opts: TrainOptions, source: str | None) -> dict:
@@ -525,18 +528,18 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
 
 
 def glue_assumption(hw, mode: str = "calibrated") -> dict:
-    """The training glue calibration the layer costs used (`k3sim.step.glue`), as an assumption row."""
-    from k3sim.step.glue import load_glue
+    """The training glue the layer costs used (`k3sim.step.glue`), as an assumption row."""
+    from k3sim.step.glue import glue_for, load_glue
 
+    g = glue_for(hw, mode)
+    what = "unmeasured kernels (MoE permute/combine, short conv; the gated norm stays a plain proxy): HBM-copy time"
     if mode == "proxy":
-        return {"assumption": "unmeasured kernels (MoE permute/combine, short conv, gated norm): HBM-copy time "
-                              "of their bytes (training.moe_glue: proxy, a fused-permute stack)",
-                "source": "modelling choice (not measured); the measured unfused glue is x10 / x6: reports/training"}
-    g = load_glue(hw)
-    return {"assumption": f"unmeasured kernels (MoE permute/combine, short conv, gated norm): HBM-copy time of "
-                          f"their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused routing glue)",
+        cal = load_glue(hw)
+        return {"assumption": f"{what} of their bytes (training.moe_glue: proxy, a fused-permute stack)",
+                "source": f"modelling choice (not measured); the measured unfused glue is x {cal.fwd:.1f} forward, "
+                          f"x {cal.bwd:.1f} backward ({cal.source}): reports/training"}
+    return {"assumption": f"{what} of their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused routing glue)",
             "source": f"{g.source}; held-out check reports/training/README.md"}
-
 
 def memory_verdict(plan) -> str:
     GB = 1e9

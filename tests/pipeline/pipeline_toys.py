@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from k3sim.configs import HardwareProfile, ModelConfig
 from k3sim.configs.hardware import DATASHEET_FIELDS
+from k3sim.step.training import LayerCost
 
 
 def toy_model(num_layers: int = 8, block: int | None = 2) -> ModelConfig:
@@ -29,23 +30,12 @@ def toy_gpu() -> HardwareProfile:
         num_sms=1, sources={f: "test" for f in DATASHEET_FIELDS})
 
 
-@dataclass(frozen=True)
-class FakeLayerCost:
-    layer: int
-    kind: str
-    forward_s: float
-    backward_input_s: float
-    backward_weight_s: float
-    activation_bytes: float
-    attn_res_block_bytes: float
-
-
-def fake_layer_costs(model, hw, *, tp=1, ep=1, cp=1, tokens=4096, seq_len=4096, kernel_time=None):
+def fake_layer_costs(model, hw, *, tp=1, ep=1, cp=1, tokens=4096, seq_len=4096, kernel_time=None, glue=None):
     """Layer i: forward 1 s, backward 2 + 1 s; embedding 0.25 s; LM head 0.5 s; 1000 B hidden, 100 B block."""
-    rows = [FakeLayerCost(-1, "embedding", 0.25, 0.5, 0.0, 1000.0, 0.0)]
-    rows += [FakeLayerCost(i, model.layer_kinds[i], 1.0, 2.0, 1.0, 1000.0, 100.0 if model.attn_res_block_size else 0.0)
+    rows = [LayerCost(-1, "embedding", 0.25, 0.5, 0.0, 1000.0, 0.0)]
+    rows += [LayerCost(i, model.layer_kinds[i], 1.0, 2.0, 1.0, 1000.0, 100.0 if model.attn_res_block_size else 0.0)
              for i in range(model.num_layers)]
-    rows.append(FakeLayerCost(model.num_layers, "lm_head", 0.5, 0.5, 0.5, 0.0, 0.0))
+    rows.append(LayerCost(model.num_layers, "lm_head", 0.5, 0.5, 0.5, 0.0, 0.0))
     return rows
 
 

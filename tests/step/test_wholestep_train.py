@@ -39,6 +39,10 @@ def test_glue_scales_proxy_calls_only(h200):
     assert (f3, b3, w3) == pytest.approx((3 * f1, 5 * b1, 0.0))
     assert b1 == pytest.approx(2 * f1)  # the small-op backward: twice the forward's bytes
     assert _call_costs(timer, gemm, GlueCalibration(3.0, 5.0)) == _call_costs(timer, gemm, None)
+    # a proxy-priced op outside the fitted glue families (the gated norm, "norms") keeps its plain proxy
+    norm = Call("kda_out_norm", "gated_rmsnorm", {"T": 4096, "D": 128}, proxy_bytes=3 * 4096 * 128 * 2)
+    assert timer.row(norm, 0).source.startswith("proxy")
+    assert _call_costs(timer, norm, GlueCalibration(3.0, 5.0)) == _call_costs(timer, norm, GlueCalibration.proxy())
 
 
 def test_training_layer_costs_use_the_profile_calibration_by_default(h200):
@@ -73,6 +77,9 @@ def test_glue_calibrated_training_steps_within_ten_percent_where_gpu_bound(check
         assert gb.error_glue.abs().max() < 0.10, (run, gb.error_glue.abs().max())
         # the plain model (bytes-only glue) misses the same points by more than 10 % on average
         assert gb.error.abs().mean() > 0.10, run
+    b = checks["b"]
+    fit = (b.config == "kimi-linear-48b-l5-8") & (b.seq == 4096) & (b.micro_batch == 1)
+    assert fit.sum() == 2 and not b[fit].held_out.any() and b[~fit].held_out.all()
     for run, n in (("c", 22), ("e", 8)):  # predicted before they ran; e is another TP degree (TP4)
         assert checks[run].held_out.all() and len(checks[run]) == n
 
@@ -127,6 +134,7 @@ def test_fit_and_prediction_agree_on_the_glue_at_the_fit_point(h200):
     ("fwd: 10\nbwd: 6\nconfig: c\npoints: [1x1]\n", "run"),
     ("fwd: [10\n", None),
     ("- 10\n", None),
+    ("fwd: 10\nbwd: 6\nrun: r\nconfig: c\npoints: [4096]\n", "points"),
 ])
 def test_a_broken_glue_file_is_bad_input_naming_file_and_field(tmp_path, h200, text, field):
     from k3sim.errors import InputError
@@ -138,3 +146,32 @@ def test_a_broken_glue_file_is_bad_input_naming_file_and_field(tmp_path, h200, t
     assert str(tmp_path / GLUE_FILE) in str(ei.value)
     if field:
         assert ei.value.field == field
+
+
+def test_moe_glue_mode_is_checked(h200):
+    from k3sim.errors import InputError
+    from k3sim.step.glue import glue_for
+
+    assert glue_for(h200, "proxy") == GlueCalibration.proxy()
+    assert glue_for(h200, "calibrated") == load_glue(h200)
+    with pytest.raises(InputError, match="calibrated or proxy"):
+        glue_for(h200, "fused")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["predict", "x.csv", "--points", "k3-tp8-ep8-l5-8:4096"], "--points"),
+    (["predict", "x.csv", "--points", "nope:4096x1"], "--points"),
+    (["fit-glue", "RUN", "out.yaml", "--points", "k3-tp8-ep8-l5-8:4096x1,kimi-linear-48b-l5-8:4096x1"],
+     "one configuration"),
+    (["check", "RUN"], "needs OUT"),
+    (["check", "/nonexistent/run", "out"], "not found"),
+])
+def test_wholestep_train_entry_point_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, needle):
+    from k3sim.step.wholestep_train import main
+
+    argv = [str(tmp_path / a) if a in ("x.csv", "out.yaml", "out") else a for a in argv]
+    argv = [str(RUNS / "20261201-wholestep-train-b") if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -3,26 +3,17 @@ worked out on paper."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
-
-@dataclass
-class FakeLayerCost:
-    layer: int
-    kind: str
-    forward_s: float
-    backward_input_s: float
-    backward_weight_s: float
-    activation_bytes: float = 0.0
-    attn_res_block_bytes: float = 0.0
+from k3sim.step.training import LayerCost
 
 
 def fake_layer_costs(f=1.0, bi=1.0, bw=0.5, emb=0.0, head=0.0):
-    def costs(model, hw, *, tp=1, ep=1, cp=1, tokens=0, seq_len=0, kernel_time=None):
-        out = [FakeLayerCost(i, k, f, bi, bw) for i, k in enumerate(model.layer_kinds)]
-        out.append(FakeLayerCost(-1, "embedding", emb, 0.0, 0.0))
-        out.append(FakeLayerCost(model.num_layers, "lm_head", head, head, 0.0))
+    """`training_layer_costs`' signature and result type, with costs chosen by hand (`glue` is ignored)."""
+    def costs(model, hw, *, tp=1, ep=1, cp=1, tokens=0, seq_len=0, kernel_time=None, glue=None):
+        out = [LayerCost(i, k, f, bi, bw, 0.0, 0.0) for i, k in enumerate(model.layer_kinds)]
+        out.append(LayerCost(-1, "embedding", emb, 0.0, 0.0, 0.0, 0.0))
+        out.append(LayerCost(model.num_layers, "lm_head", head, head, 0.0, 0.0, 0.0))
         return out
     return costs
 

@@ -233,9 +233,12 @@ def test_moe_glue_proxy_is_the_bytes_only_model_and_says_so():
     cal, proxy = run("calibrated"), run("proxy")
     assert proxy.compute_s < cal.compute_s
     glue_rows = [[a for a in r.assumptions if "unmeasured kernels" in a["assumption"]] for r in (cal, proxy)]
-    assert "x 10.1 forward" in glue_rows[0][0]["assumption"]
-    assert "glue calibration 20261201" in glue_rows[0][0]["source"]
-    assert "glue calibration 20261201" not in glue_rows[1][0]["source"]
-    assert "fused-permute" in glue_rows[1][0]["assumption"]
+    from k3sim.step.glue import load_glue
+
+    g = load_glue(H200)
+    assert f"x {g.fwd:.1f} forward, x {g.bwd:.1f} backward" in glue_rows[0][0]["assumption"]
+    assert glue_rows[0][0]["source"].startswith(g.source)
+    assert "fused-permute" in glue_rows[1][0]["assumption"] and f"x {g.fwd:.1f}" not in glue_rows[1][0]["assumption"]
+    assert glue_rows[1][0]["source"].startswith("modelling choice (not measured)")
     with pytest.raises(InputError, match="calibrated or proxy"):
         run("fused")
