@@ -58,6 +58,15 @@ def test_training_section_bad_field_named(tmp_path):
     assert e.value.field == "training.tp_overlap"
 
 
+def test_training_moe_glue_reaches_the_step_model_and_is_checked(tmp_path):
+    base = plan(kl_train(tmp_path), sections=("step",)).training
+    fused = plan(kl_train(tmp_path, training="  moe_glue: proxy"), sections=("step",)).training
+    assert fused.compute_s < base.compute_s and fused.options["moe_glue"] == "proxy"
+    with pytest.raises(InputError) as e:
+        plan(kl_train(tmp_path, training="  moe_glue: fused"), sections=("memory",))
+    assert e.value.field == "training.moe_glue"
+
+
 def test_serving_plan_that_does_not_fit_gives_the_verdict():
     res = plan(ROOT / "scenarios/k3-h200-1node.yaml", sections=("memory", "decode"))
     assert not res.fits
