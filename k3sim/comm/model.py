@@ -33,12 +33,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from k3sim.configs.bounds import BOUNDS, check_range
 from k3sim.errors import InputError
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "custom_all_reduce")
 CONVENTIONS = ("graph", "stream", "barrier")
 MEASURED_CONVENTION = "barrier"
-MAX_GPUS = 65536  # the kernel registry's bound on `gpus`
+MAX_GPUS = int(BOUNDS["collective_gpus"].hi)  # the bounds table's (and so the kernel registry's) `gpus`
 
 
 def ring_steps(op: str, n: int) -> int:
@@ -51,15 +52,18 @@ def ring_steps(op: str, n: int) -> int:
 
 
 def _check(op: str, nbytes: Any, gpus: Any, convention: str) -> tuple[int, int]:
+    """The call's arguments, checked before any work: `bytes` and `gpus` inside the bounds table's
+    `kernel_bytes` and `collective_gpus` (placement and routing are linear in GPUs up to that maximum)."""
     if op not in COLLECTIVES:
         raise InputError(f"unknown collective '{op}' (known: {', '.join(COLLECTIVES)})", field="op")
     if convention not in CONVENTIONS:
         raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got '{convention}'",
                          field="convention")
-    for name, v, lo, hi in (("bytes", nbytes, 1, 2 ** 40), ("gpus", gpus, 2, MAX_GPUS)):
+    for name, v, kind in (("bytes", nbytes, "kernel_bytes"), ("gpus", gpus, "collective_gpus")):
+        r = BOUNDS[kind]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) \
-                or not lo <= v <= hi:
-            raise InputError(f"{op}: {name}={v!r} must be an integer in [{lo}, {hi}]", field=name)
+                or not r.lo <= v <= r.hi:
+            raise InputError(f"{op}: {name}={v!r} must be a whole number in {r.text()} ({r.why})", field=name)
     return int(nbytes), int(gpus)
 
 
@@ -97,11 +101,14 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     conv_note = ("" if convention == MEASURED_CONVENTION else
                  f"; convention {convention}: measured under '{MEASURED_CONVENTION}' (host barrier before each call), "
                  "an upper bound here")
+    if topology is not None and gpus_per_node:
+        raise InputError(f"gpus_per_node={gpus_per_node} applies to the default placement only; a topology "
+                         "file gives its own (gpus_per_node: N in the file)", field="gpus_per_node")
     if topology is not None and not isinstance(topology, Topology):
         topology = load_topology(topology, int(getattr(hw, "scaleup_domain_gpus", 0) or 0) or None)
     if topology is not None and n > topology.gpus:
-        raise InputError(f"{op} on {n} GPUs, but the topology has {topology.gpus}", source=topology.source,
-                         field="gpus")
+        raise InputError(f"{op} on {n} GPUs, but the topology has {topology.gpus}: ask for at most "
+                         f"{topology.gpus} GPUs or describe more in the file", source=topology.source, field="gpus")
     default_place = topology is None and link_bandwidth is None
     domain = int(getattr(hw, "scaleup_domain_gpus", 0) or 0)
     if default_place and gpus_per_node in (None, 0, domain) and n <= max(domain, 1):
@@ -112,10 +119,7 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     topo = topology or placement_topology(n, hw, gpus_per_node or None)
     bw, multi_node = topo.ring_bottleneck(n)
     if link_bandwidth is not None:
-        if not 0 < float(link_bandwidth) < float("inf"):
-            raise InputError(f"link bandwidth must be a positive number of bytes/s, got {link_bandwidth!r}",
-                             field="link_bandwidth")
-        bw = float(link_bandwidth)
+        bw = float(check_range(link_bandwidth, "bandwidth", field="link_bandwidth"))
     cal = _calibration(hw, op)
     if cal is None:
         alpha, frac, cal_note, source = 0.0, 1.0, "no measured collective: datasheet link bandwidth, no latency " \

@@ -7,7 +7,7 @@ import importlib
 import typer
 
 # Module names under k3sim.commands; each owns one top-level command or sub-app.
-COMMAND_MODULES = ["decode", "plan", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache", "pipeline", "sweep", "serve"]
+COMMAND_MODULES = ["decode", "plan", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache", "pipeline", "sweep", "serve", "check"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""`k3sim decode`: TPOT, tokens/s per GPU and what bounds a decode step of K3 (or any shipped model)."""
+"""`k3sim decode`: TPOT, tokens/s per GPU and what bounds a decode step of K3 (or any shipped model);
+`--sweep-batch` writes its table and roofline plot to `--out` (default `./k3sim-out/decode/`)."""
 
 from __future__ import annotations
 
@@ -57,10 +58,14 @@ def register(app: typer.Typer) -> None:
         zipf: float = typer.Option(0.0, "--zipf", help="router skew: Zipf exponent of expert popularity (0 uniform)"),
         convention: str = typer.Option("graph", "--convention", help="graph (one CUDA graph per step) or eager"),
         sweep_batch: bool = typer.Option(False, "--sweep-batch", help="sweep the batch: table + roofline plot"),
-        out: Optional[str] = typer.Option(None, "--out", help="directory for --sweep-batch (CSV, PNG)"),
+        out: Optional[str] = typer.Option(None, "--out", help="directory for --sweep-batch (CSV, PNG): new, empty "
+                                          "or a previous decode sweep output [default: ./k3sim-out/decode/]"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Decode step: TPOT, tokens/s per GPU, bytes per step and what limits it (optionally with MTP)."""
+        from k3sim.commands.options import DECODE, check
+
+        check(DECODE)  # every option given changes the result (k3sim.commands.options)
         run_decode(model=model, hardware=hardware, batch=batch, context=context, tp=tp, pp=pp, ep=ep,
                    attention_dp=attention_dp, mtp=mtp, acceptance=acceptance, rollback=rollback,
                    expert_kernel=expert_kernel, zipf=zipf, convention=convention, sweep_batch=sweep_batch,
@@ -98,9 +103,7 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
     if not (0.0 <= zipf <= 8.0):  # modelling choice: s = 8 already puts ~all picks on the top-k experts
         raise InputError(f"must be in [0, 8] (0 uniform routing), got {zipf}", source="--zipf")
     if out is not None and not sweep_batch:
-        raise InputError("--out is only written by --sweep-batch", source="--out")
-    if sweep_batch and out is None:
-        raise InputError("--sweep-batch needs --out DIR for its table and plot", source="--out")
+        raise InputError("--out is only written by --sweep-batch; add --sweep-batch or drop --out", source="--out")
 
 
 def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=None):
@@ -132,7 +135,12 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
     layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw)
     spec = SpecConfig(mtp, acceptance, rollback or "replay") if mtp else None
     if sweep_batch:
-        _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out)
+        from k3sim.decode.sweep import KIND
+        from k3sim.files import check_output_dir, default_out
+
+        out = default_out("decode") if out is None else out
+        check_output_dir(out, kind=KIND)  # refused before the sweep runs
+        _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source=str(model))
         return
     r = decode_step(model_cfg, hw, layout, batch, context, spec=spec, zipf=zipf)
     data = _result_json(r, hw)
@@ -167,15 +175,17 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
                 [(k, human_bytes(v[0]), f"{v[1] / 1e9:.2f}", f"{v[2] * 1e3:.3f}", v[3]) for k, v in rows])
 
 
-def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out) -> None:
-    from k3sim.decode.sweep import roofline_plot, sweep_batches, sweep_table
-    from k3sim.files import atomic_write_text, output_dir
+def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--model") -> None:
+    from k3sim.decode.sweep import KIND, roofline_plot, sweep_batches, sweep_table
+    from k3sim.files import atomic_write_text, output_dir, safe_name
     from k3sim.output import print_json, print_table
 
+    name = safe_name(model_cfg.name, source=source, field="name")  # it names the files
+    stem = f"decode_{name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}_ctx{context}"
     results = sweep_batches(model_cfg, hw, layout, context, spec=spec, zipf=zipf)
     df = sweep_table(results, hw)
-    stem = f"decode_{model_cfg.name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}_ctx{context}"
-    with output_dir(out) as d:  # a failed or interrupted sweep leaves no new, half-filled --out
+    # one part per stem: a directory holds the sweeps of several layouts (reports/decode)
+    with output_dir(out, kind=KIND, part=stem) as d:
         atomic_write_text(d / f"{stem}.csv", df.to_csv(index=False))
         roofline_plot(df, hw, d / f"{stem}.png", f"{model_cfg.name} decode, tp={layout.tp} pp={layout.pp} "
                                                  f"ep={layout.ep}, context {context:,}")

@@ -1,7 +1,13 @@
-"""`k3sim kernel-time OP --hardware h200 --set M=64 ...`: one kernel's predicted time and its source."""
+"""`k3sim kernel-time OP --hardware h200 --set M=64 ...`: one kernel's predicted time and its source.
+
+Every parameter is checked before any prediction against its op's range, a kind of the bounds table
+(`k3sim.kernels.ops.ParamRange`, `k3sim.configs.bounds.BOUNDS`); a refusal names what the user wrote
+(`--set T=0`), never the predictor's internal field.
+"""
 
 from __future__ import annotations
 
+import difflib
 from typing import List
 
 import typer
@@ -18,17 +24,48 @@ def parse_sets(items: list[str]) -> dict[str, str]:
         if not sep or not name or not value:
             raise InputError(f"expected NAME=VALUE, got {item!r}", source="--set")
         if name in out:
-            raise InputError(f"parameter {name} given twice", source="--set", field=name)
+            raise InputError(f"parameter {name} given twice; give each --set NAME once",
+                             source=f"--set {name}={value}")
         out[name] = value
     return out
+
+
+def op_spec(op: str):
+    """The op's spec; an unknown name is refused with the closest known names (the full list, 30 names,
+    would pass the error line's length cap; the README lists it with each op's parameters)."""
+    from k3sim.kernels.ops import OPS
+
+    if op in OPS:
+        return OPS[op]
+    close = difflib.get_close_matches(op, list(OPS), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise InputError(f"unknown op {op!r}; {hint}the README ('k3sim kernel-time') lists the {len(OPS)} ops and "
+                     "their parameters", source="OP")
+
+
+def as_written(err: InputError, spec, sets: dict[str, str], hardware: str) -> InputError:
+    """The same refusal, naming what the user typed: the predictor and the collective model name a
+    parameter by its field (`T`); the user wrote `--set T=...`, or left it out (then `--set` says how to
+    add it), or the field is the hardware profile's (then `--hardware` names the profile)."""
+    if err.source is not None or err.field is None:
+        return err
+    name = str(err.field)
+    if name in sets:
+        return InputError(err.reason, source=f"--set {name}={sets[name]}")
+    if name in spec.params or name in spec.optional:
+        fix = "" if "--set" in err.reason else f"; add --set {name}=VALUE"
+        return InputError(err.reason + fix, source="--set")
+    return InputError(err.reason, source=f"--hardware {hardware}", field=name)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("kernel-time")
     def kernel_time(
-        op: str = typer.Argument(..., help="Op name, e.g. gemm_bf16, chunk_kda_fwd, all_gather."),
+        op: str = typer.Argument(..., help="Op name, e.g. gemm_bf16, chunk_kda_fwd, all_gather (README "
+                                           "'k3sim kernel-time' lists every op and its parameters)."),
         hardware: str = typer.Option("h200", "--hardware", help="Profile name in hardware_profiles/ or a path."),
-        sets: List[str] = typer.Option([], "--set", help="Op parameter NAME=VALUE (repeat)."),
+        sets: List[str] = typer.Option([], "--set", help="Op parameter NAME=VALUE (repeat); each is checked "
+                                       "against its op's range (k3sim/configs/bounds.py) before any prediction."),
         convention: str = typer.Option("graph", "--convention",
                                        help="graph (kernel as a CUDA-graph replay runs it) or eager (+ host launch)."),
         topology: str = typer.Option("", "--topology",
@@ -37,28 +74,21 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
         """Predicted time of one kernel: measured, interpolated, fitted model or datasheet roofline."""
-        from k3sim.kernels.ops import get_op, validate_params
-        from k3sim.kernels.predict import predict_kernel_time
+        from k3sim.kernels.ops import validate_params
+        from k3sim.kernels.store import CONVENTIONS  # the predictor's list, named here for the option
         from k3sim.output import human_seconds, print_json, print_kv
 
-        spec = get_op(op)
-        try:
-            params = validate_params(spec, parse_sets(sets))
-        except InputError as err:  # a bad parameter value came in through --set: say so
-            raise InputError(err.reason, source=err.source or "--set", field=err.field) from None
-        from k3sim.kernels.store import CONVENTIONS  # the predictor's list, named here for the option
-
+        spec = op_spec(op)
+        given = parse_sets(sets)
         if convention not in CONVENTIONS:
             raise InputError(f"must be one of {', '.join(CONVENTIONS)}, got {convention!r}", source="--convention")
-        if topology:
-            if spec.kind != "collective":
-                raise InputError(f"applies to collectives only, not {op}", source="--topology")
-            from k3sim.comm import collective_time
-
-            kt = collective_time(op, params["bytes"], params["gpus"], hardware, topology=topology,
-                                 gpus_per_node=params.get("gpus_per_node") or None, convention="barrier")
-        else:
-            kt = predict_kernel_time(op, params, hardware=hardware, convention=convention)
+        if topology and spec.kind != "collective":
+            raise InputError(f"applies to collectives only, not {op}", source="--topology")
+        try:
+            params = validate_params(spec, given)
+            kt = _predict(op, params, hardware, convention, topology)
+        except InputError as err:
+            raise as_written(err, spec, given, hardware) from None
         result = {"op": op, "hardware": hardware, "params": params, "seconds": kt.seconds, "source": kt.source,
                   "convention": kt.convention,
                   "method": kt.method, "detail": kt.detail}
@@ -67,3 +97,16 @@ def register(app: typer.Typer) -> None:
             return
         print_kv(f"{op} on {hardware}", [*params.items(), ("time", human_seconds(kt.seconds)), ("source", kt.source),
                                          ("convention", kt.convention), ("method", kt.method), ("detail", kt.detail)])
+
+
+def _predict(op: str, params: dict[str, int], hardware: str, convention: str, topology: str):
+    """The prediction; a collective over `--topology` goes to the collective model directly (its answer is
+    in the measured runs' convention, barrier, and says so)."""
+    from k3sim.kernels.predict import predict_kernel_time
+
+    if not topology:
+        return predict_kernel_time(op, params, hardware=hardware, convention=convention)
+    from k3sim.comm import collective_time
+
+    return collective_time(op, params["bytes"], params["gpus"], hardware, topology=topology,
+                           gpus_per_node=params.get("gpus_per_node") or None, convention="barrier")

@@ -92,8 +92,104 @@ def build_plan(model_path: str, hardware: str, mode: str, layout: dict, *, conte
         if mode == "serve":
             model.check_context(context, source="--context")
         return workload_plan(model, hw, par, workload)
+    except DoesNotFit as err:
+        raise DoesNotFit(misfit_line(model, hw, par, workload, err), source=err.source) from None
     except InputError as err:
         raise from_option(err) from None
+
+
+GiB = 2 ** 30
+# Fixes tried when a plan does not fit, each one option changed alone, in the order a user would reach for
+# them: (option, field, how the value moves). Doubling steps stop at the documented range's end.
+FIX_STEPS = {"serve": (("--pp", "pp", "x2"), ("--ep", "ep", "x2"), ("--tp", "tp", "x2"), ("--cp", "cp", "x2"),
+                       ("--context", "context_tokens", "/2"), ("--prefill-chunk", "prefill_chunk_tokens", "/2")),
+             "train": (("--recompute", "activation_checkpointing", "on"), ("--micro-batch", "micro_batch_size", "/2"),
+                       ("--pp", "pp", "x2"), ("--tp", "tp", "x2"), ("--ep", "ep", "x2"), ("--cp", "cp", "x2"),
+                       ("--dp", "dp", "x2"), ("--zero-stage", "zero_stage", "+1"))}
+MAX_FIXES = 3  # shown on the error line (the line is capped at 300 characters)
+
+
+def _used_bytes(model, hw, par, workload) -> float | None:
+    """Per-GPU bytes of the plan if it fits, None if it does not or the layout is refused: a fix is only a
+    fix when the whole plan, layout check included, accepts it."""
+    from k3sim.configs import check_layout
+    from k3sim.errors import InputError
+    from k3sim.memory.plan import train_plan, workload_plan
+
+    try:
+        check_layout(model, par, mode=workload.mode, hardware=hw)
+        if workload.mode == "serve":
+            model.check_context(workload.context_tokens)
+            return workload_plan(model, hw, par, workload).per_gpu_bytes["total"]
+        plan = train_plan(model, hw, par, workload.context_tokens, micro_batch_size=workload.micro_batch_size,
+                          activation_checkpointing=workload.activation_checkpointing,
+                          num_micro_batches=workload.num_micro_batches,
+                          workspace_fraction=workload.workspace_fraction, allow_overflow=True)
+        return plan.per_gpu_bytes["total"] if plan.fits else None
+    except InputError:
+        return None
+
+
+def fixes_that_fit(model, hw, par, workload) -> list[str]:
+    """Single-option changes that make the plan fit, each computed (not guessed): the smallest step of each
+    option in FIX_STEPS that fits, as the option the user would write and the GiB per GPU it leaves."""
+    from k3sim.configs.bounds import BOUNDS
+
+    found = []
+    for option, name, how in FIX_STEPS[workload.mode]:
+        on_layout = name in par.model_fields
+        value = getattr(par if on_layout else workload, name)
+        while True:
+            if how == "on":
+                value = None if value else True
+            elif how == "/2":
+                value = value // 2 if value > 1 else None
+            elif how == "+1":
+                value = value + 1 if value < 3 else None
+            else:
+                value = value * 2 if value * 2 <= BOUNDS["parallel"].hi else None
+            if value is None:
+                break
+            trial_par = par.model_copy(update={name: value}) if on_layout else par
+            trial_wl = workload if on_layout else workload.model_copy(update={name: value})
+            used = _used_bytes(model, hw, trial_par, trial_wl)
+            if used is not None:
+                text = option if how == "on" else f"{option} {value}"
+                found.append(f"{text} ({used / GiB:.1f} GiB)")
+                break
+            if how == "on":
+                break
+    return found
+
+
+def misfit_line(model, hw, par, workload, err) -> str:
+    """The planner's "does not fit" line, its advice replaced by the options that were computed to fit
+    (`memory --no-recompute` said nothing of --recompute; the serve advice named pp or ep by the largest
+    term, not by trying them)."""
+    fixes = fixes_that_fit(model, hw, par, workload)
+    head = err.reason
+    if workload.mode == "train":  # the component list is long: keep the two largest
+        from k3sim.memory.plan import train_plan
+
+        plan = train_plan(model, hw, par, workload.context_tokens, micro_batch_size=workload.micro_batch_size,
+                          activation_checkpointing=workload.activation_checkpointing,
+                          num_micro_batches=workload.num_micro_batches,
+                          workspace_fraction=workload.workspace_fraction, allow_overflow=True)
+        top = sorted(plan.breakdown, key=lambda r: -r.bytes)[:2]
+        head = (f"does not fit: pipeline stage {plan.worst_stage} (of 0..{par.pp - 1}) needs "
+                f"{plan.per_gpu_bytes['total'] / GiB:.1f} GiB per GPU (largest: "
+                f"{', '.join(f'{r.component} {r.bytes / GiB:.1f}' for r in top)} GiB) > "
+                f"{plan.hbm_bytes / GiB:.1f} GiB HBM of {hw.name} ({plan.hbm_bytes / 1e9:.1f} GB)")
+    elif "; " in head:
+        head = head.rsplit("; ", 1)[0]  # serve_plan's advice by the largest term: replaced below
+    if not fixes:
+        options = ", ".join(dict.fromkeys(o for o, _, _ in FIX_STEPS[workload.mode]))
+        return f"{head}; no single change of {options} fits: combine them or use a larger GPU"
+    for n in range(min(MAX_FIXES, len(fixes)), 0, -1):
+        line = f"{head}; fits with {' or '.join(fixes[:n])}"
+        if len(line) <= 280:  # the CLI's 300-character line, with the source in front
+            return line
+    return line
 
 
 def register(app: typer.Typer) -> None:
@@ -114,7 +210,8 @@ def register(app: typer.Typer) -> None:
         ep: int = typer.Option(1, "--ep"),
         cp: int = typer.Option(1, "--cp"),
         dp: int = typer.Option(1, "--dp"),
-        virtual_stages: int = typer.Option(1, "--virtual-stages", help="model chunks per pipeline rank"),
+        virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", help="train: model chunks per "
+                                                     "pipeline rank [default: 1]"),
         zero_stage: Optional[int] = typer.Option(
             None, "--zero-stage", help=f"train: 0-3, shards over data-parallel replicas [default: {default(Parallelism, 'zero_stage')}]"),
         context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence"),

@@ -35,7 +35,8 @@ def register(app: typer.Typer) -> None:
         attn_res_cache: bool = typer.Option(True, "--attn-res-cache/--no-attn-res-cache",
                                             help="Hops carry only unseen AttnRes blocks."),
         gantt: Optional[Path] = typer.Option(None, "--gantt", help="Write the Gantt chart (PNG)."),
-        trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace (JSON)."),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace (JSON); '-': to "
+                                             "stdout, and nothing else is printed."),
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
         """Simulate a pipeline schedule: step time, bubble ratio, idle per stage, encoder hidden share."""
@@ -44,10 +45,17 @@ def register(app: typer.Typer) -> None:
 
         from k3sim.errors import InputError
 
-        for option, path in (("--gantt", gantt), ("--trace", trace)):  # refused before any work is done
-            if path is not None and (path.is_dir() or not path.parent.is_dir()):
-                raise InputError(f"cannot write {path}: " + ("it is a directory" if path.is_dir() else
-                                 f"directory {path.parent} does not exist"), source=option)
+        from k3sim.files import check_output_file
+
+        # refused before any work is done: a device, FIFO, socket, link or directory is never replaced
+        if gantt is not None:
+            check_output_file(gantt, source="--gantt")  # a PNG cannot go to stdout
+        if trace is not None and check_output_file(trace, source="--trace", stdout_ok=True) is None and as_json:
+            raise InputError("'-' sends the trace to stdout, where --json goes too; give a file or drop --json",
+                             source="--trace")
+        if gantt is not None and trace is not None and str(trace) != "-" and \
+                Path(gantt).absolute() == Path(trace).absolute():
+            raise InputError("is the --gantt path too; give two files", source="--trace")
         uni = parse_uniform_costs(uniform_costs) if uniform_costs is not None else None
         spec = LayoutSpec(schedule=schedule, stages=stages, virtual=virtual, microbatches=microbatches,
                           uniform=uni, encoder_policy=encoder_policy, encoder_cost=encoder_cost,
@@ -55,6 +63,13 @@ def register(app: typer.Typer) -> None:
                           microbatch_tokens=mb_tokens, seq_len=seq_len, attn_res_cache=attn_res_cache,
                           upfront=upfront)
         need_model = uni is None or (encoder_policy != "none" and encoder_cost is None)
+        from k3sim.commands.options import PIPELINE, check
+        from k3sim.pipeline.run import check_spec
+
+        # every option given changes the result, every number in range, the work bounded: before the model loads
+        check(PIPELINE, {"model_used": need_model,
+                         "encoder_from_model": encoder_policy != "none" and encoder_cost is None})
+        check_spec(spec)
         m = hw = None
         if need_model:
             from k3sim.configs import load_hardware, load_model
@@ -72,6 +87,8 @@ def register(app: typer.Typer) -> None:
             from k3sim.pipeline.trace import write_perfetto
 
             files["trace"] = str(write_perfetto(res.timeline, trace))
+            if str(trace) == "-":
+                return  # stdout carries the trace alone
         out = res.to_json()
         out["files"] = files
         if as_json:

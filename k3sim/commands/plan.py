@@ -1,7 +1,9 @@
 """`k3sim plan [SCENARIO] --out DIR`: the planning report of a scenario (default scenarios/default.yaml).
 
-Writes `report.md`, `report.html`, `plan.json` and `figures/` to `--out` (default `reports/<scenario name>/`),
-atomically. A layout that does not fit still gets its report (the memory figures and the verdict), then
+Writes `report.md`, `report.html`, `plan.json` and `figures/` to `--out` (default
+`./k3sim-out/<scenario name>/` under the working directory), whole, through `k3sim.files.output_dir`
+(kind `plan`): the directory is checked before planning, and an existing one that is neither empty nor a
+previous plan report is refused. A layout that does not fit still gets its report (the memory figures and the verdict), then
 the verdict is the one error line and the exit code is 2, as for every plan that does not fit.
 """
 
@@ -15,12 +17,10 @@ DEFAULT_SCENARIO = Path("scenarios/default.yaml")
 
 
 def scenario_path(path: Path) -> Path:
-    """The path as given, or (for the default) the repository's copy when run from elsewhere."""
-    if path.exists() or path != DEFAULT_SCENARIO:
-        return path
-    from k3sim.configs.loaders import REPO_ROOT
+    """The path as given, or (a relative path missing from the working directory) the project's copy."""
+    from k3sim.files import project_path
 
-    return REPO_ROOT / DEFAULT_SCENARIO
+    return project_path(path)
 
 
 def pick_scenario(positional: Path | None, option: Path | None) -> Path:
@@ -30,6 +30,15 @@ def pick_scenario(positional: Path | None, option: Path | None) -> Path:
     if positional is not None and option is not None and positional != option:
         raise InputError(f"two scenarios given ({positional} and {option}); give one", source="--scenario")
     return scenario_path(positional or option or DEFAULT_SCENARIO)
+
+
+def default_report_dir(path: Path, suffix: str = "") -> Path:
+    """`./k3sim-out/<scenario name><suffix>/`; the name must be one path component (`k3sim.files.safe_name`)."""
+    from k3sim.configs.loaders import load_scenario
+    from k3sim.files import default_out, safe_name
+
+    name = load_scenario(path).name
+    return default_out(safe_name(name, source=str(path), field="name") + suffix)
 
 
 def progress_bar(json_out: bool):
@@ -50,7 +59,8 @@ def register(app: typer.Typer) -> None:
         scenario_arg: Path = typer.Argument(None, help="scenario YAML "
                                             "(default scenarios/default.yaml)", show_default=False),
         scenario: Path = typer.Option(None, "--scenario", help="scenario YAML (same as the argument)"),
-        out: Path = typer.Option(None, "--out", help="report directory (default reports/<scenario name>/)"),
+        out: Path = typer.Option(None, "--out", help="report directory: new, empty or a previous plan report "
+                                 "(default ./k3sim-out/<scenario name>/)"),
         no_report: bool = typer.Option(False, "--no-report", help="compute and print only; write no files"),
         serving_requests: int = typer.Option(None, "--serving-requests", min=1,
                                              help="requests of the serving simulation sample (default: the "
@@ -64,24 +74,30 @@ def register(app: typer.Typer) -> None:
         from k3sim.planner.plan import SECTIONS
 
         path = pick_scenario(scenario_arg, scenario)
-        if out is not None and not no_report:
-            from k3sim.report import check_out_dir
+        from k3sim.commands.options import PLAN, check
+        from k3sim.configs.loaders import load_scenario
 
-            check_out_dir(out)
-        bar = progress_bar(json_out)
-        if bar is not None:
-            with bar:
-                task = bar.add_task("planning", total=len(SECTIONS))
-                res = run_plan(path, serving_requests=serving_requests,
-                               progress=lambda name: bar.update(task, advance=1, description=f"plan: {name}"))
+        if serving_requests is not None:  # bounds.py's range, named as the user wrote it (not --requests)
+            from k3sim.configs.bounds import check_range
+
+            check_range(serving_requests, "requests", "--serving-requests", integer=True)
+        check(PLAN, {"mode": load_scenario(path).workload.mode})  # every option given changes the plan
+        if no_report and out is not None:
+            from k3sim.errors import InputError
+
+            raise InputError("--no-report writes no files; drop --out or --no-report", source="--out")
+        if no_report:
+            res = _run(path, serving_requests, json_out, run_plan, SECTIONS)
+            written = None
         else:
-            res = run_plan(path, serving_requests=serving_requests)
-        written = None
-        if not no_report:
+            from k3sim.files import output_dir
             from k3sim.report import write_report
+            from k3sim.report.render import KIND
 
-            written = out or Path("reports") / res.scenario
-            write_report(res, written)
+            written = out if out is not None else default_report_dir(path)
+            with output_dir(written, kind=KIND):  # checked and opened before the (slow) plan
+                res = _run(path, serving_requests, json_out, run_plan, SECTIONS)
+                write_report(res, written)
         if json_out:
             data = res.to_json()
             data["report_dir"] = str(written) if written else None
@@ -110,3 +126,14 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 raise typer.Exit(2)
             raise DoesNotFit(res.verdict, source=str(path))  # the report path is in the table above
+
+
+def _run(path, serving_requests, json_out, run_plan, sections):
+    """The plan, with a progress bar at a terminal."""
+    bar = progress_bar(json_out)
+    if bar is None:
+        return run_plan(path, serving_requests=serving_requests)
+    with bar:
+        task = bar.add_task("planning", total=len(sections))
+        return run_plan(path, serving_requests=serving_requests,
+                        progress=lambda name: bar.update(task, advance=1, description=f"plan: {name}"))

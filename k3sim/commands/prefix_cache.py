@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -119,9 +118,11 @@ def register(app: typer.Typer) -> None:
         hash_blocks: str = typer.Option("512", "--hash-blocks"),
         physical_blocks: str = typer.Option("512,1024,2048,4096,6144", "--physical-blocks"),
         capacities: str = typer.Option("none,64e9,256e9,1e12,4e12", "--capacities", help="bytes; 'none' = unbounded"),
-        processes: Optional[int] = typer.Option(None, "--processes", help="sweep workers (default: all cores)"),
-        out: Path = typer.Option(Path("reports/prefix_cache"), "--out", help="sweep output directory"),
-        name: Optional[str] = typer.Option(None, "--name", help="sweep file prefix (default: trace file stem)"),
+        processes: Optional[int] = typer.Option(None, "--processes",
+                                                help="sweep workers (default: one per core; at most one per configuration)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="--sweep output directory: new, empty or a previous "
+                                           "prefix-cache sweep output [default: ./k3sim-out/prefix-cache/]"),
+        name: Optional[str] = typer.Option(None, "--name", help="--sweep file prefix (default: trace file stem)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Prefix-cache hit rate for a trace under coarse / decoupled / full-attention caching."""
@@ -135,10 +136,25 @@ def register(app: typer.Typer) -> None:
 
         if (trace is None) == (workload is None):
             raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
+        from k3sim.commands.options import PREFIX_CACHE, check
+
+        check(PREFIX_CACHE)  # every option given changes the result (k3sim.commands.options)
+        for opt, v in (("--out", out), ("--name", name)):
+            if v is not None and not sweep:
+                raise InputError("only --sweep writes files; add --sweep or drop it", source=opt)
+        if sweep:  # an --out k3sim may not write is refused before the trace is read
+            from k3sim.files import check_output_dir, default_out
+            from k3sim.prefix_cache.run import KIND
+
+            out = default_out("prefix-cache") if out is None else out
+            check_output_dir(out, kind=KIND)
         if trace is not None:
+            from k3sim.reader import probe
+
             trace = project_path(trace)  # data/traces/... works from any directory
-            if trace.is_dir():
-                raise InputError("is a directory, expected a Mooncake JSONL file", source=f"--trace {trace}")
+            # refused now, before any work, if nothing readable is there (missing, a directory, a device); the
+            # trace itself is read once, while it is replayed (a pipe works)
+            probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
         for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
                              ("--hash-block", hash_block, "block_tokens"),
                              ("--physical-block", physical_block, "block_tokens"),
@@ -154,12 +170,8 @@ def register(app: typer.Typer) -> None:
             check_range(tokens_per_s, "rate", "--tokens-per-s")
         if step_overhead_s is not None:
             check_range(step_overhead_s, "seconds", "--step-overhead-s")
-        if processes is not None:
-            # a modelling choice: more workers than 4x the cores only adds memory (each holds a trace copy)
-            check_range(processes, "parallel", "--processes", integer=True)
-            if processes > 4 * (os.cpu_count() or 1):
-                raise InputError(f"{processes} workers on {os.cpu_count()} cores: at most 4 per core",
-                                 source="--processes")
+        if processes is not None:  # bounds.py's range; at most one worker per configuration is started
+            check_range(processes, "workers", "--processes", integer=True)
         if limit is not None and limit <= 0:
             raise InputError(f"must be positive (got {limit})", source="--limit")
         if n_requests != 1000 and workload is None:

@@ -86,11 +86,12 @@ def register(app: typer.Typer) -> None:
         workload: Optional[str] = typer.Option(None, "--workload",
                                                help="synthetic instead of a trace: chat | system-prompts | agent | "
                                                     "rag | stream (block ids made on the fly: any size)"),
-        n_requests: int = typer.Option(1000, "--requests", help="synthetic workload size"),
+        n_requests: int = typer.Option(1000, "--requests", help="synthetic --workload size (a --trace: --limit)"),
         arrival_rate: Optional[float] = typer.Option(None, "--arrival-rate",
                                                      help="requests/s: new arrival times over the trace's requests"),
-        arrival: str = typer.Option("poisson", "--arrival", help="with --arrival-rate: poisson | gamma"),
-        arrival_cv: float = typer.Option(2.0, "--arrival-cv", help="gamma: coefficient of variation of the gaps"),
+        arrival: str = typer.Option("poisson", "--arrival", help="with --arrival-rate or --sweep-rate: poisson | gamma"),
+        arrival_cv: float = typer.Option(2.0, "--arrival-cv", help="with --arrival gamma: coefficient of variation "
+                                                                     "of the gaps"),
         cache_policy: Optional[str] = typer.Option(None, "--cache-policy", help="coarse | decoupled | full-attention"),
         pool_bytes: Optional[str] = typer.Option(None, "--pool-bytes",
                                                  help="per-GPU pool bytes or 'unbounded' [default: memory planner]"),
@@ -106,11 +107,13 @@ def register(app: typer.Typer) -> None:
         slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="goodput: TTFT SLO (s)"),
         slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="goodput: TPOT SLO (s)"),
         seed: Optional[int] = typer.Option(None, "--seed", help="arrival and synthetic seed [default: serving.seed]"),
-        limit: Optional[int] = typer.Option(None, "--limit", help="serve only the first N requests"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="serve only the first N requests of the --trace"),
         sweep_rate: Optional[str] = typer.Option(None, "--sweep-rate",
                                                  help="rates (req/s) 'a,b,c' or 'LO:HI:N': one run each, plots"),
-        processes: Optional[int] = typer.Option(None, "--processes", help="sweep workers (default: all cores)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="directory: per-request table, time series, plots"),
+        processes: Optional[int] = typer.Option(None, "--processes",
+                                                help="sweep workers (default: one per core; at most one per rate)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory (new, empty or a previous serve output "
+                                           "of the same kind): per-request table, time series, plots"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid prefix cache."""
@@ -131,8 +134,9 @@ def register(app: typer.Typer) -> None:
         # gamma gaps with cv above 100 are all but one huge gap (a modelling-choice bound against typos)
         if not (math.isfinite(arrival_cv) and 0 < arrival_cv <= 100):
             raise InputError(f"must be a number in (0, 100] (got {arrival_cv})", source="--arrival-cv")
-        for opt, v, hi in (("--limit", limit, 2 ** 40), ("--processes", processes, 1024),
-                           ("--requests", n_requests, 10 ** 9)):
+        if processes is not None:  # bounds.py's range; at most one worker per rate is started
+            check_range(processes, "workers", "--processes", integer=True)
+        for opt, v, hi in (("--limit", limit, 2 ** 40), ("--requests", n_requests, 10 ** 9)):
             # modelling-choice sanity bounds (a streamed workload may be as long as a trace)
             if v is not None and not 1 <= v <= hi:
                 raise InputError(f"must be between 1 and {hi:,} (got {v})", source=opt)
@@ -141,14 +145,26 @@ def register(app: typer.Typer) -> None:
         rates = _rates(sweep_rate) if sweep_rate is not None else None
         if rates is not None and arrival_rate is not None:
             raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
+        if out is not None:  # an --out k3sim may not write is refused before the run
+            from k3sim.files import check_output_dir
+            from k3sim.serving.report import RUN_KIND, SWEEP_KIND
+
+            check_output_dir(out, kind=SWEEP_KIND if rates is not None else RUN_KIND)
         setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
                                          pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
                                          slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
                                          scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches)
+        from k3sim.commands.options import SERVE, check, serve_facts
+
+        check(SERVE, serve_facts(setup, project_path(scenario)))  # every option given changes the run
         seed_v = setup.serving.seed
         if trace is not None:
             trace = project_path(trace)
-            total = check_trace(trace, setup.pools[0].cache.effective_hash_block_tokens, limit)
+            # a single run validates the trace while it consumes it (one pass, so a pipe works), hence no request
+            # count for the progress bar; a sweep, which rereads it, validates it first
+            check_trace(trace, setup.pools[0].cache.effective_hash_block_tokens, rereads=rates is not None,
+                        limit=limit)
+            total = None
         elif workload is not None:
             from k3sim.workloads.synthetic import SYNTHETIC_WORKLOADS
 
@@ -170,7 +186,7 @@ def register(app: typer.Typer) -> None:
             if out is not None:
                 from k3sim.serving.report import write_sweep
 
-                with output_dir(out) as d:
+                with output_dir(out, kind=SWEEP_KIND) as d:
                     files, knee = write_sweep(d, df, f"{label}: rate sweep")
             else:
                 from k3sim.serving.report import knee_rate
@@ -198,7 +214,7 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             from k3sim.serving.report import write_run
 
-            with output_dir(out) as d:
+            with output_dir(out, kind=RUN_KIND) as d:
                 files = write_run(d, res, label)
         s = res.summary
         if json_out:

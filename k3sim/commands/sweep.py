@@ -10,19 +10,36 @@ from pathlib import Path
 import typer
 
 
-def int_list(text: str | None, option: str, minimum: int = 1) -> list[int] | None:
-    """'1,2,4' -> [1, 2, 4]; each value an integer >= `minimum`, else one InputError line naming the option."""
-    from k3sim.errors import InputError
+def int_list(text: str | None, option: str, minimum: int = 1, kind: str = "parallel") -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4]: ASCII digits only (str.isdigit also passes '²', which int() refuses), each value
+    >= `minimum` and inside the bounds table's `kind` range, none twice (a repeated value would be a repeated
+    point); anything else is one InputError line naming the option."""
+    import re
+
+    from k3sim.configs.bounds import BOUNDS, check_range
+    from k3sim.errors import InputError, shorten
 
     if text is None:
         return None
-    out = []
+    out: list[int] = []
+    hi = int(BOUNDS[kind].hi)
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < minimum:
-            kind = "positive integers" if minimum == 1 else f"integers >= {minimum}"
-            raise InputError(f"expected comma-separated {kind}, got {text!r}", source=option)
-        out.append(int(part))
+        digits = re.fullmatch(r"[0-9]+", part, flags=re.ASCII) is not None
+        part = part.lstrip("0") or "0" if digits else part
+        if not digits or (len(part) <= len(str(hi)) and int(part) < minimum):
+            what = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+            raise InputError(f"expected comma-separated {what} (ASCII digits), got {shorten(repr(text), 60)}",
+                             source=option)
+        if len(part) > len(str(hi)) or int(part) > hi:  # the length first: int() of 5,000 digits raises
+            raise InputError(f"{shorten(part, 30)} is outside [{minimum}, {hi:,}] {BOUNDS[kind].unit} "
+                             f"({BOUNDS[kind].why})", source=option)
+        value = int(part)
+        if value >= 1:
+            check_range(value, kind, option, integer=True)
+        if value in out:
+            raise InputError(f"{value} appears twice; give each value once", source=option)
+        out.append(value)
     if not out:
         raise InputError("empty list", source=option)
     return out
@@ -32,14 +49,14 @@ def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep(
         scenario: Path = typer.Argument(..., help="scenario YAML"),
-        out: Path = typer.Option(None, "--out", help="output directory (default reports/<scenario name>-sweep/)"),
-        tp: str = typer.Option(None, "--tp", help="TP degrees, e.g. 4,8"),
-        pp: str = typer.Option(None, "--pp", help="pipeline stages"),
+        out: Path = typer.Option(None, "--out", help="output directory: new, empty or a previous sweep output "
+                                 "(default ./k3sim-out/<scenario name>-sweep/)"),
+        tp: str = typer.Option(None, "--tp", help="TP degrees, e.g. 4,8 (training)"),
+        pp: str = typer.Option(None, "--pp", help="pipeline stages (training)"),
         virtual: str = typer.Option(None, "--virtual", help="virtual stages per rank (training)"),
-        ep: str = typer.Option(None, "--ep", help="EP degrees"),
+        ep: str = typer.Option(None, "--ep", help="EP degrees (training)"),
         cp: str = typer.Option(None, "--cp", help="CP degrees (training)"),
-        dp: str = typer.Option(None, "--dp", help="DP degrees (training: default fills the cluster; serving: "
-                                                   "attention-DP)"),
+        dp: str = typer.Option(None, "--dp", help="DP degrees (training; default fills the cluster)"),
         micro_batches: str = typer.Option(None, "--micro-batches", help="micro-batches per step (training; "
                                                                        "default keeps the scenario's global batch)"),
         max_batch: str = typer.Option(None, "--max-batch", help="serving: engine batch limits (max_num_seqs)"),
@@ -47,7 +64,8 @@ def register(app: typer.Typer) -> None:
                                              help="serving: prefill replicas of P:D splits (0: the scenario's fleet)"),
         requests: int = typer.Option(None, "--requests", min=1, help="serving: requests simulated per point "
                                                                      "(default: k3sim.planner.sweep.SERVING_REQUESTS)"),
-        workers: int = typer.Option(1, "--workers", help="local processes (1: in this process)"),
+        workers: int = typer.Option(None, "--workers", help="local processes (1: in this process; at most one per "
+                                                            "chunk is started) [default: 1]"),
         scheduler: str = typer.Option(None, "--scheduler", help="Dask scheduler address tcp://HOST:PORT"),
         chunk_size: int = typer.Option(None, "--chunk-size", min=1, help="points per task"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -65,16 +83,35 @@ def register(app: typer.Typer) -> None:
         given = {"tp": int_list(tp, "--tp"), "pp": int_list(pp, "--pp"),
                  "virtual_stages": int_list(virtual, "--virtual"), "ep": int_list(ep, "--ep"),
                  "cp": int_list(cp, "--cp"), "dp": int_list(dp, "--dp"),
-                 "num_micro_batches": int_list(micro_batches, "--micro-batches"),
-                 "max_batch": int_list(max_batch, "--max-batch"),
-                 "prefill_replicas": int_list(prefill_replicas, "--prefill-replicas", minimum=0)}
+                 "num_micro_batches": int_list(micro_batches, "--micro-batches", kind="batch"),
+                 "max_batch": int_list(max_batch, "--max-batch", kind="batch"),
+                 "prefill_replicas": int_list(prefill_replicas, "--prefill-replicas", minimum=0, kind="replicas")}
+        if requests is not None:
+            from k3sim.configs.bounds import check_range
+
+            check_range(requests, "requests", "--requests", integer=True)
         if scheduler is not None and not scheduler.startswith(("tcp://", "tls://", "inproc://")):
             raise InputError(f"expected tcp://HOST:PORT, got {scheduler!r}", source="--scheduler")
-        from k3sim.report import check_out_dir
+        if workers is not None:
+            from k3sim.configs.bounds import check_range
 
-        name = load(scenario).scenario.name
-        out = out or Path("reports") / f"{name}-sweep"
-        check_out_dir(out)
+            check_range(workers, "workers", "--workers", integer=True)
+            if scheduler is not None:
+                raise InputError("sets local processes; with --scheduler the cluster's workers run the chunks "
+                                 "(drop --workers, or drop --scheduler to run locally)", source="--workers")
+        workers = 1 if workers is None else workers
+        from k3sim.files import check_output_dir, default_out, project_path, safe_name
+        from k3sim.planner.sweep import KIND
+
+        scenario = project_path(scenario)  # scenarios/... works from any directory
+        inp = load(scenario)
+        name = inp.scenario.name
+        from k3sim.commands.options import SWEEP, check
+
+        check(SWEEP, {"mode": inp.mode, "parallel": workers > 1 or scheduler is not None})  # no ignored option
+        if out is None:
+            out = default_out(safe_name(name, source=str(scenario), field="name") + "-sweep")
+        check_output_dir(out, kind=KIND)  # refused before the grid runs
         progress = None
         if not json_out and sys.stderr.isatty():
             from rich.console import Console

@@ -70,6 +70,53 @@ BOUNDS: dict[str, Range] = {
     "seconds": Range(0, 1e9, "s", "~30 years"),
     "rate": Range(1e-9, 1e12, "per second", "tokens or requests per second"),
     "seed": Range(0, 2 ** 63 - 1, "", "numpy seeds are non-negative 64-bit integers"),
+    # one kernel call's parameters (`k3sim kernel-time --set`, k3sim/kernels/ops.py) and the collective model
+    "kernel_dim": Range(1, 2 ** 24, "elements", "one dimension of one kernel call (GEMM M, N, K; the tokens or "
+                        "context of one call): 16 M, beyond any layer width or token batch of the shipped models"),
+    "kernel_bytes": Range(1, 2 ** 40, "bytes", "one kernel's buffer or one collective's per-rank shard: 1 TiB, "
+                          "~8x an H200's 141 GB of HBM"),
+    "kda_call_tokens": Range(1, 2 ** 26, "tokens", "tokens of one chunked KDA call on one GPU: 64x K3's 1M context"),
+    "decode_tokens": Range(1, 64, "tokens", "tokens per sequence of one recurrent KDA decode call (1, or a few "
+                           "speculative drafts): the kernel loops over them one by one; longer runs are a "
+                           "prefill (chunk_kda_fwd)"),
+    "head_dim": Range(1, 256, "elements", "one attention or KDA head's dims: fla's KDA kernels and "
+                      "FlashAttention take head dims up to 256"),
+    "rotary_dim": Range(2, 1_024, "elements", "rotary embedding dims (at least one rotated pair): 16x K3's 64"),
+    "topk": Range(1, 1_024, "experts", "routed experts per token: 64x K3's 16 (DeepSeek-V3 8)"),
+    "documents": Range(1, 2 ** 30, "documents", "documents packed into one sequence: at most one per token "
+                       "(the tokens bound)"),
+    "collective_gpus": Range(2, 65_536, "GPUs", "ranks of one collective: 4x the 16,384 H100s that trained "
+                             "Llama 3 405B (arXiv 2407.21783); the collective model's placement and ring routing "
+                             "are linear in it (65,536 GPUs answer in under 5 s)"),
+    "topology_links": Range(1, 2 ** 20, "links", "links of one topology file: 16 per GPU at the 65,536-GPU "
+                            "maximum (an HGX node has 2 per GPU: NVSwitch and NIC)"),
+    "measurement_count": Range(1, 1_000_000, "", "counts in a measured row (repetitions, calls per CUDA graph, "
+                               "operand sets, split-K partitions): the harness uses at most 200 repetitions and "
+                               "321 calls per graph; ~3,000x that is no real run"),
+    "workers": Range(1, 1_024, "processes", "local worker processes (--workers, --processes): above the 768 "
+                     "hardware threads of a two-socket AMD EPYC 9965 server; at most one per task is started"),
+    # scenario training:/serving:/sweep: sections and pipeline options (issue 19)
+    "replicas": Range(1, 4_096, "replicas", "one simulated engine per replica: ~500x the 8-replica fleets of "
+                      "reports/serving"),
+    "load_cap": Range(1, 1_048_576, "requests", "the prefix-aware router's balance threshold in requests (SGLang's "
+                      "balance_abs_threshold, default 32); the upper end is the engine batch range's"),
+    "zipf_exponent": Range(0, 10, "", "Zipf exponent of expert popularity: at 10 the hottest of K3's 896 "
+                           "experts already takes 99.9 % of routed tokens (total skew); beyond it nothing changes"),
+    "stage_forwards": Range(0, 1_000, "stage forwards", "an encoder's forward per micro-batch in stage forwards "
+                            "(--encoder-cost), a modelling choice: at 1,000 the encoder alone is the step"),
+    "pipeline_stages": Range(1, 256, "stages", "pipeline devices of the discrete-event engine: 4x the 64 stages of "
+                             "Megatron-LM's 1T-parameter run (Narayanan et al., SC'21) and of "
+                             "benchmarks/bench_pipeline.py (per-stage metrics scan every op once per stage)"),
+    "pipeline_ops": Range(1, 131_072, "ops", "compute ops of one pipeline simulation (stages x virtual x "
+                          "micro-batches x 2, or x 3 for zb-h1): the 64 x 2 x 512 layout of "
+                          "benchmarks/bench_pipeline.py; `k3sim pipeline` with the bubble encoder policy took "
+                          "6-13 s and 0.3 GB at this size on 2 shared cores"),
+    "sweep_points_train": Range(1, 1_000_000, "points", "layouts of one training sweep: the largest grid "
+                                "reports/planner/benchmark.md projects (6.4 s projected on 256 Dask workers); its "
+                                "rows hold ~1.5 GB in this process (0.15 GB per 100,000 row dicts, tracemalloc)"),
+    "sweep_points_serve": Range(1, 1_024, "points", "points of one serving sweep: each simulates a request "
+                                "sample through the fleet (one default-scenario point took 11 s), so 1,024 is hours "
+                                "serial"),
 }
 
 

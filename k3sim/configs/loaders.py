@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.hf import hf_to_model_fields, is_hf_config
 from k3sim.configs.model import ModelConfig
+from k3sim import reader
 from k3sim.configs.parallel import Scenario, check_layout
 from k3sim.errors import InputError, shorten
 
@@ -21,9 +22,8 @@ HARDWARE_DIR = REPO_ROOT / "hardware_profiles"
 T = TypeVar("T", bound=BaseModel)
 
 
-# Largest config file read (bytes). A modelling choice: our configs and HF config.json files are a few KiB;
-# 16 MiB leaves room for any real one while a multi-gigabyte file is refused before it is parsed.
-MAX_CONFIG_BYTES = 16 * 2 ** 20
+# Largest config file read (bytes): `k3sim.reader.MAX_CONFIG_BYTES` (the reason is written there).
+MAX_CONFIG_BYTES = reader.MAX_CONFIG_BYTES
 
 
 def _yaml_loader():
@@ -46,24 +46,14 @@ class _AliasRefused(Exception):
         self.line = line
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file that must hold a mapping."""
+def read_mapping(path: str | Path, *, what: str = "config file", max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """Parse a YAML or JSON file that must hold a mapping. Read once through `k3sim.reader` (a directory,
+    a device or a missing file is one line; a pipe such as `<(...)` is read exactly once; over `max_bytes` is
+    refused before parsing). `what` names the kind of file in those lines."""
     import yaml
 
     p = Path(path)
-    if p.is_dir():
-        raise InputError("is a directory, expected a file", source=str(path))
-    if not _is_file(p):
-        raise InputError("file not found", source=str(path))
-    if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise InputError(f"{p.stat().st_size:,} bytes is too large for a config file (at most "
-                         f"{MAX_CONFIG_BYTES:,})", source=str(path))
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError:
-        raise InputError("not a UTF-8 text file (YAML or JSON expected)", source=str(path)) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror or err}", source=str(path)) from None
+    text = reader.read_text(path, source=str(path), what=what, max_bytes=max_bytes)
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_yaml_loader())  # noqa: S506
     except _AliasRefused as err:
@@ -132,9 +122,9 @@ def load_model(path: str | Path) -> ModelConfig:
     from k3sim.files import project_path
 
     path = project_path(path)
-    if Path(path).is_dir() and (Path(path) / "config.json").is_file():
+    if _is_dir(Path(path)) and reader.is_file(Path(path) / "config.json"):
         path = Path(path) / "config.json"
-    data = read_mapping(path)
+    data = read_mapping(path, what="model YAML or Hugging Face config.json")
     if is_hf_config(data):
         p = Path(path)
         default_name = p.parent.name if p.name == "config.json" else p.stem
@@ -146,25 +136,29 @@ def hardware_names() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
 
 
-def _is_file(p: Path) -> bool:
+def _is_dir(p: Path) -> bool:
     try:
-        return p.is_file()
-    except OSError:  # e.g. a name longer than the file system allows: not a file we can read
+        return p.is_dir()
+    except (OSError, ValueError):  # e.g. a name longer than the file system allows: not a directory
         return False
 
 
 def hardware_path(name_or_path: str | Path) -> Path:
-    """A path as given if it exists or looks like a file, else `hardware_profiles/<name>.yaml`."""
+    """`hardware_profiles/<name>.yaml` for a profile name; otherwise the path as given when it looks like one
+    (a suffix, a slash) or something is there (a file, a pipe, a device, a broken link, a directory: the
+    reader says what is wrong with it), so "unknown profile" is said only of a name."""
     from k3sim.files import project_path
 
     p = project_path(name_or_path)
-    if _is_file(p) or p.suffix in (".yaml", ".yml", ".json"):
+    looks_like_path = p.suffix in (".yaml", ".yml", ".json") or "/" in str(name_or_path)
+    if looks_like_path or (reader.exists(p) and not _is_dir(p)):
         return p
     candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
-    if not _is_file(candidate):
-        raise InputError(
-            f"unknown hardware profile (known: {', '.join(hardware_names())})", source=str(name_or_path))
-    return candidate
+    if reader.is_file(candidate):
+        return candidate
+    if reader.exists(p):
+        return p
+    raise InputError(f"unknown hardware profile (known: {', '.join(hardware_names())})", source=str(name_or_path))
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareProfile:
@@ -173,7 +167,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     A `calibration_dir` that names a missing directory is an error here, wherever the profile is used: a
     typo would otherwise silently turn measured kernel times into datasheet ones."""
     path = hardware_path(name_or_path)
-    hw = validate(HardwareProfile, read_mapping(path), str(path))
+    hw = validate(HardwareProfile, read_mapping(path, what="hardware profile"), str(path))
     if hw.calibration_dir:
         from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
 
@@ -189,16 +183,17 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
 
 def load_scenario(path: str | Path) -> Scenario:
     """The scenario schema only; `resolve_scenario` also loads its model and hardware."""
-    return validate(Scenario, read_mapping(path), str(path))
+    return validate(Scenario, read_mapping(path, what="scenario"), str(path))
 
 
 def resolve_relative(ref: str, base: Path) -> Path:
-    """A file named in a scenario: relative to the scenario's folder, else cwd, else the repo root."""
+    """A file named in a scenario: relative to the scenario's folder, else cwd, else the repo root. Anything
+    at a path counts (a broken link too), so the reader, not this search, says what is wrong with it."""
     p = Path(ref)
     if p.is_absolute():
         return p
     for root in (base, Path.cwd(), REPO_ROOT):
-        if (root / p).exists():
+        if reader.exists(root / p):
             return root / p
     return base / p
 
@@ -208,7 +203,7 @@ def resolve_scenario(path: str | Path):
     scenario = load_scenario(path)
     base = Path(path).resolve().parent
     model_path = resolve_relative(scenario.model, base)
-    if not model_path.exists():
+    if not reader.exists(model_path):
         raise InputError(f"file not found: {scenario.model} (looked in {base}, the working directory "
                          "and the repository root)", source=str(path), field="model")
     model = load_model(model_path)
@@ -218,7 +213,7 @@ def resolve_scenario(path: str | Path):
         hw_file = hardware_path(hw_path)
     except InputError as err:  # an unknown profile name: say which scenario field named it
         raise InputError(f"'{hw_ref}': {err.reason}", source=str(path), field="hardware") from None
-    if not hw_file.exists():
+    if not reader.exists(hw_file):
         raise InputError(f"file not found: {hw_ref}", source=str(path), field="hardware")
     hardware = load_hardware(hw_file)
     check_layout(model, scenario.parallelism, cluster=scenario.cluster, mode=scenario.workload.mode,

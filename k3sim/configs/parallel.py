@@ -132,6 +132,39 @@ class Scenario(BaseModel):
                 f"tp*pp*cp*dp={self.parallelism.gpus}")
         return self
 
+    @model_validator(mode="after")
+    def _sections_of_this_mode(self) -> "Scenario":
+        """A section or field no command reads in this scenario's mode is refused, not ignored (issue 19):
+        each message starts with the field path, which the loader's one error line names."""
+        mode = self.workload.mode
+        if mode == "serve" and self.training is not None:
+            raise ValueError("training (the training step model's options) has no effect in mode serve: no "
+                             "command runs a training step for a serve scenario; remove the section")
+        if self.sweep is not None:
+            other = SERVE_SWEEP_FIELDS if mode == "train" else TRAIN_SWEEP_FIELDS
+            stray = [f for f in other if getattr(self.sweep, f) is not None]
+            if stray:
+                kind = "serving" if mode == "train" else "training"
+                raise ValueError(f"sweep.{stray[0]} is a {kind} sweep dimension and a {mode} scenario's sweep "
+                                 f"varies {', '.join(TRAIN_SWEEP_FIELDS if mode == 'train' else SERVE_SWEEP_FIELDS)}"
+                                 "; remove it")
+        sv = self.serving
+        if sv is not None:
+            if "router_load_cap" in sv.model_fields_set and sv.router != "prefix-aware":
+                raise ValueError(f"serving.router_load_cap is the prefix-aware router's balance threshold and "
+                                 f"serving.router is {sv.router}; remove it or set router: prefix-aware")
+            pools = [self.parallelism] + ([p.parallelism for p in (sv.disaggregation.prefill,
+                                                                   sv.disaggregation.decode)
+                                           if p.parallelism is not None] if sv.disaggregation else [])
+            if "pp_microbatches" in sv.engine.model_fields_set and all(p.pp == 1 for p in pools):
+                raise ValueError("serving.engine.pp_microbatches keeps pp batches in flight per replica and every "
+                                 "replica has pp=1; remove it")
+        if mode == "serve" and (sv is None or sv.replicas is None) and self.replicas > MAX_REPLICAS:
+            raise ValueError(f"cluster.num_gpus={self.cluster.num_gpus:,} holds {self.replicas:,} replicas of "
+                             f"{self.parallelism.gpus} GPUs, more than the {MAX_REPLICAS:,} a serving simulation "
+                             "runs (k3sim/configs/bounds.py: replicas); set serving.replicas or a smaller cluster")
+        return self
+
 
 def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Cluster | None = None,
                  mode: str | None = None, source: str | None = None, hardware=None) -> None:
@@ -140,7 +173,8 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
 
     - model: tp divides the KDA and MLA heads, ep divides the routed experts and the tp*cp*dp GPUs of a
       stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
-    - mode "serve": `zero_stage` (optimizer/gradient sharding) has no effect and is refused if given;
+    - mode "serve": `zero_stage` (optimizer/gradient sharding) and `virtual_stages` (an interleaved training
+      schedule) have no effect and are refused if given;
     - hardware (with or without a cluster): a TP group is no larger than one NVLink domain
       (`scaleup_domain_gpus`: tensor parallelism needs the scale-up fabric);
     - cluster: num_gpus is a multiple of the replica's tp*pp*cp*dp GPUs; with `hardware`, gpus_per_node
@@ -159,6 +193,9 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     if mode == "serve" and "zero_stage" in parallelism.model_fields_set:
         fail("parallelism.zero_stage", "ZeRO shards optimizer states and gradients of training; it has no "
              "effect in mode serve; remove it")
+    if mode == "serve" and "virtual_stages" in parallelism.model_fields_set:
+        fail("parallelism.virtual_stages", "virtual stages interleave a training pipeline schedule (1F1B); a "
+             "serving replica runs its stages in sequence, so it has no effect in mode serve; remove it")
     par = parallelism
     if hardware is not None and par.tp > int(hardware.scaleup_domain_gpus):
         domain = int(hardware.scaleup_domain_gpus)
@@ -181,7 +218,7 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
 
 
 # serving.py builds on Parallelism above, so it is imported once this module's classes exist
-from k3sim.configs.serving import ServingConfig  # noqa: E402
-from k3sim.configs.planning import SweepSection, TrainingSection  # noqa: E402
+from k3sim.configs.serving import MAX_REPLICAS, ServingConfig  # noqa: E402
+from k3sim.configs.planning import SERVE_SWEEP_FIELDS, TRAIN_SWEEP_FIELDS, SweepSection, TrainingSection  # noqa: E402
 
 Scenario.model_rebuild()

@@ -10,15 +10,21 @@ from __future__ import annotations
 import math
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import Annotated
 
+from k3sim.configs.bounds import BOUNDS, _finite, bounded_float, bounded_int
 from k3sim.configs.parallel import Parallelism
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-# Upper ends (modelling choices, sanity bounds against typos and hostile values, not claims): one simpy engine
-# per replica, so 4,096 replicas is ~500x the fleets of reports/serving; batch, budget and chunk as
-# configs/bounds.py's "batch" and "tokens" ranges.
-MAX_REPLICAS = 4096
+# Every number of the section in its documented range (k3sim/configs/bounds.py): one simulated engine per
+# replica ("replicas"), batch limits as "batch", budgets and chunks as "tokens", cache blocks as "block_tokens"
+# (a 1-token hash block is refused: seconds and GBs per request, for no modelled effect).
+MAX_REPLICAS = int(BOUNDS["replicas"].hi)
+Replicas = bounded_int("replicas")
+Tokens = bounded_int("tokens")
+BlockTokens = bounded_int("block_tokens")
+Seconds = bounded_float("seconds", gt=0)
 
 SCHEDULERS = ("vllm", "sarathi")
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
@@ -30,26 +36,26 @@ class EngineConfig(BaseModel):
 
     model_config = _STRICT
     # vLLM `max_num_seqs` default 256 (vllm/engine/arg_utils.py, V0 and the V1 default for most GPUs)
-    max_batch: PositiveInt = Field(256, le=1_048_576, description="most requests running at once (vLLM max_num_seqs)")
+    max_batch: bounded_int("batch") = Field(256, description="most requests running at once (vLLM max_num_seqs)")
     # vLLM V1 `max_num_batched_tokens` 8192 for the OpenAI server on large-memory GPUs (same source as
     # memory/plan.py serve_plan's prefill chunk)
-    token_budget: PositiveInt = Field(8192, le=2 ** 30, description="tokens per engine step (decodes + prefill chunks)")
-    chunk_tokens: Optional[PositiveInt] = Field(
-        None, le=2 ** 30, description="most prefill tokens of one request per step (None: the token budget)")
+    token_budget: Tokens = Field(8192, description="tokens per engine step (decodes + prefill chunks)")
+    chunk_tokens: Optional[Tokens] = Field(
+        None, description="most prefill tokens of one request per step (None: the token budget)")
     scheduler: Literal["vllm", "sarathi"] = Field(
         "vllm", description="vllm: decodes first, then prefill chunks up to the budget; sarathi: stall-free, "
                             "the budget shrinks so a step with prefill stays within the TPOT SLO")
     cache_policy: Literal["coarse", "decoupled", "full-attention"] = "decoupled"
-    hash_block_tokens: PositiveInt = Field(512, le=2 ** 30, description="prefix-cache hash block (Mooncake trace ids: 512)")
-    physical_block_tokens: Optional[PositiveInt] = Field(
-        None, le=2 ** 30, description="page size in tokens; None: the smallest multiple of the hash block whose page holds "
+    hash_block_tokens: BlockTokens = Field(512, description="prefix-cache hash block (Mooncake trace ids: 512)")
+    physical_block_tokens: Optional[BlockTokens] = Field(
+        None, description="page size in tokens; None: the smallest multiple of the hash block whose page holds "
                           "one KDA group state per GPU (vLLM's hybrid allocator sizes attention pages to the "
                           "mamba state the same way)")
     pool_bytes: Union[float, Literal["unbounded"], None] = Field(
         None, description="per-GPU pool for MLA KV pages and KDA state slots; None: what the memory planner "
                           "leaves free after weights, AttnRes blocks and workspace")
     # vLLM V0 BlockSpaceManager watermark=0.01: admission keeps 1 % of the pool free to avoid instant preemption
-    watermark_fraction: float = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
+    watermark_fraction: Annotated[float, BeforeValidator(_finite)] = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     reserve_output: bool = Field(False, description="reserve pages for the whole output at admission (no "
                                                     "preemption); vLLM does not")
     pp_microbatches: bool = Field(False, description="with pp > 1, keep pp batches in flight: the replica runs "
@@ -68,7 +74,7 @@ class PoolConfig(BaseModel):
     """One pool of a disaggregated fleet: how many replicas and each one's layout."""
 
     model_config = _STRICT
-    replicas: PositiveInt = Field(le=MAX_REPLICAS)
+    replicas: Replicas
     parallelism: Optional[Parallelism] = Field(None, description="None: the scenario's layout")
 
 
@@ -82,17 +88,18 @@ class ServingConfig(BaseModel):
     """The `serving:` section of a scenario."""
 
     model_config = _STRICT
-    replicas: Optional[PositiveInt] = Field(None, le=MAX_REPLICAS, description="None: cluster GPUs / GPUs per replica")
+    replicas: Optional[Replicas] = Field(None, description="None: cluster GPUs / GPUs per replica")
     engine: EngineConfig = EngineConfig()
     router: Literal["round-robin", "least-loaded", "prefix-aware"] = "least-loaded"
     # SGLang router `balance_abs_threshold` 32 (sgl-router): past this imbalance it routes to the least loaded
-    router_load_cap: PositiveInt = Field(32, le=1_048_576, description="prefix-aware: most extra requests in system a replica "
-                                                         "may have over the least loaded one")
+    router_load_cap: bounded_int("load_cap") = Field(32, description="prefix-aware: most extra requests in "
+                                                                     "system a replica may have over the least "
+                                                                     "loaded one (refused with another router)")
     disaggregation: Optional[DisaggregationConfig] = None
     # modelling choices (interactive chat): first token within 2 s, at least 10 tokens/s per user
-    slo_ttft_s: float = Field(2.0, gt=0, le=1e9, allow_inf_nan=False)
-    slo_tpot_s: float = Field(0.1, gt=0, le=1e9, allow_inf_nan=False)
-    seed: int = Field(0, ge=0, le=2 ** 63 - 1)
+    slo_ttft_s: Seconds = 2.0
+    slo_tpot_s: Seconds = 0.1
+    seed: bounded_int("seed") = 0
 
     @model_validator(mode="after")
     def _split(self) -> "ServingConfig":

@@ -1,5 +1,6 @@
 """`k3sim cp --sweep`: the sweep table, crossover plots, intra-device plot, the published point, the
-model-vs-measurement check when data exists, and a generated `summary.md` with the key figures."""
+model-vs-measurement check when data exists, and a generated `summary.md` with the key figures; written
+whole through `k3sim.files.output_dir` (kind `cp-sweep`)."""
 
 from __future__ import annotations
 
@@ -158,44 +159,21 @@ def check_sweep_inputs(g: CPGeometry, seq_lens: list[int], cps: list[int], focus
                              f"{kind.upper()} layers", source="--seq-lens")
 
 
+KIND = "cp-sweep"  # the output kind of a `cp --sweep` directory (k3sim.files manifest)
+
+
 def write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,
                  state_dtype: str = "fp32", focus_cp: int = 8, kernel_time=None) -> dict:
-    """Write every sweep output into `out`, all or nothing: the files are produced in a staging directory
-    next to `out` and moved in only when all of them exist (a failure leaves `out` as it was, or absent)."""
-    import shutil
-    import tempfile
+    """Write every sweep output into `out`, all or nothing, through `k3sim.files.output_dir` (kind
+    `cp-sweep`): a failure leaves `out` as it was, or absent; files in `out` that k3sim did not write (a
+    README) are never touched."""
+    from k3sim.files import output_dir
 
     check_sweep_inputs(g, seq_lens, cps, focus_cp)
     out = Path(out)
-    created = [d for d in (out, *out.parents) if not d.exists()]      # deepest first
-
-    def undo() -> None:
-        """Remove the directories this call made (a failure leaves no empty `out` behind)."""
-        for d in created:
-            try:
-                d.rmdir()
-            except OSError:
-                break
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as err:
-        undo()
-        raise InputError(f"cannot write to {out}: {err.strerror}", source="--out") from None
-    try:
-        res = _write_report(g, hw, seq_lens, cps, stage, state_dtype=state_dtype, focus_cp=focus_cp,
-                            kernel_time=kernel_time)
-        for f in sorted(stage.iterdir()):
-            f.replace(out / f.name)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        undo()
-        raise
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    res["files"] = {k: str(out / Path(v).name) for k, v in res["files"].items()}
-    return res
+    with output_dir(out, kind=KIND):
+        return _write_report(g, hw, seq_lens, cps, out, state_dtype=state_dtype, focus_cp=focus_cp,
+                             kernel_time=kernel_time)
 
 
 def _write_report(g: CPGeometry, hw: Any, seq_lens: list[int], cps: list[int], out: Path, *,

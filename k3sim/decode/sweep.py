@@ -15,6 +15,7 @@ from k3sim.decode.model import DecodeResult, decode_step
 from k3sim.step import StepLayout
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+KIND = "decode-sweep-batch"  # the output kind of `decode --sweep-batch` (k3sim.files manifest)
 
 
 def sweep_batches(model: ModelConfig, hw: Any, layout: StepLayout, context: int,

@@ -197,11 +197,14 @@ def write_fitted(path: Path, fp: FittedProfile) -> Path:
 def read_fitted(path: Path) -> FittedProfile | None:
     import yaml
 
+    from k3sim.kernels.store import read_measured
+    from k3sim.reader import exists
+
     path = Path(path)
-    if not path.exists():
+    if not exists(path):  # a broken link is there: the reader says so rather than "no fit"
         return None
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_measured(path, "kernel fit").decode("utf-8", errors="replace"))
     except yaml.YAMLError as err:
         raise InputError(f"unreadable fit ({err.__class__.__name__})", source=str(path)) from None
     if not isinstance(data, dict):

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from k3sim.errors import InputError
+from k3sim.configs.bounds import BOUNDS
+from k3sim.errors import InputError, shorten
 
 KDA_HEAD_DIM = 128  # the measured head dim (K = V = 128: K3 and Kimi-Linear); other K, V scale from it
 KDA_CHUNK = 64  # fla chunk_kda chunk size
@@ -19,6 +20,21 @@ BF16 = 2  # bytes per element
 FP32 = 4
 
 Params = Mapping[str, int]
+
+
+class ParamRange(tuple):
+    """(lo, hi) of one op parameter, from the bounds table's `kind` (`k3sim.configs.bounds.BOUNDS`), so a
+    refusal can say why the upper end sits where it does; it unpacks as the plain pair callers read.
+    `lo` overrides the table's lower end (a collective needs 2 GPUs; gpus_per_node 0 means the default)."""
+
+    def __new__(cls, kind: str, lo: int | None = None):
+        r = BOUNDS[kind]
+        self = super().__new__(cls, (int(r.lo) if lo is None else int(lo), int(r.hi)))
+        self.kind = kind
+        return self
+
+    def __getnewargs__(self):  # pickling and copying rebuild it from its kind (processes of a sweep)
+        return self.kind, self[0]
 
 
 @dataclass(frozen=True)
@@ -205,32 +221,38 @@ def wire_bytes(op: str, nbytes: float, n: int) -> float:
 # ---- registry -------------------------------------------------------------------------------------
 
 # Allowed ranges are sanity bounds on input (a typo, a unit slip), not claims about accuracy: past the
-# measured range the answer is the fitted model and says so. 2^24 per GEMM dimension is 16 M, beyond any
-# layer or token batch of the shipped models.
-_BIG = 2 ** 24
-_GEMM_RANGES = {"M": (1, _BIG), "N": (1, _BIG), "K": (1, _BIG)}
+# measured range the answer is the fitted model and says so. Each is a kind of the bounds table
+# (`ParamRange`), which says why its upper end sits where it does (kernel_dim: 16 M per GEMM dimension).
+_DIM = ParamRange("kernel_dim")
+_GEMM_RANGES = {"M": _DIM, "N": _DIM, "K": _DIM}
 
 
 def _topk_le_e(p: Params) -> tuple[str, str] | None:
-    return None if p["topk"] <= p["E"] else ("topk", f"topk={p['topk']} exceeds E={p['E']}")
+    return None if p["topk"] <= p["E"] else ("topk", f"topk={p['topk']} exceeds E={p['E']} (each token is routed to "
+                                                     "topk of the E experts): give topk <= E")
 
 
 def _cp_check(p: Params) -> tuple[str, str] | None:
     if p["docs"] > p["T"]:
-        return "docs", f"docs={p['docs']} exceeds T={p['T']}"
+        return "docs", f"docs={p['docs']} exceeds T={p['T']} (a document holds a token at least): give docs <= T"
     if p["T"] < p["gpus"]:
-        return "T", f"T={p['T']} is less than one token per GPU (gpus={p['gpus']})"
+        return "T", f"T={p['T']} is less than one token per GPU (gpus={p['gpus']}): give T >= gpus"
     return None
 
 
 # fla's KDA kernels take head dims up to 256 (`chunk_delta_h.py`: "K <= 256")
-_HEAD_DIMS = {"K": (1, 256), "V": (1, 256)}
+_HEAD_DIMS = {"K": ParamRange("head_dim"), "V": ParamRange("head_dim")}
 _KV_DEFAULT = {"K": KDA_HEAD_DIM, "V": KDA_HEAD_DIM}
+_HEADS = ParamRange("heads")
+_CP_RANGES = {"T": ParamRange("tokens"), "H": _HEADS, "gpus": ParamRange("parallel"), "docs": ParamRange("documents"),
+              **_HEAD_DIMS}
+_SDPA_RANGES = {"T": _DIM, "H": _HEADS, "D": ParamRange("head_dim")}
 
 
 def _collective(name: str) -> OpSpec:
     return OpSpec(name, "collective", ("bytes", "gpus"),
-                  {"bytes": (1, 2 ** 40), "gpus": (2, 65536), "gpus_per_node": (0, 65536)},
+                  {"bytes": ParamRange("kernel_bytes"), "gpus": ParamRange("collective_gpus"),
+                   "gpus_per_node": ParamRange("collective_gpus", lo=0)},
                   flop=lambda p: 0.0, bytes=lambda p, _n=name: wire_bytes(_n, p["bytes"], p["gpus"]),
                   kind="collective", categorical=("gpus",), optional={"gpus_per_node": 0})
 
@@ -239,34 +261,38 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("gemm_bf16", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_bytes, shape_params=("N", "K")),
     OpSpec("gemm_fp8", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop,
            lambda p: gemm_bytes(p, in_bytes=1, out_bytes=BF16), dtype="fp8", shape_params=("N", "K")),
-    OpSpec("hbm_copy", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: 2.0 * p["bytes"]),
-    OpSpec("hbm_read", "hbm", ("bytes",), {"bytes": (1, 2 ** 40)}, lambda p: 0.0, lambda p: float(p["bytes"])),
+    OpSpec("hbm_copy", "hbm", ("bytes",), {"bytes": ParamRange("kernel_bytes")}, lambda p: 0.0,
+           lambda p: 2.0 * p["bytes"]),
+    OpSpec("hbm_read", "hbm", ("bytes",), {"bytes": ParamRange("kernel_bytes")}, lambda p: 0.0,
+           lambda p: float(p["bytes"])),
     OpSpec("moe_grouped_bf16", "moe", ("B", "E", "K", "N", "topk"),
-           {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)},
+           {"B": _DIM, "E": ParamRange("experts"), "K": ParamRange("width"), "N": ParamRange("width"),
+            "topk": ParamRange("topk")},
            moe_flop, moe_bytes, check=_topk_le_e, shape_params=("E", "K", "N", "topk")),
-    OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096), **_HEAD_DIMS},
+    OpSpec("chunk_kda_fwd", "kda", ("T", "H"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS, **_HEAD_DIMS},
            chunk_kda_flop, lambda p: kda_fwd_bytes(p["T"], p["H"], *_kv(p)), shape_params=("H",),
            eff_params={"H": 96}, optional=_KV_DEFAULT),
-    OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": (1, 2 ** 26), "H": (1, 4096), **_HEAD_DIMS},
+    OpSpec("chunk_kda_fwd_bwd", "kda", ("T", "H"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS,
+                                                    **_HEAD_DIMS},
            lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_kda_flop(p),
            lambda p: kda_fwd_bwd_bytes(p["T"], p["H"], *_kv(p)),
            shape_params=("H",), eff_params={"H": 96}, optional=_KV_DEFAULT),
     OpSpec("recurrent_kda_decode", "kda", ("B", "T", "H"),
-           {"B": (1, 2 ** 20), "T": (1, 64), "H": (1, 4096), **_HEAD_DIMS},
+           {"B": ParamRange("batch"), "T": ParamRange("decode_tokens"), "H": _HEADS, **_HEAD_DIMS},
            recurrent_flop, recurrent_bytes, shape_params=("H",),
            serial_steps=lambda p: float(p["T"]),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
            optional=_KV_DEFAULT),
     OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
-           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30), **_HEAD_DIMS},
+           _CP_RANGES,
            kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
     OpSpec("chunk_kda_cp_fwd_bwd", "kda", ("T", "H", "gpus", "docs"),
-           {"T": (1, 2 ** 30), "H": (1, 4096), "gpus": (1, 65536), "docs": (1, 2 ** 30), **_HEAD_DIMS},
+           _CP_RANGES,
            lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
            categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
-    OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
+    OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), _SDPA_RANGES,
            sdpa_flop, sdpa_bytes, eff_params={"D": 128}, shape_params=("H", "D")),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
-           {"T": (1, 2 ** 24), "H": (1, 4096), "D": (1, 256)},
+           _SDPA_RANGES,
            lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128},
            shape_params=("H", "D")),
     *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
@@ -287,27 +313,38 @@ def get_op(name: str) -> OpSpec:
 
 
 def _as_int(name: str, value: object) -> int:
+    """An integer parameter from a number or its text ("64", "1e6", 64.0); anything else is refused."""
+    bad = f"parameter {name}={shorten(repr(value), 40)} is not an integer; write a whole number such as 64 or 1e6"
     if isinstance(value, bool):
-        raise InputError(f"parameter {name}={value!r} is not an integer", field=name)
+        raise InputError(bad, field=name)
     if isinstance(value, int):
         return value
     try:
         f = float(value)  # accepts "64", "1e6", 64.0
-    except (TypeError, ValueError):
-        raise InputError(f"parameter {name}={value!r} is not an integer", field=name) from None
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(bad, field=name) from None
     if not math.isfinite(f) or f != int(f):
-        raise InputError(f"parameter {name}={value!r} is not an integer", field=name)
+        raise InputError(bad, field=name)
     return int(f)
+
+
+def _range_text(r: tuple[int, int]) -> str:
+    """`[lo, hi] unit (why)` of a parameter's range, from its bounds-table kind (`ParamRange`)."""
+    kind = getattr(r, "kind", None)
+    if kind is None:
+        return f"[{r[0]:,}, {r[1]:,}]"
+    return f"[{r[0]:,}, {r[1]:,}] {BOUNDS[kind].unit} ({BOUNDS[kind].why})"
 
 
 def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int]:
     """Exact parameter set (optional ones filled with their defaults), integers, inside the op's
-    allowed ranges; returns them as ints. A failed cross-check names the parameter it is about."""
+    allowed ranges (the bounds table's kinds); returns them as ints. Every refusal names the parameter
+    (`field`) so a caller can say how the user wrote it. A failed cross-check names the parameter it is about."""
+    known = ", ".join(spec.params) + (f"; optional {', '.join(spec.optional)}" if spec.optional else "")
     unknown = sorted(set(params) - set(spec.params) - set(spec.optional))
     if unknown:
-        extra = f"; optional {', '.join(spec.optional)}" if spec.optional else ""
-        raise InputError(f"unknown parameter(s) {', '.join(unknown)} for {spec.name} "
-                         f"(expects {', '.join(spec.params)}{extra})", field=unknown[0])
+        raise InputError(f"unknown parameter(s) {', '.join(unknown)} for {spec.name} (known: {known})",
+                         field=unknown[0])
     missing = [p for p in spec.params if p not in params]
     if missing:
         raise InputError(f"missing parameter(s) {', '.join(missing)} for {spec.name} "
@@ -317,7 +354,9 @@ def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int
         v = _as_int(name, params[name]) if name in params else spec.optional[name]
         lo, hi = spec.ranges[name]
         if not lo <= v <= hi:
-            raise InputError(f"{spec.name}: {name}={v} outside the allowed range [{lo}, {hi}]", field=name)
+            shown = f"{v}" if abs(v) < 10 ** 18 else f"{v:.3e}" if abs(v) < 10 ** 300 else "(300+ digits)"
+            raise InputError(f"{spec.name}: {name}={shown} outside the allowed range "
+                             f"{_range_text(spec.ranges[name])}", field=name)
         out[name] = v
     bad = spec.check(out)
     if bad:

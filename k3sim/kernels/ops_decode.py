@@ -16,7 +16,7 @@ uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent),
 
 from __future__ import annotations
 
-from k3sim.kernels.ops import BF16, OPS, OpSpec, Params, _topk_le_e, expected_distinct_experts
+from k3sim.kernels.ops import BF16, OPS, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
 FP8 = 1
@@ -75,10 +75,11 @@ def _embedding(p):
     return 0.0, BF16 * 2 * p["T"] * p["D"] + 8 * p["T"]
 
 
-_BIG = 2 ** 24
-_MOE_RANGES = {"B": (1, _BIG), "E": (1, 65536), "K": (1, 2 ** 20), "N": (1, 2 ** 20), "topk": (1, 1024)}
-_T = (1, _BIG)
-_W = (1, 2 ** 20)
+# ranges: kinds of the bounds table (`ParamRange`; k3sim/configs/bounds.py says why each ends where it does)
+_T = ParamRange("kernel_dim")
+_W = ParamRange("width")
+_MOE_RANGES = {"B": _T, "E": ParamRange("experts"), "K": _W, "N": _W, "topk": ParamRange("topk")}
+_HEADS = ParamRange("heads")
 
 
 def _small(name: str, params: tuple[str, ...], ranges: dict, fn, shape: tuple[str, ...], check=None) -> OpSpec:
@@ -93,13 +94,14 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: expert_ffn_bytes(p, BF16), check=_topk_le_e, shape_params=("E", "topk")),
     OpSpec("moe_ffn_grouped_fp8", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), expert_ffn_flop,
            lambda p: expert_ffn_bytes(p, FP8), dtype="fp8", check=_topk_le_e, shape_params=("E", "topk")),
-    OpSpec("mla_decode", "attention", ("B", "C", "H"), {"B": (1, 2 ** 20), "C": (1, _BIG), "H": (1, 4096)},
+    OpSpec("mla_decode", "attention", ("B", "C", "H"), {"B": ParamRange("batch"), "C": _T, "H": _HEADS},
            mla_decode_flop, mla_decode_bytes, shape_params=("H",), eff_params={"H": 12}),
     _small("rmsnorm", ("T", "D"), {"T": _T, "D": _W}, _rmsnorm, ("D",)),
     _small("silu_mul", ("T", "N"), {"T": _T, "N": _W}, _silu_mul, ("N",)),
-    _small("rope", ("T", "H", "D"), {"T": _T, "H": (1, 4096), "D": (2, 1024)}, _rope, ("H", "D")),
-    _small("router_topk", ("T", "E", "topk"), {"T": _T, "E": (1, 65536), "topk": (1, 1024)}, _router,
-           ("E", "topk"), check=_topk_le_e),
+    _small("rope", ("T", "H", "D"), {"T": _T, "H": _HEADS, "D": ParamRange("rotary_dim")}, _rope,
+           ("H", "D")),
+    _small("router_topk", ("T", "E", "topk"), {"T": _T, "E": ParamRange("experts"), "topk": ParamRange("topk")},
+           _router, ("E", "topk"), check=_topk_le_e),
     _small("residual_add", ("T", "D"), {"T": _T, "D": _W}, _residual, ("D",)),
     _small("embedding", ("T", "D"), {"T": _T, "D": _W}, _embedding, ("D",)),
 ]}

@@ -174,7 +174,7 @@ class ProfilePredictor:
             from k3sim.kernels.fit import FITTED_NAME, read_fitted
             from k3sim.kernels.store import load_store
 
-            self.store = load_store(self.dir)
+            self.store = load_store(self.dir, hardware=hw)  # rows beyond the datasheet roofline refused
             self.fitted = read_fitted(self.dir / FITTED_NAME)
 
     def op(self, name: str, convention: str = "graph") -> OpPredictor | None:

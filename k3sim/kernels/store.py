@@ -3,16 +3,22 @@
 Each run directory holds `provenance.yaml` and one `<op>.csv` per op (schema in DEVELOPING.md,
 "Measured data"). All runs are concatenated; rows with status != ok are kept (`failed`) for the
 record but never used for prediction. A file that does not parse or does not follow the schema is
-an `InputError` naming the file, so bad data never silently turns into a prediction.
+an `InputError` naming the file, so bad data never silently turns into a prediction: every numeric
+column of an ok row lies in its documented range (the op's parameter ranges, `k3sim.configs.bounds`
+for the others, `NUMERIC_COLUMNS`), and, loaded for a profile, no row is faster than that profile's
+datasheet roofline by more than `PHYSICAL_FACTOR` (`MeasurementStore.check_physical`). Every file is read
+once through `k3sim.reader` (regular files only, at most `MAX_MEASURED_BYTES`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from k3sim import reader
 from k3sim.errors import InputError
 from k3sim.kernels.ops import OPS
 
@@ -31,6 +37,29 @@ STATUSES = ("ok", "failed")
 BASE_REPS = 25
 WARMUP_CUT_S = 0.25
 
+# Numeric columns besides the op's parameters (DEVELOPING.md, "Measured data"): the `k3sim.configs.bounds`
+# kind each value of an ok row must lie in, and whether it is a whole number. `seconds` is required and
+# positive; for the others an empty cell or `nan` means "not measured" (host_s before the 2026-11-30 e runs,
+# the KCP rel_err of a run that did not check it). rel_err is a fraction: beyond 1 the kernel computed
+# something else, so its time is not the op's.
+NUMERIC_COLUMNS = {
+    "seconds": ("seconds", False), "seconds_p20": ("seconds", False), "seconds_p80": ("seconds", False),
+    "host_s": ("seconds", False), "single_gpu_seconds": ("seconds", False),
+    "reps": ("measurement_count", True), "calls_per_graph": ("measurement_count", True),
+    "operand_sets": ("measurement_count", True), "splits": ("measurement_count", True),
+    "distinct_experts": ("experts", False), "rel_err": ("fraction", False),
+}
+
+# How much faster than the profile's datasheet roofline a measured row may be (`predict.datasheet_time`, the
+# one roofline: max(FLOP / peak, bytes / HBM bandwidth) of the op's own FLOP and byte formulas for a kernel,
+# ring wire bytes / link bandwidth for a collective) before it is refused as unphysical (a 1e-300 s row, a
+# unit slip, a timer that missed the kernel). Kernels 1.2x: nothing beats its GPU's peak; the committed H200
+# rows reach at most 0.90 of the roofline (hbm_copy of 8 GiB), and 20 % covers a datasheet that rounds its
+# figures. Collectives 2x: NVLink SHARP (NVLS) reduces inside the switch, so an all-reduce moves each byte
+# once each way instead of the ring's 2(n-1)/n (up to 2x fewer bytes); the committed AIConfigurator all-reduce
+# on 8 H200 reaches 1.04x the ring roofline, custom_all_reduce 1.04x.
+PHYSICAL_FACTOR = {"compute": 1.2, "collective": 2.0}
+
 
 @dataclass
 class MeasurementStore:
@@ -43,6 +72,42 @@ class MeasurementStore:
     fingerprint: str = ""  # of all measurement files
     op_fingerprints: dict[str, str] = field(default_factory=dict)  # of each op's files: per-op fit staleness
     _ops: list[str] | None = field(default=None, repr=False)
+    _physical_ok: set = field(default_factory=set, repr=False)  # profiles check_physical has passed
+
+    def check_physical(self, hw: Any) -> None:
+        """Refuse the first ok row faster than `hw`'s datasheet roofline by more than `PHYSICAL_FACTOR`, naming
+        its file, line and column; once per profile (the store is cached, the check is not repeated)."""
+        from k3sim.kernels.predict import _hw_key, datasheet_time
+
+        key = _hw_key(hw)
+        if key in self._physical_ok:
+            return
+        for op, df in self.rows.items():
+            spec = OPS[op]
+            ok = (df["status"] == "ok").to_numpy()
+            if not ok.any():
+                continue
+            columns = [df[k].to_numpy() for k in spec.params]
+            seconds = df["seconds"].to_numpy(float)
+            factor = PHYSICAL_FACTOR[spec.kind]
+            for i in ok.nonzero()[0]:
+                p = {k: int(c[i]) for k, c in zip(spec.params, columns)}
+                try:
+                    roof = datasheet_time(spec, p, hw, "").seconds
+                except InputError:  # the profile lacks this op's peak (e.g. no fp8): no roofline to hold it to
+                    break
+                if roof > factor * seconds[i]:
+                    self._refuse_unphysical(op, df, int(i), roof, factor, hw)
+        self._physical_ok.add(key)
+
+    def _refuse_unphysical(self, op: str, df, i: int, roof: float, factor: float, hw: Any) -> None:
+        run = df["run_id"].iloc[i]
+        in_file = int((df["run_id"].iloc[: i + 1] == run).sum()) - 1  # rows of one run come from one file
+        path = self.root / run / f"{op}.csv"
+        t = float(df["seconds"].iloc[i])
+        raise InputError(f"line {_csv_line(path, in_file)}: seconds={t:.3g} is {roof / t:.3g}x faster than the "
+                         f"datasheet roofline of profile '{hw.name}' for this shape ({roof:.3g} s; at most {factor}x "
+                         "is physical): remove the row or re-measure it", source=str(path), field="seconds")
 
     def ok(self, op: str) -> "pd.DataFrame":
         import pandas as pd
@@ -151,12 +216,23 @@ class MeasurementStore:
         return self._ops
 
 
+def read_measured(path: Path, what: str) -> bytes:
+    """A measured-data file's bytes, read once through `k3sim.reader`: a regular file (a pipe could not be read
+    again when the store reloads, nor fingerprinted), at most `MAX_MEASURED_BYTES`."""
+    info = reader.probe(path, what=what)
+    if not info.rereadable:
+        raise InputError(f"is a pipe, not a file: a {what} must be a regular file", source=str(path))
+    return reader.read_bytes(path, what=what, max_bytes=reader.MAX_MEASURED_BYTES)
+
+
 def _read_provenance(path: Path) -> dict:
     import yaml
 
+    text = read_measured(path, "provenance file").decode("utf-8", errors="replace")
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
+        # libyaml's parser when present (~10x faster, the same constructors): 25 runs are read per load
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    except yaml.YAMLError as err:
         raise InputError(f"unreadable provenance ({err.__class__.__name__})", source=str(path)) from None
     if not isinstance(data, dict):
         raise InputError("provenance is not a mapping: not a k3sim measurement run", source=str(path))
@@ -166,12 +242,14 @@ def _read_provenance(path: Path) -> dict:
     return data
 
 
-def _read_csv(path: Path, op: str, run_id: str) -> "pd.DataFrame":
+def _read_csv(path: Path, op: str, run_id: str, data: bytes) -> "pd.DataFrame":
+    """One op's CSV (its bytes, read once by the caller), checked: the schema's columns, statuses, and every
+    numeric column of an ok row in its range (`_check_numeric`)."""
     import pandas as pd
 
     spec = OPS[op]
     try:
-        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        df = pd.read_csv(io.BytesIO(data), keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
         raise InputError(f"corrupt CSV ({err.__class__.__name__}: {str(err).splitlines()[0][:120]})",
                          source=str(path)) from None
@@ -183,28 +261,90 @@ def _read_csv(path: Path, op: str, run_id: str) -> "pd.DataFrame":
     bad = sorted(set(df["status"]) - set(STATUSES))
     if bad:
         raise InputError(f"status must be ok or failed, found {bad[0]!r}", source=str(path), field="status")
-    ok = df["status"] == "ok"
-    for col in list(spec.params) + ["seconds"]:
-        num = pd.to_numeric(df[col], errors="coerce")
-        bad_rows = ok & ~((num > 0) & (num < float("inf")))  # NaN, non-numeric, zero, negative or infinite
-        if col in spec.params:
-            bad_rows |= ok & (num.notna()) & (num != num.round())
-        if bad_rows.any():
-            line = int(bad_rows.idxmax()) + 2  # header is line 1
-            cell = df.loc[bad_rows.idxmax(), col]
-            cell = cell if isinstance(cell, str) else float(cell)  # 'fast' quoted, a number as written: inf
-            raise InputError(f"line {line}: {col}={cell!r} is not a positive "
-                             f"{'integer' if col in spec.params else 'number'}", source=str(path), field=col)
-        if col in spec.params:  # the op's own bounds (ops.py), as for a query: gpus=1 is no collective
-            lo, hi = spec.ranges[col]
-            out = ok & ((num < lo) | (num > hi))
-            if out.any():
-                line = int(out.idxmax()) + 2
-                raise InputError(f"line {line}: {col}={int(num[out.idxmax()])} outside the op's allowed range "
-                                 f"[{lo}, {hi}]", source=str(path), field=col)
-        df[col] = num
+    ok = (df["status"] == "ok").to_numpy()
+    for col in list(spec.params) + [c for c in df.columns if c in NUMERIC_COLUMNS]:
+        df[col] = _check_numeric(df, col, ok, spec, path, data)
     df["run_id"] = run_id
     return df
+
+
+def _check_numeric(df, col: str, ok, spec, path: Path, data: bytes):
+    """Column `col` as numbers, refusing the first ok row whose value is not a number in its range: a
+    parameter is a positive integer in the op's range (ops.py, as for a query: gpus=1 is no collective),
+    `seconds` a positive number, the other `NUMERIC_COLUMNS` numbers in their bounds-table range (empty or
+    `nan` = not measured). Vectorised: this runs over every row of every run at each load."""
+    import numpy as np
+    import pandas as pd
+
+    from k3sim.configs.bounds import BOUNDS
+
+    num = pd.to_numeric(df[col], errors="coerce")
+    v = num.to_numpy(float)
+    required = col in spec.params or col == "seconds"
+    whole = col in spec.params or NUMERIC_COLUMNS[col][1]
+    absent = np.isnan(v)
+    if required:
+        bad = ok & ~((v > 0) & (v < np.inf))  # NaN, non-numeric, zero, negative or infinite
+        if col in spec.params:
+            bad |= ok & ~absent & (v != np.round(v))
+        _refuse_first(bad, df, col, path, data,
+                      f"is not a positive {'integer' if col in spec.params else 'number'}")
+    else:  # an empty cell or `nan` is "not measured"; any other text is not a number
+        written = ok & absent & df[col].notna().to_numpy()
+        for i in written.nonzero()[0]:
+            written[i] = str(df[col].iloc[i]).strip().lower() != "nan"
+        _refuse_first(written, df, col, path, data, "is not a number")
+    present = ok & ~absent
+    if col in spec.params:
+        lo, hi = spec.ranges[col]
+        _refuse_first(present & ((v < lo) | (v > hi)), df, col, path, data,
+                      f"outside the op's allowed range [{lo}, {hi}]", as_int=True)
+        return num
+    r = BOUNDS[NUMERIC_COLUMNS[col][0]]
+    outside = present & (~np.isfinite(v) | (v < r.lo) | (v > r.hi))
+    if whole:
+        outside |= present & np.isfinite(v) & (v != np.round(v))
+    _refuse_first(outside, df, col, path, data, f"is outside {r.text()}{' (a whole number)' if whole else ''} "
+                  f"({r.why}); fix the row or re-measure")
+    return num
+
+
+def _refuse_first(bad, df, col: str, path: Path, data: bytes, why: str, as_int: bool = False) -> None:
+    """InputError naming the file, the line of the first row marked `bad`, the column and its value."""
+    if not bad.any():
+        return
+    i = int(bad.argmax())
+    cell = df[col].iloc[i]
+    if isinstance(cell, str):
+        shown = repr(cell)  # 'fast', quoted
+    else:
+        f = float(cell)
+        shown = str(int(f)) if f.is_integer() and (as_int or abs(f) < 1e16) else repr(f)  # 0, -1, inf, 1e-300
+    raise InputError(f"line {_csv_line(data, i)}: {col}={shown} {why}", source=str(path), field=col)
+
+
+def _csv_line(source: bytes | Path, row: int) -> int:
+    """The line number (1 = header) where data row `row` (0-based, as pandas counts: blank lines skipped)
+    starts. Only for error lines: a quoted field may span lines, so it is not always row + 2."""
+    import csv
+
+    data = source if isinstance(source, bytes) else read_measured(source, "measured CSV")
+    records = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
+    n, header = -1, False
+    while True:
+        start = records.line_num + 1
+        try:
+            rec = next(records)
+        except (StopIteration, csv.Error):
+            return row + 2
+        if not rec or (len(rec) == 1 and not rec[0].strip()):
+            continue  # a blank line: pandas skips it too
+        if not header:
+            header = True
+            continue
+        n += 1
+        if n == row:
+            return start
 
 
 def _signature(root: Path) -> tuple:
@@ -220,8 +360,10 @@ def _signature(root: Path) -> tuple:
 _CACHE: dict[tuple, MeasurementStore] = {}
 
 
-def load_store(root: Path | str) -> MeasurementStore:
-    """Load (or return the cached copy of) every run under `root`; reloads when a file changes."""
+def load_store(root: Path | str, hardware: Any = None) -> MeasurementStore:
+    """Load (or return the cached copy of) every run under `root`; reloads when a file changes. With the
+    profile (`hardware`: a HardwareProfile or an object with its fields), rows faster than its datasheet
+    roofline by more than `PHYSICAL_FACTOR` are refused (`MeasurementStore.check_physical`)."""
     root = Path(root).resolve()
     if not root.is_dir():
         raise InputError("no such measured-data directory", source=str(root))
@@ -229,7 +371,10 @@ def load_store(root: Path | str) -> MeasurementStore:
     if key not in _CACHE:
         _CACHE.clear() if len(_CACHE) > 16 else None
         _CACHE[key] = _load(root)
-    return _CACHE[key]
+    store = _CACHE[key]
+    if hardware is not None:
+        store.check_physical(hardware)
+    return store
 
 
 def _load(root: Path) -> MeasurementStore:
@@ -242,7 +387,7 @@ def _load(root: Path) -> MeasurementStore:
     for run in sorted(p for p in root.iterdir() if p.is_dir()):
         csvs = sorted(run.glob("*.csv"))
         prov = run / "provenance.yaml"
-        if not prov.exists():
+        if not reader.exists(prov):  # a broken link is there: the reader says what is wrong with it
             if csvs:
                 raise InputError("run directory has CSVs but no provenance.yaml", source=str(run))
             continue
@@ -251,10 +396,11 @@ def _load(root: Path) -> MeasurementStore:
             if path.stem not in OPS:
                 ignored.append(str(path.relative_to(root)))
                 continue
-            parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run.name))
+            data = read_measured(path, "measured CSV")  # read once: parsed and fingerprinted from these bytes
+            parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run.name, data))
             d = digests.setdefault(path.stem, hashlib.sha256())
             d.update(str(path.relative_to(root)).encode())
-            d.update(path.read_bytes())
+            d.update(data)
     rows = {op: pd.concat(dfs, ignore_index=True) for op, dfs in parts.items()}
     op_fp = {op: d.hexdigest()[:16] for op, d in sorted(digests.items())}
     total = hashlib.sha256("".join(f"{k}:{v};" for k, v in op_fp.items()).encode()).hexdigest()[:16]

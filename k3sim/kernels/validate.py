@@ -239,7 +239,7 @@ def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, An
     d = measured_dir(hw)
     if d is None:
         raise InputError(f"profile '{hw.name}' has no measured data to validate against", field="calibration_dir")
-    store = load_store(d)
+    store = load_store(d, hardware=hw)
     loo = leave_one_out(store, hw, fit_profile(store, hw), refit=refit)
     if loo.empty:  # an empty table would read as a result
         raise InputError("no op has two or more measured shapes: nothing to leave one out", source=str(d))

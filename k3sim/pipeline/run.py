@@ -8,13 +8,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from k3sim.configs.bounds import BOUNDS, check_range
 from k3sim.errors import InputError
 from k3sim.pipeline.placement import POLICIES, EncoderWork
 from k3sim.pipeline.result import PipelineResult, run_pipeline
 from k3sim.pipeline.schedules import build_schedule
 from k3sim.pipeline.stagecosts import uniform_costs
 
-MAX_OPS = 4_000_000             # resource limit (about 2 GB of op tables), 30x the 64 x 2 x 512 benchmark
+# Work bounds (k3sim/configs/bounds.py, with their reasons): checked from the shape before any op is built.
+MAX_STAGES = int(BOUNDS["pipeline_stages"].hi)
+MAX_OPS = int(BOUNDS["pipeline_ops"].hi)
 MERGE = 4                       # MoonViT 2x2 patch merger: LLM tokens = patches / 4 (K2.5 report), for the send size
 
 
@@ -39,6 +42,36 @@ class LayoutSpec:
     upfront: int | None = None
 
 
+def check_spec(spec: LayoutSpec) -> None:
+    """Every number of the layout inside its documented range, and the work (stages, ops) bounded, before
+    anything is built: one line naming the option. `--stages 10000` ran past a minute; 1e308-second costs
+    gave null results."""
+    from k3sim.pipeline.schedules import check_shape
+
+    if spec.encoder_cost is not None:
+        check_range(spec.encoder_cost, "stage_forwards", "--encoder-cost")
+    for name, val, kind in (("--tp", spec.tp, "parallel"), ("--ep", spec.ep, "parallel"), ("--cp", spec.cp, "parallel"),
+                            ("--microbatch-tokens", spec.microbatch_tokens, "tokens"),
+                            ("--seq-len", spec.seq_len, "tokens"), ("--seed", spec.seed, "seed")):
+        check_range(val, kind, name, integer=True)
+    if spec.microbatch_tokens % spec.seq_len:
+        raise InputError(f"{spec.microbatch_tokens} tokens per micro-batch is not a whole number of "
+                         f"{spec.seq_len}-token sequences", source="--microbatch-tokens")
+    check_shape(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
+    check_range(spec.stages, "pipeline_stages", "--stages", integer=True)
+    check_range(spec.virtual, "parallel", "--virtual", integer=True)
+    check_range(spec.microbatches, "batch", "--microbatches", integer=True)
+    if spec.upfront is not None and not 0 <= spec.upfront <= spec.microbatches:
+        raise InputError(f"{spec.upfront:,} up-front encodes: give 0 to {spec.microbatches:,} (one encode per "
+                         "micro-batch)", source="--encoder-upfront")
+    ops = spec.stages * spec.virtual * spec.microbatches * (3 if spec.schedule == "zb-h1" else 2)
+    if ops > MAX_OPS:
+        per = 3 if spec.schedule == "zb-h1" else 2
+        raise InputError(f"{ops:,} compute ops (stages x virtual x micro-batches x {per}) exceed the {MAX_OPS:,} "
+                         "one simulation runs (k3sim/configs/bounds.py: pipeline_ops); give "
+                         "fewer micro-batches or stages", source="--microbatches")
+
+
 def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
                     kernel_time: Callable | None = None, layer_costs: Callable | None = None,
                     keep_timeline: bool = True) -> PipelineResult:
@@ -46,24 +79,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
     if spec.encoder_policy not in POLICIES:
         raise InputError(f"unknown encoder policy {spec.encoder_policy!r}; one of {', '.join(POLICIES)}",
                          source="--encoder-policy")
-    if spec.encoder_cost is not None and not (spec.encoder_cost >= 0 and spec.encoder_cost < float("inf")):
-        raise InputError(f"encoder cost must be a finite number >= 0, got {spec.encoder_cost}", source="--encoder-cost")
-    for name, val in (("--tp", spec.tp), ("--ep", spec.ep), ("--cp", spec.cp),
-                      ("--microbatch-tokens", spec.microbatch_tokens), ("--seq-len", spec.seq_len)):
-        if val < 1:
-            raise InputError(f"must be >= 1, got {val}", source=name)
-    if spec.microbatch_tokens % spec.seq_len:
-        raise InputError(f"{spec.microbatch_tokens} tokens per micro-batch is not a whole number of "
-                         f"{spec.seq_len}-token sequences", source="--microbatch-tokens")
-    if spec.seed < 0:
-        raise InputError(f"seed must be >= 0, got {spec.seed}", source="--seed")
-    from k3sim.pipeline.schedules import check_shape
-
-    check_shape(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
-    ops = spec.stages * spec.virtual * spec.microbatches * (3 if spec.schedule == "zb-h1" else 2)
-    if ops > MAX_OPS:
-        raise InputError(f"{ops:,} compute ops (stages x virtual x micro-batches x ops per micro-batch) exceed "
-                         f"the {MAX_OPS:,} this engine holds in memory", source="--microbatches")
+    check_spec(spec)
     sched = build_schedule(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
     p, v, m = spec.stages, spec.virtual, spec.microbatches
     need_encoder = spec.encoder_policy != "none"

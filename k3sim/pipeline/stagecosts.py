@@ -41,6 +41,15 @@ class StageCosts:
         return len(self.forward_s)
 
 
+def check_seconds(values, source: str) -> None:
+    """Each cost inside the bounds table's "seconds" range: 1e308-second costs overflowed the step time to
+    inf and the results to null."""
+    from k3sim.configs.bounds import check_range
+
+    for x in values:
+        check_range(x, "seconds", source)
+
+
 def uniform_costs(p: int, v: int, forward_s: float, backward_s: float, weight_s: float | None = None,
                   *, send_s: float = 0.0, source: str = "--uniform-costs") -> StageCosts:
     """One micro-batch costs `forward_s` / `backward_s` on one device (all its chunks together), so a
@@ -50,6 +59,7 @@ def uniform_costs(p: int, v: int, forward_s: float, backward_s: float, weight_s:
     vals = [forward_s, backward_s] + ([] if weight_s is None else [weight_s]) + [send_s]
     if any(not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0) for x in vals):
         raise InputError(f"costs must be finite and >= 0, got {vals}", source=source)
+    check_seconds(vals, source)
     if weight_s is None:
         bi = bw = backward_s / 2
     else:
@@ -70,6 +80,7 @@ def parse_uniform_costs(text: str, source: str = "--uniform-costs") -> tuple[flo
         raise InputError(f"expected F,B or F,B,W seconds, got {text!r}", source=source) from None
     if any(not math.isfinite(x) or x < 0 for x in vals):
         raise InputError(f"costs must be finite and >= 0 seconds, got {text!r}", source=source)
+    check_seconds(vals, source)
     if vals[0] == 0 and vals[1] == 0:
         raise InputError(f"forward and backward cannot both be 0, got {text!r}", source=source)
     return vals[0], vals[1], (vals[2] if len(vals) == 3 else None)

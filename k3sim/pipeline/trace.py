@@ -1,4 +1,5 @@
-"""Timeline outputs: a Gantt chart (PNG) and a Chrome / Perfetto trace (JSON, opens in ui.perfetto.dev).
+"""Timeline outputs: a Gantt chart (PNG) and a Chrome / Perfetto trace (JSON, opens in ui.perfetto.dev), each
+a regular file written atomically (`k3sim.files`); the trace may also go to stdout (`-`), the PNG may not.
 
 One track per pipeline device; ops named `<kind><chunk>.mb<micro-batch>` (F forward, B backward or
 input gradient, W weight gradient, EF / EB encoder forward / backward); transfers on one track per link.
@@ -7,9 +8,10 @@ input gradient, W weight gradient, EF / EB encoder forward / backward); transfer
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from k3sim.files import atomic_write_text, save_figure
+from k3sim.files import STDOUT, atomic_write_text, save_figure
 from k3sim.pipeline.engine import Timeline
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "EF": "#8172B3", "EB": "#C44E52"}
@@ -44,7 +46,13 @@ def perfetto_events(tl: Timeline) -> list[dict]:
 
 
 def write_perfetto(tl: Timeline, path: str | Path) -> Path:
-    atomic_write_text(path, json.dumps({"traceEvents": perfetto_events(tl), "displayTimeUnit": "ms"}))
+    """The trace as JSON at `path` (atomic, a regular file only: `k3sim.files`), or on stdout for `-`."""
+    text = json.dumps({"traceEvents": perfetto_events(tl), "displayTimeUnit": "ms"})
+    if str(path) == STDOUT:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        atomic_write_text(path, text)
     return Path(path)
 
 

@@ -137,7 +137,7 @@ def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Cal
     """Every section of the report for the scenario at `path` (bad input raises InputError)."""
     from k3sim.planner.inputs import load
 
-    inp = load(path)
+    inp = load(path, own_layout=True)  # the plan runs the scenario's own layout: a knob idle there is refused
     sc, model, hw = inp.scenario, inp.model, inp.hw
     kt = RecordingKernelTime(kernel_time)
     res = PlanResult(scenario=sc.name, scenario_file=str(path), description=sc.description or "", mode=inp.mode,

@@ -7,6 +7,10 @@ tokens per step. Serving: every (batch limit, prefill:decode replica split) poin
 simulation (k3sim.serving, the same run as `k3sim serve --workload chat`) on a seeded request sample:
 goodput per GPU against p99 TTFT.
 
+The grid is bounded before it is built (`check_grid_size`: the product of the list lengths against the bounds
+table's `sweep_points_train` / `sweep_points_serve`); a layout that needs more GPUs than the cluster has is not
+a point, and a given value that ends up in no point is refused with the reason (never silently dropped).
+
 Points are split into chunks; a chunk runs in one process, which loads the scenario once and shares the
 memoised kernel times across its points. Results are sorted by point index, and every random choice is
 seeded, so a sweep gives identical rows however it is run (serial, local processes, a Dask cluster). A
@@ -38,6 +42,7 @@ SERVE_COLUMNS = ["index", *SERVE_DIMS, "decode_replicas", "gpus", "status", "err
 # Serving points: a seeded synthetic chat sample per point (a modelling choice: enough requests to load the
 # fleet, few enough that a point takes seconds); `sweep(..., serving_requests=)` changes it.
 SERVING_REQUESTS = 200
+KIND = "sweep"  # the output kind of a sweep directory (k3sim.files manifest)
 
 
 @dataclass
@@ -54,13 +59,70 @@ class SweepResult:
 
 
 # ------------------------------------------------------------------------------------------ the grid
+# Each dimension as the user writes it: the option of `k3sim sweep` (the scenario field is sweep.<dim>).
+DIM_OPTIONS = {"tp": "--tp", "pp": "--pp", "virtual_stages": "--virtual", "ep": "--ep", "cp": "--cp",
+               "dp": "--dp", "num_micro_batches": "--micro-batches", "max_batch": "--max-batch",
+               "prefill_replicas": "--prefill-replicas"}
+
+
 def _divisors_in(n: int, cands) -> list[int]:
     return [c for c in cands if n % c == 0]
 
 
+def written_as(inp, dim: str, values) -> str:
+    """What the user wrote a dimension's values under: the scenario's `sweep.<dim>` when they are its values,
+    else the command-line option (also for a default list, which the option replaces)."""
+    section = getattr(inp.sweep, dim, None)
+    return f"sweep.{dim}" if section is not None and list(section) == list(values) else DIM_OPTIONS[dim]
+
+
+def check_grid_size(inp, lists: dict[str, list], given: dict[str, list[int] | None]) -> int:
+    """The grid's size from its list lengths alone, refused above the bounds table's `sweep_points_<mode>`
+    before any point is built: a 10^7-point grid costs one multiplication here, not 10^7 dicts. The size is
+    that of the full product (layouts that do not fit the cluster are dropped later, so the grid may end
+    smaller, never larger)."""
+    from k3sim.configs.bounds import BOUNDS
+
+    n = math.prod(len(v) for v in lists.values())
+    kind = "sweep_points_train" if inp.mode == "train" else "sweep_points_serve"
+    cap = int(BOUNDS[kind].hi)
+    if n > cap:
+        longest = max(lists, key=lambda d: len(lists[d]))
+        sizes = " x ".join(f"{len(v):,} {d}" + ("" if given.get(d) else " (default)")
+                           for d, v in lists.items() if len(v) > 1)
+        what = "training layouts" if inp.mode == "train" else "serving points"
+        raise InputError(f"the grid has {n:,} points ({sizes}), more than the {cap:,} {what} one sweep runs "
+                         f"(k3sim/configs/bounds.py: {kind}); give fewer values",
+                         source=written_as(inp, longest, lists[longest]))
+    return n
+
+
+BLAME_ORDER = ("dp", "num_micro_batches", "virtual_stages", "cp", "ep", "pp", "tp")
+
+
+def _refuse_unused(inp, given: dict[str, list[int] | None], used: dict[str, set], why: dict, *,
+                   empty: bool = False) -> None:
+    """A value the user gave that no point of the grid uses would be an ignored input: refused, with the
+    reason its layouts were dropped (`why[(dim, value)]`, the first one met). Dimensions that scale a layout
+    up (dp, micro-batches, virtual stages) are blamed before those it is built on (tp, pp)."""
+    for dim in BLAME_ORDER:
+        values = given.get(dim)
+        if not values or dim not in used:
+            continue
+        for v in values:
+            if v not in used[dim]:
+                reason = why.get((dim, v), "no layout of the other lists takes it")
+                lead = "the sweep grid is empty: " if empty else ""
+                raise InputError(f"{lead}{v:,} is in no point of the grid: {reason}; remove it, or change the "
+                                 "other lists", source=written_as(inp, dim, values))
+
+
 def training_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
     """Cartesian product of the given values (defaults derived from the scenario); dp None = fill the
-    cluster, micro-batches None = keep the scenario's global batch."""
+    cluster, micro-batches None = keep the scenario's global batch. A layout that needs more GPUs than the
+    cluster has (tp*pp*cp*dp > cluster.num_gpus) or has virtual stages without a pipeline is not a point;
+    a given value left in no point at all is refused with the reason (`_refuse_unused`), never dropped
+    silently."""
     sc, model = inp.scenario, inp.model
     par, w = sc.parallelism, sc.workload
     heads = math.gcd(*(c.num_heads for c in (model.kda, model.mla) if c is not None)) if (model.kda or model.mla) else 1
@@ -73,20 +135,48 @@ def training_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
     cps = given.get("cp") or [c for c in (1, 2, 4, 8) if w.context_tokens % (2 * c) == 0]
     dps = given.get("dp")
     mbs = given.get("num_micro_batches")
+    check_grid_size(inp, {"tp": tps, "pp": pps, "virtual_stages": vs, "ep": eps, "cp": cps, "dp": dps or [0],
+                          "num_micro_batches": mbs or [0]}, given)
     m0 = w.num_micro_batches or par.pp * par.virtual_stages
     global_seqs = m0 * par.dp * w.micro_batch_size
+    gpus = sc.cluster.num_gpus
+    used: dict[str, set] = {d: set() for d in TRAIN_DIMS}
+    why: dict = {}
+
+    def drop(reason: str, **combo) -> None:
+        for d, v in combo.items():
+            why.setdefault((d, v), reason)
+
     points = []
     for tp, pp, v, ep, cp in itertools.product(tps, pps, vs, eps, cps):
+        combo = dict(tp=tp, pp=pp, virtual_stages=v, ep=ep, cp=cp)
         if pp == 1 and v > 1:
+            drop("virtual stages need a pipeline (pp > 1)", **combo)
             continue
-        for dp in (dps or [sc.cluster.num_gpus // (tp * pp * cp)] if (tp * pp * cp) <= sc.cluster.num_gpus else []):
-            if dp < 1:
-                continue
-            if dps is None and tp * pp * cp * dp != sc.cluster.num_gpus:
+        base = tp * pp * cp
+        if base > gpus:
+            drop(f"tp*pp*cp={base:,} GPUs exceed the cluster's {gpus:,} (cluster.num_gpus)", **combo)
+            continue
+        if dps is None and gpus % base:
+            drop(f"tp*pp*cp={base:,} does not divide the cluster's {gpus:,} GPUs (dp fills the cluster)", **combo)
+            continue
+        for dp in (dps or [gpus // base]):
+            if base * dp > gpus:
+                drop(f"tp*pp*cp*dp={base * dp:,} GPUs exceed the cluster's {gpus:,} (cluster.num_gpus)",
+                     **combo, dp=dp)
                 continue
             for m in (mbs or [max(1, global_seqs // (dp * w.micro_batch_size))]):
-                points.append({"tp": tp, "pp": pp, "virtual_stages": v, "ep": ep, "cp": cp, "dp": dp,
-                               "num_micro_batches": m})
+                p = {**combo, "dp": dp, "num_micro_batches": m}
+                points.append(p)
+                for d, x in p.items():
+                    used[d].add(x)
+    if not points:
+        _refuse_unused(inp, given, used, why, empty=True)  # names the value the user gave, when there is one
+        first = next(iter(why.values()), "no layout")
+        raise InputError(f"the sweep grid is empty: every layout of the given values is dropped (the first: "
+                         f"{first}); change --tp/--pp/--cp/--dp or the sweep: section", source=str(inp.path),
+                         field="sweep")
+    _refuse_unused(inp, given, used, why)
     return [{"index": i, **p} for i, p in enumerate(points)]
 
 
@@ -103,7 +193,8 @@ def serving_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
         raise InputError(f"{bad[0]} prefill replica(s) leave no decode replica: the fleet has {R} replica(s), so "
                          f"a P:D split takes 1 to {R - 1} (0: the scenario's own fleet)"
                          if R > 1 else f"{bad[0]} prefill replica(s): the fleet has one replica, no P:D split "
-                         "(only 0: the scenario's own fleet)", source="--prefill-replicas")
+                         "(only 0: the scenario's own fleet)", source=written_as(inp, "prefill_replicas", splits))
+    check_grid_size(inp, {"max_batch": batches, "prefill_replicas": splits}, given)
     pts = []
     for b, p in itertools.product(batches, splits):
         pts.append({"max_batch": b, "prefill_replicas": p, "decode_replicas": (R - p) if p else 0})
@@ -198,47 +289,65 @@ def _chunks(points: list[dict], size: int) -> list[list[dict]]:
     return [points[i:i + size] for i in range(0, len(points), size)]
 
 
+# Chunks per worker when --chunk-size is not given: a modelling choice, enough that a slow chunk does not
+# leave the other workers idle at the end, few enough that each loads the scenario once.
+CHUNKS_PER_WORKER = 4
+
+
+def chunking(n: int, workers: int = 1, chunk_size: int | None = None) -> tuple[int, int]:
+    """(points per chunk, local processes) for `n` points: never more processes than chunks (a 2-point grid
+    on `--workers 64` starts 2), and 1 means this process, no fork."""
+    from k3sim.procs import worker_count
+
+    if chunk_size is None:
+        chunk_size = max(1, math.ceil(n / (max(workers, 1) * CHUNKS_PER_WORKER)))
+    return chunk_size, worker_count(max(workers, 1), math.ceil(n / chunk_size) if n else 1)
+
+
 def run_points(path: str | Path, points: list[dict], *, workers: int = 1, scheduler: str | None = None,
                chunk_size: int | None = None, kernel_key: str | None = None,
                progress: Callable[[int, int], None] | None = None,
                serving_requests: int = SERVING_REQUESTS) -> list[dict]:
-    """Evaluate `points`: in this process (workers 1), local processes through Dask's multiprocessing
-    scheduler (workers > 1), or on a Dask distributed cluster (`scheduler` = tcp://HOST:PORT)."""
+    """Evaluate `points`: in this process (workers 1), on forked local processes (workers > 1; at most one
+    per chunk, `k3sim.procs.ProcessPool`), or on a Dask distributed cluster (`scheduler` = tcp://HOST:PORT).
+    Ctrl-C or SIGTERM stops every way promptly: local workers are killed, a cluster's futures cancelled."""
     path = str(path)
     n = len(points)
-    if chunk_size is None:
-        parallel = max(workers, 1) * 4
-        chunk_size = max(1, math.ceil(n / parallel))
+    chunk_size, processes = chunking(n, workers, chunk_size)
     chunks = [(path, c, kernel_key, serving_requests) for c in _chunks(points, chunk_size)]
     results: list[list[dict]] = []
-    if scheduler:
-        results = _run_distributed(scheduler, chunks, progress, n)
-    elif workers <= 1:
-        done = 0
-        for c in chunks:
-            results.append(evaluate_chunk(c))
-            done += len(c[1])
-            if progress:
-                progress(done, n)
-    else:
-        import dask
-        import dask.bag as db
+    done = 0
 
-        # fork: workers inherit the imported modules (spawn re-imports numpy, pandas, k3sim per worker,
-        # seconds each on a small machine); nothing in the parent holds a lock a child could inherit.
-        import multiprocessing as mp
-
-        ctx = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        with dask.config.set({"multiprocessing.context": ctx}):
-            results = db.from_sequence(chunks, npartitions=len(chunks)).map(evaluate_chunk).compute(
-                scheduler="processes", num_workers=workers)
+    def record(part: list[dict]) -> None:
+        nonlocal done
+        results.append(part)
+        done += len(part)
         if progress:
-            progress(n, n)
+            progress(done, n)
+
+    if scheduler:
+        _run_distributed(scheduler, chunks, record)
+    elif processes <= 1:
+        for c in chunks:
+            record(evaluate_chunk(c))
+    else:
+        from k3sim.procs import ProcessPool
+
+        # forked: workers inherit the imported modules (spawn re-imports numpy, pandas, k3sim per worker,
+        # seconds each on a small machine) and each loads the scenario once per chunk (`_worker_state`)
+        with ProcessPool(processes) as pool:
+            for part in pool.imap_unordered(evaluate_chunk, chunks):
+                record(part)
     rows = [r for part in results for r in part]
     return sorted(rows, key=lambda r: r["index"])
 
 
-def _run_distributed(address: str, chunks: list, progress, n: int) -> list[list[dict]]:
+# Seconds the Dask client may take to close when a sweep stops: bounded, so Ctrl-C ends the command within the
+# CLI contract's 2 s even when the scheduler is slow to answer.
+CLIENT_CLOSE_S = 1.0
+
+
+def _run_distributed(address: str, chunks: list, record: Callable[[list[dict]], None]) -> None:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -248,19 +357,21 @@ def _run_distributed(address: str, chunks: list, progress, n: int) -> list[list[
     except (OSError, TimeoutError, ValueError) as err:
         raise InputError(f"cannot reach the Dask scheduler ({err.__class__.__name__}: {err})",
                          source=f"--scheduler {address}") from None
+    futures = []
     try:
         futures = client.map(evaluate_chunk, chunks, pure=False)
-        done = 0
-        out = []
         for fut in as_completed(futures):
-            part = fut.result()
-            out.append(part)
-            done += len(part)
-            if progress:
-                progress(done, n)
-        return out
+            record(fut.result())
     finally:
-        client.close()
+        # Ctrl-C, SIGTERM or an error: the cluster must not keep computing chunks nobody collects
+        pending = [f for f in futures if not f.done()]
+        try:
+            if pending:
+                client.cancel(pending, force=True)
+        except Exception:  # noqa: BLE001 - the scheduler may be gone; closing is what matters
+            pass
+        finally:
+            client.close(timeout=CLIENT_CLOSE_S)
 
 
 # ------------------------------------------------------------------------------------------ Pareto
@@ -283,7 +394,7 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
     import pandas as pd
 
     from k3sim.planner.inputs import load
-    from k3sim.report import atomic_dir
+    from k3sim.files import atomic_path, atomic_write_text, output_dir
     from k3sim.report.figures import pareto_figure
 
     inp = load(path)
@@ -296,6 +407,8 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
     rows = run_points(path, points, workers=workers, scheduler=scheduler, chunk_size=chunk_size,
                       kernel_key=kernel_key, progress=progress, serving_requests=serving_requests)
     wall = time.perf_counter() - t0
+    used = workers if scheduler else chunking(len(points), workers, chunk_size)[1]  # processes that ran
+    label = scheduler or ("serial" if used == 1 else "processes")
     cols = TRAIN_COLUMNS if inp.mode == "train" else SERVE_COLUMNS
     df = pd.DataFrame(rows)
     for c in cols:
@@ -310,25 +423,28 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
         xl, yl = "p99 TTFT (s)", "goodput (requests/s) per GPU"
     ok = df[(df["status"] == "ok") & (df["fits"] == True)]  # noqa: E712 (pandas mask)
     front = pareto_front(ok, x, y) if len(ok) else ok
-    with atomic_dir(out) as tmp:
-        from k3sim.output import to_jsonable
-
-        df.to_parquet(tmp / "sweep.parquet", index=False)
-        front.to_csv(tmp / "pareto.csv", index=False)
-        (tmp / "pareto.md").write_text(_front_md(inp, front, df, x, y))
-        if len(ok):
-            pareto_figure(ok, x, y, front, f"{inp.scenario.name}: {len(ok)} of {len(df)} layouts fit", tmp / "pareto.png",
-                          xl, yl)
+    out = Path(out)
+    with output_dir(out, kind=KIND):  # whole or not at all; never over files k3sim did not write
         import json
 
-        (tmp / "sweep.json").write_text(json.dumps(to_jsonable({
+        from k3sim.output import to_jsonable
+
+        with atomic_path(out / "sweep.parquet") as tmp:
+            df.to_parquet(tmp, index=False)
+        atomic_write_text(out / "pareto.csv", front.to_csv(index=False))
+        atomic_write_text(out / "pareto.md", _front_md(inp, front, df, x, y))
+        names = ["pareto.csv", "pareto.md", "sweep.json", "sweep.parquet"]
+        if len(ok):
+            pareto_figure(ok, x, y, front, f"{inp.scenario.name}: {len(ok)} of {len(df)} layouts fit",
+                          out / "pareto.png", xl, yl)
+            names.append("pareto.png")
+        atomic_write_text(out / "sweep.json", json.dumps(to_jsonable({
             "scenario": inp.scenario.name, "mode": inp.mode, "points": len(df), "ok": int((df["status"] == "ok").sum()),
-            "fit": len(ok), "errors": int((df["status"] == "error").sum()), "wall_s": wall, "workers": workers,
-            "scheduler": scheduler or ("serial" if workers == 1 else "dask-processes"), "pareto_x": x, "pareto_y": y,
+            "fit": len(ok), "errors": int((df["status"] == "error").sum()), "wall_s": wall, "workers": used,
+            "scheduler": label, "pareto_x": x, "pareto_y": y,
             "pareto": front.to_dict(orient="records")}), indent=2) + "\n")
-        files = sorted(str(Path(out) / p.name) for p in tmp.iterdir())
-    return SweepResult(inp.mode, df, front, x, y, wall, workers,
-                       scheduler or ("serial" if workers == 1 else "dask-processes"), files)
+        files = sorted(str(out / n) for n in names)
+    return SweepResult(inp.mode, df, front, x, y, wall, used, label, files)
 
 
 def _front_md(inp, front, df, x, y) -> str:

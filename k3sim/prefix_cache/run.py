@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from k3sim.errors import DoesNotFit, InputError
+from k3sim.files import atomic_write_text, output_dir, safe_name
 from k3sim.prefix_cache.config import POLICIES, CacheConfig, config_from_model
 from k3sim.prefix_cache.serving import ReplayResult, SchedulerConfig, StepCost, replay
 from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake
@@ -123,6 +122,16 @@ class SweepReport:
     wall_s: float = 0.0
 
 
+KIND = "prefix-cache-sweep"  # the output kind of `prefix-cache --sweep` (k3sim.files manifest)
+WALL_CLOCK = ("wall_s",)  # machine timings: in the returned table and --json, never in a file (same inputs,
+# same bytes)
+
+
+def _results(df):
+    """The sweep table without its wall-clock columns."""
+    return df.drop(columns=[c for c in WALL_CLOCK if c in df.columns])
+
+
 TABLE_COLUMNS = ["policy", "hash_block_tokens", "physical_block_tokens", "capacity_bytes", "token_hit_rate",
                  "request_hit_rate", "prefill_tokens_saved", "prefill_flop_saved_fraction", "checkpoint_bytes_peak",
                  "eviction", "evictions", "requests_rejected", "wall_s", "note"]  # note: a row not replayed
@@ -135,10 +144,12 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
                  processes: int | None = None, workload: str | None = None, seed: int = 0,
                  n_requests: int = 1000, progress=None) -> SweepReport:
     """Replay every valid configuration of the grid; write `<name>_sweep.csv`, `<name>_sweep.md` and the two
-    plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block).
+    plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block) into
+    `out_dir` through `k3sim.files.output_dir` (kind `prefix-cache-sweep`, one part per name; wall-clock
+    seconds stay in the returned table, not in the files).
 
     `name` defaults to the trace's stem without a `_trace` suffix (`conversation_trace.jsonl` ->
-    `conversation`), so re-running a sweep on a shipped trace refreshes the committed report files."""
+    `conversation`); a name must be one file-name component (`k3sim.files.safe_name`)."""
     import time
 
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
@@ -155,8 +166,8 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         for v in values:
             if v <= 0:
                 raise InputError(f"must be positive (got {v})", source=opt)
-    if name is not None and (not name or Path(name).name != name):
-        raise InputError(f"must be a file-name prefix, not a path (got '{name}')", source="--name")
+    if name is not None:
+        safe_name(name, source="--name")
     t0 = time.perf_counter()
     stats = TraceStats()
     if workload is not None:
@@ -174,7 +185,8 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
         _check_some_requests(trace, stats)
         label = Path(trace).name
-        name = name or Path(trace).stem.removesuffix("_trace")
+        name = name or safe_name(Path(trace).stem.removesuffix("_trace"), source=f"--trace {trace}",
+                                 field="file name (the sweep's file prefix; or give --name)")
     else:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
     with _named_options(_SWEEP_OPTIONS):
@@ -192,7 +204,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     files = {"csv": str(out / f"{name}_sweep.csv"), "table": str(out / f"{name}_sweep.md"),
              "granularity_plot": str(out / f"{name}_hit_vs_granularity.png"),
              "capacity_plot": str(out / f"{name}_hit_vs_capacity.png")}
-    cols = [c for c in TABLE_COLUMNS if c in df]
+    cols = [c for c in TABLE_COLUMNS if c in df and c not in WALL_CLOCK]
     md = df[cols].copy()
     for c in ("token_hit_rate", "request_hit_rate", "prefill_flop_saved_fraction"):
         if c in md:
@@ -204,31 +216,10 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in md.itertuples(index=False))
     pb = base.physical_block_tokens if base.physical_block_tokens in physical_blocks else max(physical_blocks)
     hb = base.hash_block_tokens if base.hash_block_tokens in hash_blocks else min(hash_blocks)
-    # every file is rendered to a temp name first and renamed only once all four exist: a failure leaves nothing
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"cannot create the output directory: {err.strerror}", source="--out") from None
-    staged: dict[str, Path] = {}
-    try:
-        for key in files:
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{Path(files[key]).name}.", suffix=Path(files[key]).suffix)
-            os.close(fd)
-            staged[key] = Path(tmp)
-        staged["csv"].write_text(df.to_csv(index=False))
-        staged["table"].write_text(f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
-        plot_granularity(replayed, staged["granularity_plot"], f"{label}: token hit rate vs granularity")
-        plot_capacity(replayed, staged["capacity_plot"], label, pb, hb)
-        for key, tmp in staged.items():
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, files[key])
-    except BaseException as err:
-        for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        if isinstance(err, OSError):
-            raise InputError(f"cannot write the sweep files: {err.strerror}", source="--out") from None
-        raise
+    # one part per name: a directory holds the sweeps of several traces (reports/prefix_cache)
+    with output_dir(out, kind=KIND, part=name, source="--out"):
+        atomic_write_text(files["csv"], _results(df).to_csv(index=False))
+        atomic_write_text(files["table"], f"Sweep on `{label}` (hit rates in %, bytes SI)\n\n" + header + body)
+        plot_granularity(replayed, Path(files["granularity_plot"]), f"{label}: token hit rate vs granularity")
+        plot_capacity(replayed, Path(files["capacity_plot"]), label, pb, hb)
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)

@@ -1,19 +1,18 @@
 """Sweep the cache over policy x hash block x physical block x capacity, on several processes.
 
-The trace is parsed once in the parent and inherited by forked workers; each worker replays whole
-configurations (the replay itself is sequential: steps depend on the previous step).
+The trace is parsed once in the parent and inherited by forked workers (`k3sim.procs.ProcessPool`: they
+ignore Ctrl-C and SIGTERM, the parent stops them); each worker replays whole configurations (the replay
+itself is sequential: steps depend on the previous step).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import multiprocessing as mp
-import os
-import signal
 from typing import Callable, Sequence
 
 from k3sim.prefix_cache.config import CacheConfig
+from k3sim.procs import ProcessPool, worker_count
 from k3sim.prefix_cache.serving import SchedulerConfig, StepCost, replay
 from k3sim.workloads.request import TraceRequest
 
@@ -58,14 +57,6 @@ def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int,
     return i, row
 
 
-def _quiet_worker() -> None:
-    """Pool workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent alone reports it
-    (one line) and terminates the pool; without this every worker printed its own traceback. The worker
-    was forked with SIGINT blocked (see `run_sweep`), so a Ctrl-C before this point is dropped here."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def run_sweep(
     requests: Sequence[TraceRequest],
     configs: Sequence[CacheConfig],
@@ -74,14 +65,15 @@ def run_sweep(
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ):
-    """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`.
+    """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`, on `processes`
+    workers (default one per core; never more than configurations).
 
     `progress(done, total)` is called after each configuration (the CLI draws a bar on stderr with it)."""
     import pandas as pd
 
     global _REQUESTS
     _REQUESTS = list(requests)
-    processes = processes or min(len(configs), os.cpu_count() or 1)
+    processes = worker_count(processes, len(configs))
     # slowest first so the last worker does not finish alone: small blocks and coarse policies cost most
     order = sorted(range(len(configs)), key=lambda i: (configs[i].physical_block_tokens, configs[i].policy != "coarse"))
     tasks = [(i, configs[i], sched, cost) for i in order]
@@ -99,20 +91,7 @@ def run_sweep(
         for t in tasks:
             record(*_one(t))
     else:
-        # SIGINT is held while the pool starts: an interrupt inside Pool() would leave workers nobody stops,
-        # and a forked worker must not run the parent's handler before it ignores the signal
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            pool = mp.get_context("fork").Pool(processes, initializer=_quiet_worker)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending Ctrl-C lands below
-        try:
-            for i, row in pool.imap_unordered(_one, tasks, chunksize=1):
+        with ProcessPool(processes) as pool:  # Ctrl-C, SIGTERM or an error: the workers are killed on the way out
+            for i, row in pool.imap_unordered(_one, tasks):
                 record(i, row)
-            pool.close()
-        except BaseException:
-            pool.terminate()  # Ctrl-C or an error: stop the workers now, without their tracebacks
-            raise
-        finally:
-            pool.join()
     return pd.DataFrame(rows)

@@ -1,59 +1,25 @@
 """Render a plan into `report.md`, `report.html`, `plan.json` and `figures/*.png` in one directory.
 
-The whole directory is built in a temporary sibling and renamed into place at the end, so a failed run
-(bad input, a crash while drawing, Ctrl-C) leaves the previous report untouched and no half report.
+The directory goes through `k3sim.files.output_dir` (kind `plan`): the report is built in a staging
+directory and moved into place at the end, so a failed run (bad input, a crash while drawing, Ctrl-C)
+leaves the previous report untouched and no half report; an existing directory that is not empty and not a
+previous plan report is refused, and a file k3sim did not write in it is never touched.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
-
-from k3sim.errors import InputError
 
 GB = 1e9
+KIND = "plan"  # the output kind of a report directory (k3sim.files manifest)
 
 
 def check_out_dir(out: str | Path, source: str = "--out") -> None:
-    """Refuse an output directory that cannot be written before any work is done."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a directory", source=f"{source} {out}")
-    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"cannot write under {parent} (permission denied)", source=f"{source} {out}")
+    """Refuse a report directory k3sim may not write, before any work is done."""
+    from k3sim.files import check_output_dir
 
-
-@contextmanager
-def atomic_dir(out: str | Path, source: str = "--out") -> Iterator[Path]:
-    """Yield an empty temp directory beside `out`; on success it replaces `out` whole."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a directory", source=f"{source} {out}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as err:
-        raise InputError(f"cannot write the report directory ({err.strerror or err.__class__.__name__})",
-                         source=f"{source} {out}") from None
-    old = None
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rmdir(old)
-            os.rename(out, old)
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    check_output_dir(out, kind=KIND, source=source)
 
 
 def _s(x: float) -> str:
@@ -86,7 +52,6 @@ def build_context(res, fig_dir: Path) -> dict:
     """Tables and figures of every section (figures drawn into `fig_dir`)."""
     from k3sim.report import figures as F
 
-    fig_dir.mkdir(parents=True, exist_ok=True)
     sections: list[dict] = []
 
     def section(id_, title, note="", table=None, figs=(), extra=()):
@@ -239,13 +204,18 @@ def _env():
 
 
 def write_report(res, out: str | Path, source: str = "--out") -> list[Path]:
-    """Write the report directory atomically; returns the paths written (final locations)."""
+    """Write the report directory whole (`k3sim.files.output_dir`); returns the paths written (final
+    locations). Opened already by the caller (`k3sim plan` opens it before planning), it joins that."""
+    from k3sim.files import atomic_write_text, output_dir
+
     out = Path(out)
-    with atomic_dir(out, source) as tmp:
-        ctx = build_context(res, tmp / "figures")
+    with output_dir(out, kind=KIND, source=source):
+        ctx = build_context(res, out / "figures")
         env = _env()
-        (tmp / "report.md").write_text(env.get_template("report.md.j2").render(**ctx))
-        (tmp / "report.html").write_text(env.get_template("report.html.j2").render(**ctx))
-        (tmp / "plan.json").write_text(json.dumps(res.to_json(), indent=2) + "\n")
-        names = sorted(p.relative_to(tmp) for p in tmp.rglob("*") if p.is_file())
-    return [out / n for n in names]
+        texts = {"report.md": env.get_template("report.md.j2").render(**ctx),
+                 "report.html": env.get_template("report.html.j2").render(**ctx),
+                 "plan.json": json.dumps(res.to_json(), indent=2) + "\n"}
+        for name, text in texts.items():
+            atomic_write_text(out / name, text)
+    return sorted([out / n for n in texts] + [out / "figures" / Path(f["path"]).name
+                                             for sec in ctx["sections"] for f in sec["figures"]])

@@ -1,4 +1,6 @@
-"""Plots and files of a serving run or a rate sweep (every file atomic: `k3sim.files`).
+"""Plots and files of a serving run or a rate sweep, written whole through `k3sim.files.output_dir` (kinds
+`serve` and `serve-sweep-rate`). Wall-clock seconds are printed and in `--json`, not in the files: a file
+holds results only, so a run regenerated from the same inputs writes the same bytes.
 
 The knee of a rate sweep is the lowest offered rate at which the fleet completes less than `KNEE_FRACTION`
 of the offered requests per second: past it the queue grows for as long as requests keep coming, and p99 TTFT
@@ -12,6 +14,16 @@ import math
 from pathlib import Path
 
 KNEE_FRACTION = 0.95  # modelling choice: 5 % below the offered rate is sustained queue growth, not noise
+RUN_KIND = "serve"  # output kinds (k3sim.files manifest)
+SWEEP_KIND = "serve-sweep-rate"
+WALL_CLOCK = ("wall_s",)  # machine timings: not results, never written to a file
+
+
+def _results(obj):
+    """A summary dict or a frame without its wall-clock fields."""
+    if isinstance(obj, dict):
+        return {k: v for k, v in obj.items() if k not in WALL_CLOCK}
+    return obj.drop(columns=[c for c in WALL_CLOCK if c in obj.columns])
 
 
 def knee_rate(rates, throughputs) -> float | None:
@@ -112,27 +124,29 @@ def plot_rate_sweep(df, path: Path, title: str) -> float | None:
 
 def write_run(out: Path, res, title: str) -> dict[str, str]:
     """summary.json, requests.csv + requests.parquet, timeseries.csv, latency_cdfs.png, timeseries.png."""
-    from k3sim.files import atomic_path, atomic_write_text
+    from k3sim.files import atomic_path, atomic_write_text, output_dir
     from k3sim.output import to_jsonable
 
+    out = Path(out)
     files = {k: str(out / v) for k, v in (("summary", "summary.json"), ("requests_csv", "requests.csv"),
                                           ("requests_parquet", "requests.parquet"),
                                           ("timeseries", "timeseries.csv"), ("latency_cdfs", "latency_cdfs.png"),
                                           ("timeseries_plot", "timeseries.png"))}
     df = res.frame()
     ts = timeseries_frame_from(res)
-    atomic_write_text(files["summary"], json.dumps(to_jsonable(res.summary), indent=2) + "\n")
-    with atomic_path(files["requests_csv"]) as tmp:
-        df.to_csv(tmp, index=False)
-    with atomic_path(files["requests_parquet"]) as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(files["timeseries"]) as tmp:
-        ts.to_csv(tmp, index=False)
-    plot_latency_cdfs(df, Path(files["latency_cdfs"]), title)
-    if len(ts):
-        plot_timeseries(ts, Path(files["timeseries_plot"]), title)
-    else:
-        del files["timeseries_plot"]
+    with output_dir(out, kind=RUN_KIND):
+        atomic_write_text(files["summary"], json.dumps(to_jsonable(_results(res.summary)), indent=2) + "\n")
+        with atomic_path(files["requests_csv"]) as tmp:  # streamed: a run may hold a million requests
+            df.to_csv(tmp, index=False)
+        with atomic_path(files["requests_parquet"]) as tmp:
+            df.to_parquet(tmp, index=False)
+        with atomic_path(files["timeseries"]) as tmp:
+            ts.to_csv(tmp, index=False)
+        plot_latency_cdfs(df, Path(files["latency_cdfs"]), title)
+        if len(ts):
+            plot_timeseries(ts, Path(files["timeseries_plot"]), title)
+        else:
+            del files["timeseries_plot"]
     return files
 
 
@@ -144,12 +158,15 @@ def timeseries_frame_from(res):
 
 
 def write_sweep(out: Path, df, title: str) -> tuple[dict[str, str], float | None]:
-    from k3sim.files import atomic_path
+    """rate_sweep.csv (one row per rate, no wall-clock column) and rate_sweep.png; returns (files, knee)."""
+    from k3sim.files import atomic_write_text, output_dir
 
+    out = Path(out)
     files = {"sweep_csv": str(out / "rate_sweep.csv"), "sweep_plot": str(out / "rate_sweep.png")}
-    with atomic_path(files["sweep_csv"]) as tmp:
-        df.to_csv(tmp, index=False)
-    knee = plot_rate_sweep(df, Path(files["sweep_plot"]), title)
+    with output_dir(out, kind=SWEEP_KIND):
+        # 12 significant digits: LO:HI:N rates come out as 0.30000000000000004; the results keep their precision
+        atomic_write_text(files["sweep_csv"], _results(df).to_csv(index=False, float_format="%.12g"))
+        knee = plot_rate_sweep(df, Path(files["sweep_plot"]), title)
     return files, knee
 
 

@@ -343,12 +343,6 @@ def _step_fn(setup: ServeSetup, pool: PoolSpec):
 _SWEEP: dict = {}  # what sweep workers read (set before the pool forks)
 
 
-def _ignore_sigint() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _sweep_point(rate: float) -> dict:
     st = _SWEEP
     res = simulate(st["setup"], st["requests"](rate), sample_interval_s=st["sample_interval_s"])
@@ -357,47 +351,46 @@ def _sweep_point(rate: float) -> dict:
 
 def sweep_rates(setup: ServeSetup, requests_at: Callable[[float], Iterable], rates: list[float], *,
                 processes: int | None = None, sample_interval_s: float = 10.0, warm: Iterable | None = None):
-    """One simulation per arrival rate (`requests_at(rate)` gives the stream), on worker processes that
-    ignore Ctrl-C (the parent stops them). `warm`: a short stream simulated first in this process, so the
+    """One simulation per arrival rate (`requests_at(rate)` gives the stream), on `processes` forked workers
+    (default one per core, never more than rates; `k3sim.procs.ProcessPool`: they ignore Ctrl-C and SIGTERM,
+    the parent kills them on any way out). `warm`: a short stream simulated first in this process, so the
     step-cost tables every worker needs are computed once and inherited. Returns a DataFrame by rate."""
-    import multiprocessing as mp
-    import os
-
     import pandas as pd
+
+    from k3sim.procs import ProcessPool, worker_count
 
     if warm is not None:
         simulate(setup, warm, sample_interval_s=sample_interval_s)
     _SWEEP.update(setup=setup, requests=requests_at, sample_interval_s=sample_interval_s)
-    procs = processes or min(len(rates), os.cpu_count() or 1)
-    if procs <= 1 or len(rates) == 1:
+    procs = worker_count(processes, len(rates))
+    if procs <= 1:
         rows = [_sweep_point(r) for r in rates]
     else:
-        ctx = mp.get_context("fork")
-        pool = ctx.Pool(procs, initializer=_ignore_sigint)
-        try:
-            rows = pool.map(_sweep_point, rates, chunksize=1)
-            pool.close()
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
+        with ProcessPool(procs) as pool:
+            rows = list(pool.imap_unordered(_sweep_point, rates))
     return pd.DataFrame(rows).sort_values("arrival_rate").reset_index(drop=True)
 
 
-def check_trace(trace: str | Path, hash_block_tokens: int, limit: int | None = None) -> int:
-    """Read the whole trace once, strictly (a malformed line stops here, named by its number, before any
-    simulation or output); returns the number of requests (for the progress bar)."""
-    from k3sim.prefix_cache.run import _check_some_requests, _check_trace_granularity
-    from k3sim.workloads.mooncake import TraceStats, read_mooncake
+def check_trace(trace: str | Path, hash_block_tokens: int, *, rereads: bool = False,
+                limit: int | None = None) -> None:
+    """What can be known of a trace before the run: the cache's hash block fits the trace's ids, and something
+    readable is at the path (`k3sim.reader.probe`: a missing file, a directory or a device is one line here).
+    A single run validates the trace while it consumes it (`request_source`), in one pass, so a pipe works.
+    `rereads` (a rate sweep replays the trace once per rate): a pipe is refused, and a file, read several
+    times anyway, is validated here first, so a bad line stops the sweep before any simulation."""
+    from k3sim.prefix_cache.run import _check_trace_granularity
+    from k3sim.reader import probe
+    from k3sim.workloads.mooncake import read_mooncake
 
     _check_trace_granularity(hash_block_tokens, "serving.engine.hash_block_tokens")
-    stats = TraceStats()
-    n = 0
-    for _ in read_mooncake(trace, strict=True, stats=stats, limit=limit):
-        n += 1
-    _check_some_requests(trace, stats)
-    return n
+    info = probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
+    if not rereads:
+        return
+    if not info.rereadable:
+        raise InputError("is a pipe, which can be read only once, and --sweep-rate replays the trace once per "
+                         "rate: save it to a file first (e.g. cat ... > trace.jsonl)", source=f"--trace {trace}")
+    for _ in read_mooncake(trace, strict=True, limit=limit, require_requests=True):
+        pass
 
 
 def request_source(*, trace: str | Path | None, workload: str | None, n_requests: int, seed: int,
@@ -413,7 +406,8 @@ def request_source(*, trace: str | Path | None, workload: str | None, n_requests
         if trace is not None:
             from k3sim.workloads.mooncake import read_mooncake
 
-            return read_mooncake(trace, strict=True, limit=limit)
+            # validated while consumed (one pass: a pipe works); no valid request at all is an error at its end
+            return read_mooncake(trace, strict=True, limit=limit, require_requests=True)
         if workload == "stream":
             return synthetic_stream(n_requests, seed=seed, rate=rate or 10.0)
         from k3sim.workloads.synthetic import synthetic_workload

@@ -10,7 +10,8 @@ forward and six in the backward, stable to 2 % across shapes within a configurat
 
 `GlueCalibration` carries that as two factors on the proxy-priced calls of the glue families (`is_glue`:
 forward; backward). They are
-fitted on one configuration's profiled points (`fit`) and kept with their provenance in
+fitted on one configuration's profiled points (`k3sim check fit-glue`, validation/glue_fit.py: fitting is
+validation work, this module only reads the result) and kept with their provenance in
 `<measured dir>/training_glue.yaml`; a profile without its own file uses H200's (the factors describe the
 software's glue relative to a copy, not the GPU). `GlueCalibration.proxy()` (factors 1) is the bytes-only
 model: a stack with fused permute kernels (Transformer Engine's moe_permute) would sit near it, unmeasured.
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from k3sim.step.families import PROXIED, op_family
 
 GLUE_FILE = "training_glue.yaml"
 GLUE_MODES = ("calibrated", "proxy")  # the training option `moe_glue`: the profile's calibration, or bytes only
@@ -97,7 +100,9 @@ def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, tuple[str, 
     from k3sim.errors import InputError
 
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        from k3sim.kernels.store import read_measured  # one reader: a regular file, size-capped
+
+        doc = yaml.safe_load(read_measured(Path(path), "training glue calibration").decode("utf-8", errors="replace"))
     except yaml.YAMLError as err:
         raise InputError(f"not valid YAML ({str(err).splitlines()[0]})", source=path) from None
     if not isinstance(doc, dict):
@@ -120,42 +125,7 @@ def _read(path: str, mtime_ns: int) -> tuple[float, float, str, str, tuple[str, 
 
 def is_glue(op: str) -> bool:
     """Whether the factors apply to a proxy-priced call of `op`: the kernel families the fit measured as
-    glue (`step.wholestep.PROXIED`: elementwise / routing / copies and the short conv). A proxy-priced op
+    glue (`step.families.PROXIED`: elementwise / routing / copies and the short conv). A proxy-priced op
     of another family (the gated norm, in "norms") keeps its plain proxy: fit and prediction agree."""
-    from k3sim.step.wholestep import PROXIED, op_family
-
     return op_family(op) in PROXIED
 
-
-def fit(run_dir, config: str, points: list[tuple[int, int]], hw: Any = "h200") -> dict:
-    """Factors from the profiled `points` (seq, micro-batch) of `config` in a training run directory.
-
-    Per point: forward factor = (profiled glue families - the registry-measured calls among them) /
-    proxy-priced calls' predicted seconds; backward the same with forward+backward minus forward.
-    The factors are the ratio of summed seconds over the points (one number each, no per-shape terms)."""
-    import pandas as pd
-
-    from k3sim.configs import load_hardware
-    from k3sim.step.wholestep import PROXIED, kernel_family
-    from k3sim.step.wholestep_train import slice_calls
-
-    hw = load_hardware(hw) if isinstance(hw, str) else hw
-    K = pd.read_csv(Path(run_dir) / "kernels.csv")
-    K = K[(K.part == "train") & (K.config == config)]
-    K = K.assign(family=K.kernel.map(kernel_family))
-    num_f = num_b = den_f = den_b = 0.0
-    for seq, mb in points:
-        g = K[(K.seq == seq) & (K.micro_batch == mb) & K.family.isin(PROXIED)]
-        if g.empty:
-            from k3sim.errors import InputError
-
-            raise InputError(f"{config} {seq}x{mb} was not profiled there", source=str(run_dir), field="points")
-        prof_f = g[g.phase == "fwd"].gpu_s.sum()
-        prof_b = g[g.phase == "fwd_bwd"].gpu_s.sum() - prof_f
-        rows = [r for r in slice_calls(config, hw, seq, mb, None, None) if is_glue(r["op"])]
-        num_f += prof_f - sum(r["fwd_s"] for r in rows if not r["proxy"])
-        num_b += prof_b - sum(r["bwd_s"] for r in rows if not r["proxy"])
-        den_f += sum(r["fwd_s"] for r in rows if r["proxy"])
-        den_b += sum(r["bwd_s"] for r in rows if r["proxy"])
-    return dict(fwd=round(num_f / den_f, 4), bwd=round(num_b / den_b, 4), config=config,
-                points=[f"{q}x{m}" for q, m in points], run=Path(run_dir).name)

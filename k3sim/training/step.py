@@ -333,6 +333,10 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     from k3sim.configs.parallel import check_layout
 
     check_layout(model, par, mode="train", source=source, hardware=hw)  # the one layout check (configs/parallel.py)
+    if opts.redundant_experts and model.moe is not None and par.ep > 1:  # bounded before the balancer runs
+        from k3sim.planner.inputs import check_redundant_experts
+
+        check_redundant_experts(opts.redundant_experts, model.moe.num_routed_experts, par.ep, source)
     if seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len}-token sequence", source=source, field="cp")
     m = num_micro_batches or par.pp * par.virtual_stages

@@ -2,7 +2,9 @@
 
 Format (kvcache-ai/Mooncake FAST25-release/traces): one JSON object per line with `timestamp` (ms, relative),
 `input_length`, `output_length` (tokens) and `hash_ids` (chained ids of 512-token blocks,
-len == ceil(input_length / 512)). Lines are read one at a time so a million-request file never sits in memory.
+len == ceil(input_length / 512)). Lines are streamed once through `k3sim.reader.iter_lines`, so a
+million-request file never sits in memory, a trace from a pipe (`<(...)`, a FIFO) is validated while it is
+consumed (there is no second pass), and a line or a file past its cap (below) is refused with its number.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from k3sim import reader
 from k3sim.configs.bounds import BOUNDS
 from k3sim.errors import InputError, shorten
 from k3sim.workloads.request import TraceRequest
@@ -21,6 +24,33 @@ MOONCAKE_BLOCK_TOKENS = 512
 # One request's input or output length: the documented range of k3sim.configs.bounds (a replay steps through
 # every output token, so 1e15 would run for days).
 MAX_REQUEST_TOKENS = int(BOUNDS["request_tokens"].hi)
+
+# Bytes of one hash id written in JSON with its separator: a 64-bit id has at most 20 digits, then ", ".
+_ID_BYTES = len(str(2 ** 64)) + len(", ")
+# Bytes of a line besides its hash ids: the four keys, their punctuation and the three numbers (generous).
+_FIELDS_BYTES = 1024
+
+
+def max_line_bytes(block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:
+    """Longest trace line read (bytes): twice the longest valid line written compactly (a request of
+    `MAX_REQUEST_TOKENS` input tokens carries ceil(that / block_tokens) hash ids of up to 20 digits), the
+    factor two for looser whitespace. 1.4 MB at 512-token blocks; the shipped traces' longest line is 2.7 kB.
+    A longer line (`/dev/zero` through a pipe, a file with no newlines) is refused with its number before it
+    grows in memory."""
+    return 2 * (-(-MAX_REQUEST_TOKENS // block_tokens) * _ID_BYTES + _FIELDS_BYTES)
+
+
+# Largest trace read (bytes). A modelling choice: ~1,400x the shipped 3 MB conversation trace (12,031
+# requests), ~17 million requests at its 250 bytes a line: a replay of that runs for hours. A pipe that never
+# ends (`yes`) is stopped here instead of running forever.
+MAX_TRACE_BYTES = 4 * 2 ** 30
+# Most lines read (blank and skipped ones count): the same ~1,400x, at the shipped trace's ~256 bytes a line.
+# Bounds the work of a pipe of tiny lines (`yes`, `yes ''`), which the byte cap alone lets run for many minutes.
+MAX_TRACE_LINES = MAX_TRACE_BYTES // 256
+# Malformed lines skipped before the first valid request after which a file is no trace at all (`yes` through a
+# pipe would otherwise be parsed line by line up to MAX_TRACE_LINES, ~90 s). A modelling choice: a real trace
+# with a damaged head has a few bad lines, not ten thousand.
+MAX_LEADING_MALFORMED = 10_000
 
 
 def _short(value: object, limit: int = 40) -> str:
@@ -77,21 +107,25 @@ def read_mooncake(
     stats: TraceStats | None = None,
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
     limit: int | None = None,
+    require_requests: bool = False,
 ) -> Iterator[TraceRequest]:
-    """Yield requests in file order. A malformed line (bad JSON, negative length, hash_ids inconsistent with
-    input_length, time going backwards) raises `InputError` naming its line when `strict`, else is skipped and
-    counted in `stats`."""
+    """Yield requests in file order, reading the file (or pipe) exactly once. A malformed line (bad JSON,
+    negative length, hash_ids inconsistent with input_length, time going backwards) raises `InputError` naming
+    its line when `strict`, else is skipped and counted in `stats`. A line or a file over its cap
+    (`max_line_bytes`, `MAX_TRACE_BYTES`) always raises. `require_requests`: a trace that ends without one
+    valid request raises at its end (the single pass's replacement for a counting pass)."""
     stats = stats if stats is not None else TraceStats()
-    p = Path(path)
-    try:
-        fh = open(p, "rb")  # lines decoded one by one: a line that is not UTF-8 is malformed, not a crash
-    except OSError as err:
-        raise InputError(f"cannot read trace: {err.strerror}", source=str(path)) from None
+    # lines decoded one by one: a line that is not UTF-8 is malformed, not a crash
+    lines = reader.iter_lines(path, source=str(path), what="Mooncake JSONL trace",
+                              max_line_bytes=max_line_bytes(block_tokens), max_bytes=MAX_TRACE_BYTES)
     last_ts = 0.0
-    with fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if limit is not None and stats.requests >= limit:
-                return
+    if limit is not None and limit <= 0:
+        return
+    try:
+        for lineno, raw in lines:
+            if lineno > MAX_TRACE_LINES:
+                raise InputError(f"line {lineno:,}: more than {MAX_TRACE_LINES:,} lines, the most a trace may "
+                                 "have (a bound on the work); replay a part of it", source=str(path))
             stats.lines += 1
             if not raw.strip():
                 continue
@@ -110,6 +144,8 @@ def read_mooncake(
                 if strict:
                     raise InputError(f"line {lineno}: {reason}", source=str(path))
                 stats.note(lineno, reason)
+                if stats.requests == 0 and stats.skipped >= MAX_LEADING_MALFORMED:
+                    raise no_requests_error(path, stats, f"in its first {stats.skipped:,} non-blank lines")
                 continue
             last_ts = rec["timestamp"] / 1e3
             stats.requests += 1
@@ -121,6 +157,19 @@ def read_mooncake(
                 block_tokens=block_tokens,
                 line=lineno,
             )
+            if limit is not None and stats.requests >= limit:
+                return  # no further line is read: a pipe's writer is not waited for
+    finally:
+        lines.close()  # the file is closed however the iteration ends (a consumer may stop early)
+    if require_requests and stats.requests == 0:
+        raise no_requests_error(path, stats)
+
+
+def no_requests_error(path: str | Path, stats: TraceStats, where: str = "in the trace") -> InputError:
+    """The error of a trace that held no valid request (empty, or every line malformed and skipped)."""
+    first = f"; first: line {stats.problems[0][0]}: {stats.problems[0][1]}" if stats.problems else ""
+    return InputError(f"no valid request {where} ({stats.skipped:,} malformed lines skipped{first}); give "
+                      "a Mooncake JSONL trace with at least one request", source=str(path))
 
 
 def write_mooncake(requests: Iterable[TraceRequest], path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:

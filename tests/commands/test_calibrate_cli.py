@@ -11,13 +11,22 @@ from test_kernel_time_cli import make_profile
 
 def test_fit_writes_fitted_yaml(cli, tmp_path):
     hw, run = make_profile(tmp_path)
-    proc = cli("calibrate", "fit", "--hardware", hw, "--json")
+    proc = cli("calibrate", "fit", "--hardware", hw, "--out", run.parent / "fitted.yaml", "--json")
     assert proc.returncode == 0, proc.stderr
     fitted = yaml.safe_load((run.parent / "fitted.yaml").read_text())
     assert fitted["profile"] == "clitest" and fitted["ops"]["hbm_copy"]["runs"] == ["r1"]
     params = fitted["ops"]["hbm_copy"]["params"]
     assert abs(params["eff_bytes"] * 4.0e12 / 3.6e12 - 1) < 0.05  # fitted 3.6 TB/s of a 4 TB/s datasheet
     assert json.loads(proc.stdout)["path"].endswith("fitted.yaml")
+
+
+def test_fit_writes_under_the_working_directory_unless_told(cli, tmp_path):
+    """`calibrate fit` rewrote the profile's committed fitted.yaml; by default it writes ./k3sim-out/."""
+    hw, run = make_profile(tmp_path / "p")
+    proc = cli("calibrate", "fit", "--hardware", hw, "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["path"] == "k3sim-out/clitest-fitted.yaml"
+    assert (tmp_path / "k3sim-out" / "clitest-fitted.yaml").is_file() and not (run.parent / "fitted.yaml").exists()
 
 
 def test_validate_writes_report(cli, tmp_path):
@@ -47,24 +56,25 @@ def test_errors_exit_2(cli, tmp_path):
 
 def test_unwritable_outputs_are_one_line_exit_2_and_leave_nothing(cli, tmp_path):
     hw, run = make_profile(tmp_path)
-    (run.parent / "fitted.yaml").mkdir()  # a directory where the fit must go: the rename fails
-    proc = cli("calibrate", "fit", "--hardware", hw)
+    (run.parent / "fitted.yaml").mkdir()  # a directory where the fit must go: refused before the fit
+    proc = cli("calibrate", "fit", "--hardware", hw, "--out", run.parent / "fitted.yaml")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "fitted.yaml" in lines[0] and "cannot write" in lines[0]
+    assert len(lines) == 1 and "fitted.yaml" in lines[0] and "is a directory" in lines[0]
     assert [p.name for p in run.parent.iterdir() if p.name.startswith(".")] == []  # no temp file left
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     proc = cli("calibrate", "validate", "--hardware", hw, "--out", blocker / "report")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot create the output directory" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "a-file is a regular file, not a directory" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_measured_dir_without_successful_rows_is_exit_2(cli, tmp_path):
     hw, run = make_profile(tmp_path)
     (run / "hbm_copy.csv").write_text("bytes,seconds,status,error\n1024,,failed,OOM\n")
-    for args in (["calibrate", "fit", "--hardware", hw], ["calibrate", "validate", "--hardware", hw, "--out", tmp_path / "rep"]):
+    for args in (["calibrate", "fit", "--hardware", hw, "--out", run.parent / "fitted.yaml"],
+                 ["calibrate", "validate", "--hardware", hw, "--out", tmp_path / "rep"]):
         proc = cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
@@ -125,13 +135,14 @@ def test_regenerating_unchanged_fit_and_report_leaves_the_files_untouched(cli, t
 
     hw, run = make_profile(tmp_path)
     out = tmp_path / "report"
-    assert cli("calibrate", "fit", "--hardware", hw).returncode == 0
+    fit = ("calibrate", "fit", "--hardware", hw, "--out", run.parent / "fitted.yaml")
+    assert cli(*fit).returncode == 0
     assert cli("calibrate", "validate", "--hardware", hw, "--out", out, "--no-refit").returncode == 0
     files = [run.parent / "fitted.yaml", *sorted(out.iterdir())]
     for f in files:
         os.utime(f, (1_000_000, 1_000_000))
     before = {f: f.read_bytes() for f in files}
-    assert cli("calibrate", "fit", "--hardware", hw).returncode == 0
+    assert cli(*fit).returncode == 0
     assert cli("calibrate", "validate", "--hardware", hw, "--out", out, "--no-refit").returncode == 0
     for f in files:
         assert f.read_bytes() == before[f] and f.stat().st_mtime == 1_000_000, f.name

@@ -54,13 +54,22 @@ def test_sweep_writes_table_and_plot(tmp_path):
     (["--mtp", "32", "--acceptance", "0.5"], "--mtp"),  # 2 x 32 + 1 tokens exceed the KDA kernel's 64
     (["--zipf", "nan"], "--zipf"),
     (["--expert-kernel", "magic"], "--expert-kernel"),
-    (["--sweep-batch"], "--out"),
+    (["--out", "somewhere"], "--out"),  # only --sweep-batch writes files
 ])
 def test_bad_input_one_line_exit_2(args, option):
     p = run_cli("decode", *args)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], p.stderr
+
+
+def test_sweep_default_out_is_under_the_working_directory(tmp_path):
+    """`--sweep-batch` without --out writes ./k3sim-out/decode/ (the README example wrote reports/decode)."""
+    p = run_cli("decode", "--model", "models/kimi-linear-48b.yaml", "--tp", "1", "--pp", "1", "--ep", "1",
+                "--context", "4096", "--sweep-batch", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["csv"] == "k3sim-out/decode/decode_kimi-linear-48b_tp1_pp1_ep1_ctx4096.csv"
+    assert (tmp_path / "k3sim-out/decode/decode_kimi-linear-48b_tp1_pp1_ep1_ctx4096.png").is_file()
 
 
 def test_sweep_out_that_is_a_file_is_one_line_and_nothing_written(tmp_path):

@@ -98,7 +98,7 @@ def test_sweep_writes_table_and_plots(tmp_path):
     assert len(out["rows"]) == 3 * 2 * 2
     for f in out["files"].values():
         assert Path(f).exists() and Path(f).stat().st_size > 0
-    assert not list(tmp_path.glob(".*"))  # no temp files left behind
+    assert [p.name for p in tmp_path.glob(".*")] == [".k3sim-manifest.json"]  # no temp files left behind
     # a sweep row is the same replay as a single run of that configuration
     one = json.loads(run_cli("prefix-cache", "--trace", CONV, "--policy", "decoupled", "--physical-block", "2048",
                              "--capacity-bytes", "64e9", "--json").stdout)
@@ -130,9 +130,9 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 def test_missing_trace_one_line_and_sweep_leaves_nothing(tmp_path):
     out_dir = tmp_path / "sweep"
-    _one_line_exit_2(run_cli("prefix-cache", "--trace", tmp_path / "missing.jsonl"), "cannot read trace")
+    _one_line_exit_2(run_cli("prefix-cache", "--trace", tmp_path / "missing.jsonl"), "--trace", "file not found")
     _one_line_exit_2(run_cli("prefix-cache", "--trace", tmp_path / "missing.jsonl", "--sweep", "--out", out_dir),
-                     "cannot read trace")
+                     "file not found")
     assert not out_dir.exists()
 
 
@@ -169,7 +169,8 @@ def test_sweep_unbounded_only_writes_all_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert len(out["rows"]) == 1 and out["rows"][0]["requests"] == 300
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in out["files"].values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".k3sim-manifest.json", *(Path(f).name for f in
+                                                                                           out["files"].values())])
     table = run_cli("prefix-cache", "--trace", CONV, "--sweep", "--physical-blocks", "6144", "--capacities", "none",
                     "--policies", "decoupled", "--out", tmp_path / "t")  # the printed table, not JSON
     assert table.returncode == 0, table.stderr
@@ -227,7 +228,7 @@ def test_sweep_bad_out_and_capacities_below_one_request(tmp_path):
     (tmp_path / "afile").write_text("")
     base = ("prefix-cache", "--trace", CONV, "--sweep", "--policies", "decoupled")
     _one_line_exit_2(run_cli(*base, "--physical-blocks", "6144", "--capacities", "none",
-                             "--out", tmp_path / "afile" / "sub"), "--out", "Not a directory")
+                             "--out", tmp_path / "afile" / "sub"), "--out", "not a directory")
     _one_line_exit_2(run_cli(*base, "--physical-blocks", "6144", "--capacities", "1e3", "--out", tmp_path / "s"),
                      "--capacities", "below what one request needs")
     assert not (tmp_path / "s").exists()

@@ -82,7 +82,7 @@ def _train_scenario(tmp_path: Path) -> Path:
     (["--trace", TRACE, "--replicas", "1000000000"], "--replicas"),
     (["--trace", TRACE, "--arrival-rate", "1e30"], "--arrival-rate"),
     (["--workload", "chat", "--requests", "1000000000"], "--requests"),
-    (["--trace", "MISSING"], "cannot read"),
+    (["--trace", "MISSING"], "file not found"),
     (["--trace", TRACE, "--workload", "chat"], "--trace"),
 ])
 def test_bad_input_one_line_exit_2_no_out(tmp_path, args, needle):

@@ -32,7 +32,7 @@ def test_sweep_small_grid(cli, tmp_path):
     (["--tp", "0"], ["--tp", "positive integers"]),
     (["--tp", "32"], ["sweep grid is empty"]),
     (["--scheduler", "localhost:8786"], ["--scheduler", "tcp://HOST:PORT"]),
-    (["--workers", "0"], ["--workers", ">= 1"]),
+    (["--workers", "0"], ["--workers", "at least 1"]),  # k3sim.configs.bounds BOUNDS["workers"]
 ])
 def test_sweep_bad_input(cli, tmp_path, args, words):
     path = kl_train(tmp_path)

@@ -170,3 +170,51 @@ def test_hf_null_flag_is_false(tmp_path, root):
     p = tmp_path / "config.json"
     p.write_text(json.dumps(data))
     assert load_model(p).mla.output_gate is False
+
+
+# ---- files named in a scenario and profiles go through k3sim.reader (issue 19) -------------------------------
+
+def _scenario_naming(tmp_path, root, **fields):
+    data = yaml.safe_load((root / "scenarios/default.yaml").read_text())
+    data["model"] = str(root / "models/kimi-k3.yaml")
+    data.update(fields)
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: (d / "m.yaml").symlink_to(d / "m.yaml"), "symbolic link loop"),
+    (lambda d: (d / "m.yaml").symlink_to(d / "gone.yaml"), "which does not exist"),
+    (lambda d: (d / "m.yaml").mkdir(), "is a directory"),
+    (lambda d: (d / "m.yaml").symlink_to("/dev/zero"), "is a device"),
+])
+def test_a_scenario_model_that_is_there_but_unreadable_is_not_not_found(tmp_path, root, make, needle):
+    """Was: "file not found ... (looked in ...)" for a symlink loop or a dangling link that is there."""
+    make(tmp_path)
+    err = _err(resolve_scenario, _scenario_naming(tmp_path, root, model="m.yaml"))
+    assert needle in err.reason and "not found" not in err.reason
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: (d / "gpu").mkdir(), "is a directory, expected a hardware profile"),
+    (lambda d: (d / "gpu").symlink_to(d / "gpu"), "symbolic link loop"),
+    (lambda d: (d / "gpu").symlink_to("/dev/null"), "is a device"),
+])
+def test_a_hardware_path_that_is_not_a_profile_says_what_it_is(tmp_path, make, needle, monkeypatch):
+    """`--hardware d` for a directory d was "unknown hardware profile (known: ...)"."""
+    from k3sim.configs import load_hardware
+
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path)
+    assert needle in _err(load_hardware, "gpu").reason
+    assert "unknown hardware profile" in _err(load_hardware, "no-such-gpu").reason  # a name stays a name
+
+
+def test_a_config_over_the_cap_is_refused_before_reading(tmp_path):
+    from k3sim.reader import MAX_CONFIG_BYTES
+
+    p = tmp_path / "big.yaml"
+    with open(p, "wb") as f:
+        f.truncate(MAX_CONFIG_BYTES + 1)  # sparse: refused from its size
+    assert f"{MAX_CONFIG_BYTES + 1:,} bytes is too large for a model YAML" in _err(load_model, p).reason

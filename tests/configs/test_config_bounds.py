@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from k3sim.configs.bounds import BOUNDS, option_range
 from k3sim.errors import InputError
 
 K3 = "models/kimi-k3.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("value, kind, words", [
@@ -77,3 +79,78 @@ def test_check_layout_accepts_real_layouts():
                  hardware=load_hardware("gb200-nvl72"), mode="serve")
     check_layout(m, Parallelism(tp=8, pp=16, virtual_stages=2, ep=64, dp=64, zero_stage=1),
                  cluster=Cluster(num_gpus=8192), hardware=load_hardware("h200"), mode="train")
+
+
+# ------------------------------------------------------------------------------------------ issue 19: sections
+@pytest.mark.parametrize("cls, data, field, words", [
+    ("TrainingSection", {"routing_skew": math.inf}, "routing_skew", "finite"),
+    ("TrainingSection", {"routing_skew": 11.0}, "routing_skew", "less than or equal to 10"),
+    ("TrainingSection", {"redundant_experts": 10 ** 9}, "redundant_experts", "less than or equal to 65536"),
+    ("TrainingSection", {"seed": 10 ** 30}, "seed", "less than or equal"),
+    ("TrainingSection", {"seed": True}, "seed", "booleans are not numbers"),
+    ("TrainingSection", {"tp_overlap": math.nan}, "tp_overlap", "finite"),
+    ("SweepSection", {"tp": [8, 8]}, "tp", "8 appears twice"),
+    ("SweepSection", {"dp": []}, "dp", "is empty"),
+    ("SweepSection", {"pp": [100_000]}, "pp.0", "less than or equal to 65536"),
+    ("SweepSection", {"prefill_replicas": [0, 5000]}, "prefill_replicas.1", "less than or equal to 4096"),
+    ("SweepSection", {"max_batch": [True]}, "max_batch.0", "booleans"),
+    ("ServingConfig", {"engine": {"hash_block_tokens": 1}}, "engine.hash_block_tokens", "greater than or equal to 16"),
+    ("ServingConfig", {"engine": {"physical_block_tokens": 2 ** 31}}, "engine.physical_block_tokens", "less than"),
+    ("ServingConfig", {"seed": 10 ** 30}, "seed", "less than or equal"),
+    ("ServingConfig", {"slo_ttft_s": math.inf}, "slo_ttft_s", "finite"),
+    ("ServingConfig", {"slo_tpot_s": 0}, "slo_tpot_s", "greater than 0"),
+    ("ServingConfig", {"replicas": 5000}, "replicas", "less than or equal to 4096"),
+    ("ServingConfig", {"router_load_cap": 0}, "router_load_cap", "greater than or equal to 1"),
+    ("ServingConfig", {"engine": {"watermark_fraction": True}}, "engine.watermark_fraction", "booleans"),
+])
+def test_every_number_of_the_planner_sections_is_bounded(cls, data, field, words):
+    """A scenario's training:, sweep: and serving: numbers use the bounds table: .inf skew, 10^9 redundant
+    slots (a hang), a 10^30 seed and a 1-token hash block were accepted."""
+    from k3sim.configs import planning, serving
+    from k3sim.configs.loaders import validate
+
+    schema = getattr(planning, cls, None) or getattr(serving, cls)
+    with pytest.raises(InputError) as err:
+        validate(schema, data, "s.yaml")
+    assert err.value.field == field and words in err.value.reason, (err.value.field, err.value.reason)
+
+
+def test_the_skew_bound_is_where_the_hottest_expert_takes_almost_every_token():
+    """bounds.py says: at the Zipf exponent's upper end the hottest of K3's 896 experts takes 99.9 % of the
+    routed tokens, so nothing changes above it."""
+    import numpy as np
+
+    skew = BOUNDS["zipf_exponent"].hi
+    experts = load_model(K3).moe.num_routed_experts
+    w = 1.0 / np.arange(1, experts + 1, dtype=float) ** skew
+    assert experts == 896 and w[0] / w.sum() >= 0.999
+
+
+def test_a_serve_scenario_with_more_replicas_than_a_simulation_runs_is_refused(tmp_path):
+    from k3sim.configs.bounds import BOUNDS as B
+    from k3sim.configs.loaders import load_scenario
+
+    hi = int(B["replicas"].hi)
+    text = (ROOT / "scenarios/k3-h200-1node.yaml").read_text()
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("num_gpus: 8", f"num_gpus: {8 * (hi + 1)}"))
+    with pytest.raises(InputError) as err:
+        load_scenario(path)
+    assert err.value.field == "cluster.num_gpus" and "serving.replicas" in err.value.reason
+    path.write_text(text.replace("num_gpus: 8", f"num_gpus: {8 * (hi + 1)}")
+                    .replace("workload:", "serving: {replicas: 4}\nworkload:"))
+    assert load_scenario(path).serving.replicas == 4  # an explicit fleet size within the bound is served
+
+
+def test_redundant_slots_past_what_a_rank_can_use_are_refused_per_layout():
+    """10^9 MoonEP slots hung the balancer; the step model refuses more slots than the experts a rank does not
+    hold (every rank then holds every expert), for the layout at hand."""
+    from k3sim.configs import Parallelism
+    from k3sim.training import TrainOptions, train_step
+
+    m, hw = load_model(K3), load_hardware("h200")
+    par = Parallelism(tp=8, pp=16, virtual_stages=2, ep=64, dp=64)
+    cap = 896 - 896 // 64
+    with pytest.raises(InputError) as err:
+        train_step(m, hw, par, seq_len=32768, options=TrainOptions(redundant_experts=cap + 1), with_memory=False)
+    assert err.value.field == "training.redundant_experts" and f"at most {cap}" in err.value.reason

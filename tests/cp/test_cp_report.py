@@ -55,15 +55,30 @@ def test_report_failure_leaves_out_as_it_was(tmp_path):
     """A failure half-way (the kernel clock dies at the published point's 64-head setting, after the sweep
     table and plots exist) writes nothing into `out`, leaves an existing file untouched and no staging
     directory behind."""
+    from k3sim.cp.report import KIND
+    from k3sim.files import MANIFEST_NAME, mark_output
+
     out = tmp_path / "rep"
     out.mkdir()
     (out / "sweep.csv").write_text("old\n")
+    (out / "README.md").write_text("mine\n")  # not k3sim's: never touched
+    mark_output(out, kind=KIND, files=["sweep.csv"])  # a previous cp --sweep output
 
     with pytest.raises(RuntimeError, match="boom"):
         write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=_dying)
-    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv"]
-    assert (out / "sweep.csv").read_text() == "old\n"
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_NAME, "README.md", "sweep.csv"]
+    assert (out / "sweep.csv").read_text() == "old\n" and (out / "README.md").read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+def test_report_refuses_a_directory_of_someone_elses_files(tmp_path):
+    """`cp --sweep --out DIR` replaced the files of any DIR; one that is not a cp-sweep output is refused."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "sweep.csv").write_text("mine\n")
+    with pytest.raises(InputError, match="did not write"):
+        write_report(k3(), _hw(tmp_path), [8192], [8], out, kernel_time=fake_kernel_time)
+    assert [p.name for p in out.iterdir()] == ["sweep.csv"] and (out / "sweep.csv").read_text() == "mine\n"
 
 
 def test_report_failure_creates_no_directory(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -98,4 +99,58 @@ def test_help_shows_defaults_and_no_bool_types(capsys):
     code, out, _ = run_main(capsys, "prefix-cache", "--help")
     assert "[default: 1]" in " ".join(out.split()) and "<bool>" not in out
     code, out, _ = run_main(capsys, "calibrate", "validate", "--help")
-    assert "[default: reports/calibration]" in " ".join(out.split()) and str(ROOT) not in out
+    assert "[default:./k3sim-out/calibration/]" in "".join(out.split()) and str(ROOT) not in out
+
+
+# ------------------------------------------------------------------------------------------ issue 19: bounds and fixes
+UNIFORM = ("--uniform-costs", "1,2")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    # `pipeline --stages 10000` ran past a minute; uniform costs of 1e308 gave null results
+    (["pipeline", "--stages", "10000", *UNIFORM, "--encoder-policy", "none"], ["--stages:", "outside [1, 256]"]),
+    (["pipeline", "--stages", "200", "--microbatches", "2000", *UNIFORM, "--encoder-policy", "none"],
+     ["--microbatches:", "800,000 compute ops", "131,072", "give fewer"]),
+    (["pipeline", "--stages", "64", "--microbatches", "1024", "--schedule", "zb-h1", *UNIFORM,
+      "--encoder-policy", "none"], ["--microbatches:", "x 3", "give fewer"]),
+    (["pipeline", "--uniform-costs", "1e308,1e308", "--encoder-policy", "none"], ["--uniform-costs:", "outside"]),
+    (["pipeline", "--uniform-costs", "1,2,1e300", "--encoder-policy", "none", "--schedule", "zb-h1"],
+     ["--uniform-costs:", "outside [0, 1,000,000,000] s"]),
+    (["pipeline", *UNIFORM, "--encoder-cost", "1e9"], ["--encoder-cost:", "stage forwards"]),
+    # --encoder-upfront 1e9 was clamped to the micro-batch count
+    (["pipeline", *UNIFORM, "--encoder-cost", "0.5", "--encoder-upfront", "1000000000"],
+     ["--encoder-upfront:", "give 0 to 16"]),
+    (["pipeline", *UNIFORM, "--encoder-cost", "0.5", "--encoder-upfront", "-1"], ["--encoder-upfront:", "give 0"]),
+    (["pipeline", "--seq-len", str(2 ** 31)], ["--seq-len:", "outside"]),
+    # `plan --serving-requests` errors said --requests
+    (["plan", "--serving-requests", "1000000", "--no-report"], ["--serving-requests:", "outside [1, 100,000]"]),
+    (["sweep", ROOT / "scenarios/default.yaml", "--requests", "1000000"], ["--requests:", "outside [1, 100,000]"]),
+    # a serve layout's virtual stages had no effect on the serving simulation
+    (["memory", "--model", K3, "--tp", "8", "--pp", "2", "--ep", "8", "--virtual-stages", "2"],
+     ["--virtual-stages:", "no effect in mode serve"]),
+])
+def test_issue19_bad_option_is_one_line_naming_it(capsys, argv, needles):
+    assert_one_line(*run_main(capsys, *argv), *needles)
+
+
+TRAIN_LAYOUT = ("--mode", "train", "--tp", "8", "--pp", "16", "--ep", "64", "--dp", "64", "--context", "32768")
+
+
+@pytest.mark.parametrize("extra", [("--no-recompute",), ("--micro-batch", "64"), ("--pp", "4", "--ep", "8")])
+def test_memory_that_does_not_fit_names_options_that_were_computed_to_fit(capsys, extra):
+    """`memory --no-recompute` said only "does not fit"; now the line names single-option changes, and each
+    one named really fits (re-run with it: exit 0, fits)."""
+    argv = ["memory", "--model", K3, *TRAIN_LAYOUT, *extra]
+    line = assert_one_line(*run_main(capsys, *argv), "does not fit", "fits with --")
+    fixes = line.split("fits with ", 1)[1].split(" or ")
+    assert fixes
+    if "--no-recompute" in extra:
+        assert fixes[0].startswith("--recompute (")
+    for fix in fixes:
+        words = fix.split(" (")[0].split()
+        base = [a for a in argv if a != "--no-recompute"] if words[0] == "--recompute" else argv
+        if words[0] != "--recompute" and words[0] in base:  # the option replaces the value given
+            i = base.index(words[0])
+            base = base[:i] + base[i + 2:]
+        code, out, err = run_main(capsys, *base, *words, "--json")
+        assert code == 0 and json.loads(out)["fits"], (fix, err)

@@ -1,5 +1,7 @@
 """The CLI contract seen from outside: a real SIGINT to a real `k3sim` process group (as Ctrl-C in a
-terminal sends it), a full disk, a closed pipe, and the README examples from another working directory."""
+terminal sends it), a full disk, a closed pipe, and the README examples from another working directory; the
+documented bound on worker processes (`--workers`, `--processes`), and never more processes than tasks.
+Signals during every command that starts processes: test_hostile_signals.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from hostile_helpers import spawn
+import pytest
+
+from hostile_helpers import assert_one_line, run_main, spawn
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
@@ -73,3 +77,56 @@ def test_closed_pipe_is_quiet_exit_1():
     err = proc.stderr.read()
     proc.wait(timeout=60)
     assert proc.returncode == 1 and err == "", err
+
+
+# ------------------------------------------------------------------------------------------ worker counts
+TRAIN = "scenarios/k3-h200-train-32k.yaml"
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["sweep", TRAIN, "--workers", "10000"], "--workers"),  # forked hundreds of processes for a 2-point grid
+    (["sweep", TRAIN, "--workers", "0"], "--workers"),
+    (["serve", "--workload", "chat", "--sweep-rate", "1,2", "--processes", "10000"], "--processes"),
+    (["prefix-cache", "--workload", "chat", "--sweep", "--processes", "5000"], "--processes"),
+    (["prefix-cache", "--workload", "chat", "--sweep", "--processes", "0"], "--processes"),
+])
+def test_worker_counts_outside_the_documented_range_are_refused(capsys, tmp_path, argv, option):
+    """`k3sim.configs.bounds.BOUNDS['workers']`, checked before anything runs or is written."""
+    from k3sim.configs.bounds import BOUNDS
+
+    code, out, err = run_main(capsys, *argv, "--out", tmp_path / "out")
+    line = assert_one_line(code, out, err, f"{option}:")
+    hi = BOUNDS["workers"].hi
+    assert (f"{int(hi):,}" in line) or "at least 1" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_workers_with_a_dask_scheduler_are_refused(capsys, tmp_path):
+    """--workers was silently ignored when --scheduler sent the chunks to a cluster."""
+    code, out, err = run_main(capsys, "sweep", TRAIN, "--workers", "4", "--scheduler", "tcp://127.0.0.1:1",
+                              "--out", tmp_path / "out")
+    assert_one_line(code, out, err, "--workers:", "--scheduler")
+
+
+def test_a_two_point_grid_starts_at_most_two_processes(capsys, tmp_path, monkeypatch):
+    """`--workers 1000` on 2 layouts: one process per chunk, never an idle fork; the JSON says how many ran."""
+    import json
+
+    from k3sim import procs
+
+    started = []
+    real_start = procs.ProcessPool._start
+
+    def counting_start(self, fn, n):
+        started.append(n)
+        return real_start(self, fn, n)
+
+    monkeypatch.setattr(procs.ProcessPool, "_start", counting_start)
+    before = _children(os.getpid())
+    code, out, err = run_main(capsys, "sweep", TRAIN, "--tp", "8", "--pp", "8,16", "--ep", "64", "--virtual", "1",
+                              "--cp", "1", "--workers", "1000", "--out", tmp_path / "two", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["points"] == 2 and summary["workers"] == 2 and summary["scheduler"] == "processes"
+    assert started == [2]
+    assert _children(os.getpid()) == before  # the pool's workers were reaped

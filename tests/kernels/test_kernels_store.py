@@ -124,3 +124,81 @@ def test_collective_row_on_one_gpu_is_foreign(tmp_path):
     with pytest.raises(InputError, match="line 3: gpus=1 outside") as err:
         load_store(tmp_path)
     assert "all_gather.csv" in str(err.value)
+
+
+# ---- issue 19: every numeric column bounded, rows beyond the datasheet roofline refused ------------------------
+
+@pytest.mark.parametrize("cell,ok", [("", True), ("nan", True), ("NaN", True), ("7e-06", True),
+                                     ("soon", False), ("-1e-6", False), ("1e10", False)])
+def test_optional_numeric_columns_may_be_unmeasured_but_not_wrong(tmp_path, cell, ok):
+    """host_s empty or `nan` is "not measured" (committed KCP runs write `nan`); text or a value outside the
+    bounds table's seconds range is refused with its line."""
+    run = write_run(tmp_path, "a", {})
+    (run / "hbm_copy.csv").write_text(f"bytes,seconds,host_s,status\n1024,1e-5,8e-6,ok\n2048,2e-5,{cell},ok\n")
+    if ok:
+        assert len(load_store(tmp_path).ok("hbm_copy")) == 2
+    else:
+        with pytest.raises(InputError, match="line 3: host_s=") as err:
+            load_store(tmp_path)
+        assert err.value.field == "host_s"
+
+
+def test_line_numbers_count_blank_lines_and_quoted_newlines(tmp_path):
+    """The line named is the file's line, not row + 2: a blank line and a quoted two-line error come before."""
+    run = write_run(tmp_path, "a", {})
+    (run / "hbm_copy.csv").write_text('bytes,seconds,status,error\n1024,1e-5,failed,"out of\nmemory"\n\n'
+                                      "2048,2e-5,ok,\n4096,-1,ok,\n")
+    with pytest.raises(InputError, match="line 6: seconds=-1 is not a positive number"):
+        load_store(tmp_path)
+
+
+@pytest.mark.parametrize("op,params,factor_ok", [
+    ("hbm_copy", {"bytes": 2 ** 30}, 1.1), ("gemm_bf16", {"M": 8192, "N": 8192, "K": 8192}, 1.1),
+    ("all_gather", {"bytes": 2 ** 28, "gpus": 2}, 1.9),
+])
+def test_rows_beyond_the_datasheet_roofline_are_refused_for_the_profile(tmp_path, op, params, factor_ok):
+    """A row at `factor_ok` x the roofline speed loads (under PHYSICAL_FACTOR of its kind); 1e6 x does not."""
+    from conftest import hardware
+
+    from k3sim.kernels.ops import OPS
+    from k3sim.kernels.predict import datasheet_time
+    from k3sim.kernels.store import PHYSICAL_FACTOR
+
+    hw = hardware(tmp_path)
+    roof = datasheet_time(OPS[op], params, hw, "").seconds
+    assert factor_ok < PHYSICAL_FACTOR[OPS[op].kind]
+    cols = ",".join(params)
+    vals = ",".join(str(v) for v in params.values())
+    for speedup, refused in ((factor_ok, False), (1e6, True)):
+        root = tmp_path / f"x{speedup:g}"
+        run = write_run(root, "a", {})
+        (run / f"{op}.csv").write_text(f"{cols},seconds,status\n{vals},{roof / speedup:.9g},ok\n")
+        assert len(load_store(root).ok(op)) == 1  # without the profile: no roofline to hold it to
+        if refused:
+            with pytest.raises(InputError, match="line 2: seconds=.* faster than the datasheet roofline"):
+                load_store(root, hardware=hw)
+        else:
+            load_store(root, hardware=hw)
+
+
+def test_the_roofline_check_runs_once_per_profile(tmp_path, monkeypatch):
+    from conftest import hardware
+
+    import k3sim.kernels.predict as predict
+
+    write_run(tmp_path, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS})
+    calls = []
+    real = predict.datasheet_time
+    monkeypatch.setattr(predict, "datasheet_time", lambda *a: calls.append(1) or real(*a))
+    hw = hardware(tmp_path)
+    load_store(tmp_path, hardware=hw)
+    first = len(calls)
+    load_store(tmp_path, hardware=hw)
+    assert first == len(GEMM_POINTS) + len(HBM_POINTS) and len(calls) == first  # cached store, checked once
+
+
+def test_a_measured_file_must_be_a_regular_file(tmp_path):
+    run = write_run(tmp_path, "a", {})
+    os.mkfifo(run / "hbm_copy.csv")  # nobody writes it: opened, it would wait forever
+    with pytest.raises(InputError, match="is a pipe, not a file"):
+        load_store(tmp_path)

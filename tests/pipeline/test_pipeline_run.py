@@ -36,8 +36,9 @@ def test_encoder_cost_ratio_scales_the_mean_stage_forward():
 @pytest.mark.parametrize("kw,option", [
     ({"microbatch_tokens": 1000, "seq_len": 4096}, "--microbatch-tokens"),
     ({"seed": -1}, "--seed"),
-    ({"stages": 2000, "microbatches": 2000, "uniform": (1.0, 2.0, None), "encoder_policy": "none"},
+    ({"stages": 200, "microbatches": 2000, "uniform": (1.0, 2.0, None), "encoder_policy": "none"},
      "--microbatches"),
+    ({"stages": 10000, "microbatches": 16, "uniform": (1.0, 2.0, None), "encoder_policy": "none"}, "--stages"),
     ({"tp": 3}, "--tp"),
     ({"stages": 3, "virtual": 3, "microbatches": 3, "schedule": "interleaved-1f1b"}, "--stages"),
     ({"encoder_cost": -1.0}, "--encoder-cost"),

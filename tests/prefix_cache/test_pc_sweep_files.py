@@ -37,7 +37,8 @@ def test_a_failing_plot_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_sweep_files_complete_and_readable(tmp_path):
     rep = _sweep(tmp_path)
     assert len(rep.table) == 2 * 2 * 2  # coarse takes hash = block, so 2 policies x 2 blocks x 2 capacities
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(f).name for f in rep.files.values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".k3sim-manifest.json",
+                                                                 *(Path(f).name for f in rep.files.values())])
     for f in rep.files.values():
         assert oct(os.stat(f).st_mode & 0o777) == "0o644"
 

@@ -48,7 +48,7 @@ def test_time_going_backwards_and_missing_file(tmp_path):
                  '{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [2]}\n')
     with pytest.raises(InputError, match="line 2"):
         list(read_mooncake(p, strict=True))
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="file not found"):
         list(read_mooncake(tmp_path / "missing.jsonl"))
 
 
@@ -85,3 +85,90 @@ def test_foreign_bytes_are_malformed_lines_not_crashes(tmp_path):
                               (4, "bad JSON (nested too deeply)")]
     with pytest.raises(InputError, match="line 2: not UTF-8 text"):
         list(read_mooncake(p, strict=True))
+
+
+# ---- issue 19: one pass through k3sim.reader, caps on lines and work -------------------------------------------
+
+GOOD = '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n'
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("x" * 64 + "\n", "line 1: longer than 32 bytes"),
+    (GOOD[:30] + "\n" + "y" * 40, "line 2: longer than 32 bytes"),  # the last line, without a newline
+])
+def test_a_line_over_the_cap_is_refused_with_its_number(tmp_path, monkeypatch, body, needle):
+    import k3sim.workloads.mooncake as mc
+
+    monkeypatch.setattr(mc, "max_line_bytes", lambda block_tokens: 32)
+    p = tmp_path / "t.jsonl"
+    p.write_text(body)
+    with pytest.raises(InputError, match=needle):
+        list(read_mooncake(p))
+
+
+def test_the_line_cap_fits_the_longest_valid_request():
+    """A request of the most input tokens allowed, with 64-bit hash ids, fits in one line."""
+    import json as js
+
+    from k3sim.workloads.mooncake import MAX_REQUEST_TOKENS, max_line_bytes
+
+    ids = [2 ** 64 - 1] * -(-MAX_REQUEST_TOKENS // 512)
+    line = js.dumps({"timestamp": 1e15, "input_length": MAX_REQUEST_TOKENS, "output_length": MAX_REQUEST_TOKENS,
+                     "hash_ids": ids})
+    assert len(line) < max_line_bytes(512) < 4 * len(line)
+
+
+@pytest.mark.parametrize("lines,cap", [(5, 4), (50, 10)])
+def test_more_lines_than_the_cap_is_refused(tmp_path, monkeypatch, lines, cap):
+    import k3sim.workloads.mooncake as mc
+
+    monkeypatch.setattr(mc, "MAX_TRACE_LINES", cap)
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n" * lines)  # blank lines count: `yes ''` through a pipe is bounded work too
+    with pytest.raises(InputError, match=f"line {cap + 1:,}: more than {cap:,} lines"):
+        list(read_mooncake(p))
+
+
+def test_a_file_of_nothing_but_malformed_lines_stops_early(tmp_path, monkeypatch):
+    import k3sim.workloads.mooncake as mc
+
+    monkeypatch.setattr(mc, "MAX_LEADING_MALFORMED", 5)
+    p = tmp_path / "t.jsonl"
+    p.write_text("y\n" * 100)
+    stats = TraceStats()
+    with pytest.raises(InputError, match="no valid request in its first 5 non-blank lines"):
+        list(read_mooncake(p, stats=stats))
+    assert stats.lines == 5
+    p.write_text("y\n" * 4 + GOOD + "y\n" * 100)  # a damaged head before a valid request is only skipped
+    assert len(list(read_mooncake(p))) == 1
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "not json\n"])
+def test_require_requests_raises_at_the_end_of_an_empty_trace(tmp_path, text):
+    p = tmp_path / "t.jsonl"
+    p.write_text(text)
+    assert list(read_mooncake(p)) == []
+    with pytest.raises(InputError, match="no valid request in the trace"):
+        list(read_mooncake(p, require_requests=True))
+
+
+def test_limit_stops_reading_a_pipe_at_the_last_request(tmp_path):
+    """With --limit N the reader never asks for line N+1: a pipe's writer that has sent N lines and then
+    stalls is not waited for."""
+    import os
+    import threading
+
+    r, w = os.pipe()
+    os.write(w, (GOOD * 3).encode())
+    done = threading.Event()
+    got = []
+
+    def consume():
+        got.extend(read_mooncake(f"/dev/fd/{r}", limit=3))
+        done.set()
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    assert done.wait(timeout=20) and len(got) == 3  # returned though the writer never closed
+    os.close(w)
+    os.close(r)

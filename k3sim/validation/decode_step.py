@@ -1,14 +1,17 @@
-"""Predictions for the whole-step measurements (`k3sim/calibration/wholestep/`), made before they run.
+"""The serving whole-step check: predictions for the whole-step measurements
+(`k3sim/calibration/wholestep/`: CUDA-graph decode steps, eager mixed prefill steps on one GPU), made before
+they run (`k3sim check decode-predict`), and predicted vs measured after (`k3sim check decode`).
 
 Two predictions per point, both from the one kernel predictor under the CUDA-graph convention:
 - `model`: the step model itself (`forward_step` machinery over the measured configuration's layers:
   the same layout, down-projections whole on the rank as the measured model builds them, collectives
   left out because one GPU runs one rank's compute);
 - `manifest`: the sum of per-kernel predictions over the exact kernel list the measured model launches
-  (`wholestep.spec.sequence`), so a miss of the whole step against this sum is a composition effect
+  (`calibration.wholestep.spec.sequence`), so a miss of the whole step against this sum is a composition effect
   (back-to-back kernels in one graph vs kernels timed alone), not a wrong kernel list.
 Kernels the profile has not measured (implementation glue: conv update, sigmoid, split copies, MoE
 permute/combine, KV-cache writes) stream their bytes through the HBM-copy fit and say `proxy` in source.
+Kernel families (`step.families`) split a measured step and its prediction into comparable parts.
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ from typing import Any, Callable
 
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, Timer
+from k3sim.step.families import FAMILIES, OTHER, PROXIED, kernel_family, op_family
 from k3sim.step.layers import embedding_calls, layer_calls, lm_head_calls
 from k3sim.step.layout import StepLayout
+from k3sim.step.training import COLLECTIVES
+from k3sim.validation.runs import input_file, run_file
 
-COLLECTIVES = ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+PREDICTIONS = "reports/decode/wholestep_predictions.csv"  # the committed predictions of the first serve run
+RUN = "hardware_profiles/measured/h200/20261201-wholestep-serve"  # the run they were checked against
 
 
 def _nb(*xs) -> float:
@@ -68,8 +75,6 @@ def manifest_call(op: str, p: dict) -> Call:
 
 def manifest_prediction(seq: list[dict], hw: Any, kernel_time: Callable | None = None) -> tuple[float, dict]:
     """Sum of per-kernel predictions over a kernel list; also the seconds by op and by source kind."""
-    from k3sim.kernels.ops import OPS
-
     timer = Timer(hw, kernel_time, "graph")
     total, by_op, by_src = 0.0, {}, {}
     for e in seq:
@@ -147,7 +152,7 @@ def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan:
                                          decodes=r, predicted_model_s=mod, predicted_manifest_s=man,
                                          proxy_share=info["by_source"].get("proxy", 0.0) / man))
         else:
-            from k3sim.step.wholestep_train import predict as train_predict
+            from k3sim.validation.train_step import predict as train_predict
 
             for r in train_predict([(cfg, q, mb) for q in R.TRAIN_SEQ for mb in R.TRAIN_MB], hw, kernel_time):
                 rows.append(dict(config=cfg, part="train", expert_kernel="bf16", seq=r["seq"],
@@ -156,74 +161,34 @@ def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python3 -m k3sim.step.wholestep predict OUT.csv`: the predictions, written before the run."""
-    import argparse
-
+def write_predictions(out, plan: str | None = None) -> int:
+    """`k3sim check decode-predict OUT.csv`: the predictions of every point the run's `plan` measures,
+    written (atomically) before the run; returns the number of rows."""
     import pandas as pd
 
-    from k3sim.files import atomic_write_text
+    from k3sim.files import atomic_write_text, check_output_file
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["predict", "check"])
-    ap.add_argument("out", help="predict: the CSV to write; check: the directory for the check tables")
-    ap.add_argument("--plan", default=None)
-    ap.add_argument("--predictions", default="reports/decode/wholestep_predictions.csv")
-    ap.add_argument("--run", default="hardware_profiles/measured/h200/20261201-wholestep-serve")
-    a = ap.parse_args(argv)
-    if a.what == "predict":
-        df = pd.DataFrame(prediction_rows(plan=a.plan))
-        atomic_write_text(a.out, df.to_csv(index=False, float_format="%.6g"))
-        print(f"{len(df)} predictions -> {a.out}")
-        return
-    from pathlib import Path
+    check_output_file(out, source="OUT")  # refused before the work, not after
+    df = pd.DataFrame(prediction_rows(plan=plan))
+    atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
+    return len(df)
 
-    steps, fams = check_tables(a.predictions, a.run)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "wholestep_check.csv", steps.to_csv(index=False, float_format="%.6g"))
-    atomic_write_text(out / "wholestep_families.csv", fams.to_csv(index=False, float_format="%.6g"))
+
+def write_check(run_dir, out_dir, pred_csv=PREDICTIONS) -> str:
+    """`k3sim check decode RUN OUT_DIR`: OUT_DIR/wholestep_check.csv and wholestep_families.csv (an output
+    directory of kind "check", part "decode"); returns the step model's absolute error by configuration,
+    part and expert kernel (count, mean, max) as text."""
+    from k3sim.files import atomic_write_text, output_dir
+
+    with output_dir(out_dir, kind="check", source="OUT_DIR", part="decode") as out:
+        steps, fams = check_tables(pred_csv, run_dir)
+        atomic_write_text(out / "wholestep_check.csv", steps.to_csv(index=False, float_format="%.6g"))
+        atomic_write_text(out / "wholestep_families.csv", fams.to_csv(index=False, float_format="%.6g"))
     g = steps.assign(abs_err=steps.error_model.abs()).groupby(["config", "part", "expert_kernel"])
-    print(g.abs_err.agg(["size", "mean", "max"]).to_string())
-
+    return g.abs_err.agg(["size", "mean", "max"]).to_string()
 
 
 # ----------------------------------------------------------------------------------------- checks
-# Kernel families of the profiled whole steps and the manifest ops each family implements.
-FAMILIES = [
-    ("routed experts", ("enable_3x_kernel_for_sm9x", "prepare_grouped_gemm_data", "gate_up_kernel", "down_kernel"),
-     ("moe_grouped_bf16", "moe_mxfp4_decode")),
-    ("KDA kernel", ("fused_recurrent_kda", "chunk_kda", "chunk_gated_delta", "chunk_gla", "recompute_w_u",
-                    "kda_gate_chunk_cumsum", "l2norm_fwd", "l2norm_bwd", "kda_gate_bwd", "chunk_local_cumsum"),
-     ("recurrent_kda_decode", "chunk_kda_fwd")),
-    ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash", "compute_dot_do_o"),
-     ("mla_decode", "sdpa_causal_fwd", "sdpa_prefix_causal_fwd")),
-    ("GEMMs", ("nvjet", "splitKreduce", "cutlass::Kernel2", "dot_kernel", "reduce_1Block", "gemv"),
-     ("gemm_bf16", "bmm_bf16")),
-    ("short conv", ("causal_conv1d",), ("conv1d_update", "causal_conv1d_fwd")),
-    ("norms", ("layer_norm", "GammaBetaBackward"), ("rmsnorm", "gated_rmsnorm")),
-]
-OTHER = "elementwise, routing, copies"
-
-
-def kernel_family(name: str) -> str:
-    for fam, keys, _ops in FAMILIES:
-        if any(k in name for k in keys):
-            return fam
-    return OTHER
-
-
-def op_family(op: str) -> str:
-    for fam, _keys, ops in FAMILIES:
-        if op in ops:
-            return fam
-    return OTHER
-
-
-def _point_key(part: str) -> list[str]:
-    return ["config", "expert_kernel", "B", "C"] if part == "decode" else ["chunk", "prefix", "decodes"]
-
-
 def check_tables(pred_csv, run_dir, hw: Any = "h200", kernel_time: Callable | None = None):
     """Predicted vs measured whole steps, and the per-family split of the profiled points.
 
@@ -239,22 +204,23 @@ def check_tables(pred_csv, run_dir, hw: Any = "h200", kernel_time: Callable | No
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     run_dir = Path(run_dir)
-    P = pd.read_csv(pred_csv)
+    P = pd.read_csv(input_file(pred_csv, "--predictions"))
+    files = {n: run_file(run_dir, n, "serving whole-step") for n in ("decode_step.csv", "prefill_step.csv", "kernels.csv")}
     steps = []
-    dec = pd.read_csv(run_dir / "decode_step.csv")
+    dec = pd.read_csv(files["decode_step.csv"])
     dec = dec[(dec.status == "ok") & (dec.timer == "graph")]
     d = P[P.part == "decode"].merge(dec[["config", "expert_kernel", "B", "C", "seconds"]],
                                     on=["config", "expert_kernel", "B", "C"])
     d = d.assign(part="decode", timer="graph")
     steps.append(d)
-    pre = pd.read_csv(run_dir / "prefill_step.csv")
+    pre = pd.read_csv(files["prefill_step.csv"])
     pre = pre[pre.status == "ok"]
     p = P[P.part == "prefill"].merge(pre[["chunk", "prefix", "decodes", "seconds"]], on=["chunk", "prefix", "decodes"])
     steps.append(p.assign(timer="eager"))
     st = pd.concat(steps, ignore_index=True)
     st["error_model"] = st.predicted_model_s / st.seconds - 1
     st["error_manifest"] = st.predicted_manifest_s / st.seconds - 1
-    K = pd.read_csv(run_dir / "kernels.csv")
+    K = pd.read_csv(files["kernels.csv"])
     K["family"] = K.kernel.map(kernel_family)
     specs = S.load_specs(S.SPECS_PATH)
     fam_rows = []
@@ -286,14 +252,7 @@ def check_tables(pred_csv, run_dir, hw: Any = "h200", kernel_time: Callable | No
     return st, pd.DataFrame(fam_rows)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 # -------------------------------------------------------------- glue calibrated from the profiles
-PROXIED = (OTHER, "short conv")  # the families the op registry does not measure (HBM-copy proxies)
-
-
 def _interp_log2(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise-linear in log2(x) through (xs, ys), held flat outside the range."""
     import math

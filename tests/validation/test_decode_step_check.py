@@ -1,12 +1,15 @@
-"""The whole-step check on committed H200 data: predictions exist for every measured point, the graph
-replay costs at least its kernels, and the kernel families the predictor names match the profiler."""
+"""The serving whole-step check (`validation/decode_step.py`) on committed H200 data: predictions exist for
+every measured point, the graph replay costs at least its kernels, and the kernel families the predictor
+names match the profiler."""
 
 import pytest
 
-from k3sim.step.wholestep import OTHER, check_tables, kernel_family, manifest_call
+from k3sim.files import project_root
+from k3sim.step.families import OTHER, kernel_family
+from k3sim.validation.decode_step import PREDICTIONS, RUN, check_tables, manifest_call
 
-RUN = "hardware_profiles/measured/h200/20261201-wholestep-serve"
-PRED = "reports/decode/wholestep_predictions.csv"
+RUN = project_root() / RUN
+PRED = project_root() / PREDICTIONS
 
 
 def test_kernel_families_by_name():
@@ -55,7 +58,7 @@ def test_routed_experts_predicted_within_fifteen_percent_of_the_profiler(tables)
 def test_run_b_out_of_sample_points_were_predicted_before_and_mostly_land_within_ten_percent():
     import pandas as pd
 
-    d = pd.read_csv("reports/decode/wholestep_check_b.csv")
+    d = pd.read_csv(project_root() / "reports/decode/wholestep_check_b.csv")
     assert len(d) == 29  # Kimi-Linear B=192 at 32K did not fit beside the weights
     err = d.error_glue_calibrated.abs()
     assert err[d.config == "kimi-linear-48b"].max() < 0.07

@@ -1,5 +1,6 @@
-"""The training whole-step check (issue 15 item 2): predictions made before the run, the check after it,
-and the glue calibration that is carried from one configuration to another.
+"""The training whole-step check (issue 15 item 2): predictions made before the run
+(`k3sim check train-predict`), the check after it (`k3sim check train`), and the glue calibration that is
+carried from one configuration to another (fitted by `glue_fit`, `k3sim check fit-glue`).
 
 The measured thing (`k3sim/calibration/wholestep/train_step.py`) is forward, and forward+backward, of a
 layer slice at one rank's shapes (one GPU: no collectives). The prediction is the training step model's
@@ -21,10 +22,12 @@ from typing import Any, Callable
 
 from k3sim.step.batch import Batch
 from k3sim.step.calls import Timer
+from k3sim.step.families import FAMILIES, OTHER, kernel_family, op_family
 from k3sim.step.glue import GlueCalibration, is_glue
 from k3sim.step.layers import embedding_calls, layer_calls
 from k3sim.step.layout import StepLayout
 from k3sim.step.training import COLLECTIVES, _call_costs, training_head_calls
+from k3sim.validation.runs import run_file
 
 PHASES = ("fwd", "fwd_bwd")
 
@@ -53,7 +56,8 @@ def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int
     return rows
 
 
-def _spec_model(cfg: str):
+def spec_model(cfg: str):
+    """(harness spec, model, 0-based layers) of a measured configuration of `specs.json`."""
     from k3sim.calibration.wholestep import spec as S
     from k3sim.configs import load_model
 
@@ -64,7 +68,7 @@ def _spec_model(cfg: str):
 def slice_calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None,
                 glue: GlueCalibration | None) -> list[dict]:
     """`train_calls` of a measured configuration of the whole-step harness (`specs.json`) at seq x mb."""
-    spec, model, layers = _spec_model(cfg)
+    spec, model, layers = spec_model(cfg)
     return train_calls(model, hw, tp=spec.tp, ep=spec.ep, layers=layers, seq=seq, micro_batch=mb,
                        kernel_time=kernel_time, glue=glue, embed_head=spec.embed_head)
 
@@ -97,7 +101,7 @@ def predict(points, hw: Any = "h200", kernel_time: Callable | None = None,
     return out
 
 
-def _points(text: str) -> list[tuple[str, int, int]]:
+def parse_points(text: str) -> list[tuple[str, int, int]]:
     """'CONFIG:SEQxMB,...' -> [(config, seq, mb)]; InputError naming --points otherwise."""
     from k3sim.calibration.wholestep import spec as S
     from k3sim.errors import InputError
@@ -116,90 +120,11 @@ def _points(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Bad input (points, a run directory without its CSVs) is one line on stderr and exit code 2.
-
-    `python3 -m k3sim.step.wholestep_train predict OUT.csv --points CFG:SEQxMB,... [--glue | --both]`: predictions,
-    written before a run. `... check RUN_DIR OUT_DIR`: the check tables (OUT_DIR/check_RUN.csv,
-    families_RUN.csv). `... fit-glue RUN_DIR OUT.yaml
-    --points CFG:SEQxMB,...`: the glue calibration from one configuration's profiled points."""
-    import argparse
-    import sys
-
-    from k3sim.errors import InputError
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["predict", "check", "fit-glue"])
-    ap.add_argument("src", help="predict: the CSV to write; check, fit-glue: the run directory")
-    ap.add_argument("out", nargs="?", default="")
-    ap.add_argument("--points", default="", help="CONFIG:SEQxMB,...")
-    ap.add_argument("--glue", action="store_true", help="with the profile's glue calibration (default: plain)")
-    ap.add_argument("--both", action="store_true", help="plain and glue-calibrated columns side by side")
-    a = ap.parse_args(argv)
-    try:
-        _main(a, argv)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as err:
-        print(f"error: {err.filename}: not found", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _main(a, argv) -> None:
-    import sys
-
-    import pandas as pd
-    import yaml
-
-    from k3sim.configs import load_hardware
-    from k3sim.errors import InputError
-    from k3sim.files import atomic_write_text
-    from k3sim.step.glue import fit, load_glue
-
-    hw = load_hardware("h200")
-    if a.what != "predict" and not a.out:
-        raise InputError(f"{a.what} needs OUT after the run directory", source="out")
-    if a.what == "predict":
-        glue = load_glue(hw) if a.glue else None
-        df = pd.DataFrame(predict(_points(a.points), hw, glue=glue))
-        if a.both:  # the committed prediction files' layout: plain and glue-calibrated side by side
-            keys = ["config", "seq", "micro_batch", "phase"]
-            g = pd.DataFrame(predict(_points(a.points), hw, glue=load_glue(hw)))
-            df = df[keys + ["predicted_s"]].rename(columns={"predicted_s": "predicted_plain_s"}).merge(
-                g.rename(columns={"predicted_s": "predicted_glue_s"}), on=keys)
-        atomic_write_text(a.src, df.to_csv(index=False, float_format="%.6g"))
-        print((glue.source + "\n") if glue else "", df.to_string(index=False), sep="")
-    elif a.what == "fit-glue":
-        pts = _points(a.points)
-        if len({c for c, _, _ in pts}) != 1:
-            raise InputError("the points must be of one configuration", source="--points")
-        doc = fit(a.src, pts[0][0], [(q, m) for _, q, m in pts], hw)
-        doc = {**doc, "fwd": float(doc["fwd"]), "bwd": float(doc["bwd"]),
-               "command": "python3 -m k3sim.step.wholestep_train " + " ".join(sys.argv[1:] if argv is None else argv)}
-        atomic_write_text(a.out, "# Written by `python3 -m k3sim.step.wholestep_train fit-glue`; refit instead of "
-                          "editing.\n# Factors on the HBM-copy proxy time of the kernels the op registry has not "
-                          "measured, in training (step/glue.py).\n" + yaml.safe_dump(doc, sort_keys=False))
-        print(doc)
-    else:
-        from pathlib import Path
-
-        steps, fams = check_tables(a.src, hw)
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        run = Path(a.src).name
-        atomic_write_text(out / f"check_{run}.csv", steps.to_csv(index=False, float_format="%.6g"))
-        atomic_write_text(out / f"families_{run}.csv", fams.to_csv(index=False, float_format="%.6g"))
-        print(steps.to_string(index=False))
-
-
 # ----------------------------------------------------------------------------------------- checks
 def family_prediction(cfg: str, seq: int, mb: int, hw: Any = "h200", kernel_time: Callable | None = None,
                       glue: GlueCalibration | None = None) -> dict[str, dict[str, float]]:
-    """{phase: {kernel family: predicted seconds}} for one point (families of `step.wholestep`)."""
+    """{phase: {kernel family: predicted seconds}} for one point (families of `step.families`)."""
     from k3sim.configs import load_hardware
-    from k3sim.step.wholestep import op_family
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     out: dict[str, dict[str, float]] = {p: {} for p in PHASES}
@@ -228,12 +153,11 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
 
     from k3sim.configs import load_hardware
     from k3sim.step.glue import load_glue
-    from k3sim.step.wholestep import FAMILIES, OTHER, kernel_family
 
     hw = load_hardware(hw) if isinstance(hw, str) else hw
     glue = glue or load_glue(hw)
     run_dir = Path(run_dir)
-    T = pd.read_csv(run_dir / "train_step.csv")
+    T = pd.read_csv(run_file(run_dir, "train_step.csv", "training whole-step"))
     T = T[T.status == "ok"]
     keys = ["config", "seq", "micro_batch", "phase"]
     pts = sorted({(r.config, int(r.seq), int(r.micro_batch)) for r in T.itertuples()})
@@ -268,5 +192,40 @@ def check_tables(run_dir, hw: Any = "h200", kernel_time: Callable | None = None,
     return steps, pd.DataFrame(fams)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+def write_predictions(out, points: str, *, glue: bool = False, both: bool = False, hw: Any = "h200") -> str:
+    """`k3sim check train-predict OUT.csv --points ...`: predictions written (atomically) before a run;
+    returns what to print. `glue`: with the profile's glue calibration (default the plain model); `both`:
+    plain and glue-calibrated columns side by side (the layout of the committed prediction files)."""
+    import pandas as pd
+
+    from k3sim.configs import load_hardware
+    from k3sim.files import atomic_write_text, check_output_file
+    from k3sim.step.glue import load_glue
+
+    pts = parse_points(points)
+    check_output_file(out, source="OUT")  # refused before the work, not after
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    cal = load_glue(hw) if glue else None
+    df = pd.DataFrame(predict(pts, hw, glue=cal))
+    if both:
+        keys = ["config", "seq", "micro_batch", "phase"]
+        g = pd.DataFrame(predict(pts, hw, glue=load_glue(hw)))
+        df = df[keys + ["predicted_s"]].rename(columns={"predicted_s": "predicted_plain_s"}).merge(
+            g.rename(columns={"predicted_s": "predicted_glue_s"}), on=keys)
+    atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
+    return ((cal.source + "\n") if cal else "") + df.to_string(index=False)
+
+
+def write_check(run_dir, out_dir, hw: Any = "h200") -> str:
+    """`k3sim check train RUN OUT_DIR`: OUT_DIR/check_<run>.csv and families_<run>.csv (an output directory
+    of kind "check", one part per run, so the checks of several runs share it); returns the steps table."""
+    from pathlib import Path
+
+    from k3sim.files import atomic_write_text, output_dir
+
+    run = Path(run_dir).name
+    with output_dir(out_dir, kind="check", source="OUT_DIR", part=f"train:{run}") as out:
+        steps, fams = check_tables(run_dir, hw)
+        atomic_write_text(out / f"check_{run}.csv", steps.to_csv(index=False, float_format="%.6g"))
+        atomic_write_text(out / f"families_{run}.csv", fams.to_csv(index=False, float_format="%.6g"))
+    return steps.to_string(index=False)

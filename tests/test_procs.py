@@ -1,0 +1,180 @@
+"""k3sim.procs: signals as exceptions, the one process pool, the descendant backstop (Linux /proc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from k3sim import procs
+from k3sim.errors import InputError
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _refuse(x: int) -> int:
+    if x == 3:
+        raise InputError("three is refused", source="--x", field="value")
+    return x
+
+
+def _die(x: int) -> int:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def _signal_self(sig: int) -> int:
+    """A Ctrl-C or SIGTERM reaching a worker (a terminal signals the whole group): the worker carries on."""
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)
+    return os.getpid()
+
+
+def _sleep(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+@pytest.fixture
+def no_new_children():
+    """The test leaves no child process of this one behind."""
+    before = set(procs.children(os.getpid()))
+    yield
+    assert set(procs.children(os.getpid())) - before == set()
+
+
+@pytest.fixture
+def signal_soon():
+    """Send `sig` to this process after `delay_s` (from a timer, so it lands while the test blocks)."""
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def arm(sig: int, delay_s: float = 0.3) -> None:
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), sig))
+        signal.setitimer(signal.ITIMER_REAL, delay_s)
+
+    yield arm
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("processes, tasks", [(1, 5), (3, 5), (8, 2)])
+def test_pool_returns_every_result_on_at_most_one_worker_per_task(no_new_children, processes, tasks):
+    with procs.ProcessPool(processes) as pool:
+        got = sorted(pool.imap_unordered(_square, range(tasks)))
+        assert len(procs.children(os.getpid())) <= min(processes, tasks)
+    assert got == [i * i for i in range(tasks)]
+
+
+def test_a_task_error_is_raised_in_the_parent_with_its_message(no_new_children):
+    with pytest.raises(InputError, match="--x: field 'value': three is refused"):
+        with procs.ProcessPool(2) as pool:
+            list(pool.imap_unordered(_refuse, range(6)))
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(no_new_children):
+    with pytest.raises(RuntimeError, match="killed by signal 9"):
+        with procs.ProcessPool(2) as pool:
+            list(pool.imap_unordered(_die, range(3)))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_workers_ignore_the_signals_the_parent_handles(no_new_children, sig):
+    with procs.ProcessPool(2) as pool:
+        assert len(list(pool.imap_unordered(_signal_self, [sig] * 4))) == 4
+
+
+@pytest.mark.parametrize("sig, exc", [(signal.SIGINT, procs.Interrupted), (signal.SIGTERM, procs.Terminated)])
+def test_a_signal_in_the_parent_stops_the_pool_at_once(no_new_children, signal_soon, sig, exc):
+    """The workers are in a 30 s task; leaving the pool kills them instead of waiting for them."""
+    before = signal.getsignal(sig)
+    t0 = time.monotonic()
+    signal_soon(sig, 0.5)
+    with pytest.raises(exc):
+        with procs.raising_signals():
+            with procs.ProcessPool(2) as pool:
+                list(pool.imap_unordered(_sleep, [30.0] * 4))
+    assert time.monotonic() - t0 < 10  # not 30 s per task
+    assert signal.getsignal(sig) is before  # the previous handler is back
+
+
+@pytest.mark.parametrize("sig, exc, code", [(signal.SIGINT, procs.Interrupted, 130),
+                                            (signal.SIGTERM, procs.Terminated, 143)])
+def test_raising_signals_turns_the_first_signal_into_its_exception(signal_soon, sig, exc, code):
+    signal_soon(sig)
+    with pytest.raises(exc) as info:
+        with procs.raising_signals():
+            time.sleep(5)
+    assert info.value.exit_code == code
+
+
+def test_a_second_signal_cannot_cut_the_cleanup_short():
+    cleaned = []
+    with pytest.raises(procs.Terminated):
+        with procs.raising_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # pragma: no cover - the signal lands first
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)  # a second signal while cleaning up: counted, not raised
+                time.sleep(0.05)
+                cleaned.append(True)
+    assert cleaned == [True]
+
+
+def test_a_signal_held_while_children_start_arrives_after():
+    with pytest.raises(procs.Terminated):
+        with procs.raising_signals():
+            with procs.signals_blocked():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                held = True  # still here: the signal waits
+            time.sleep(1)  # pragma: no cover - delivered when the block ends
+    assert held
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="the backstop walks Linux /proc")
+def test_the_backstop_kills_what_appeared_in_the_block_and_spares_the_rest():
+    old = subprocess.Popen(["sleep", "30"])
+    try:
+        with procs.reaped_children():
+            new = subprocess.Popen(["sleep", "30"])
+            grandchild_parent = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+            time.sleep(0.2)
+            grandchildren = procs.descendants(grandchild_parent.pid)
+        assert grandchildren and not procs.alive(new.pid) and not procs.alive(grandchild_parent.pid)
+        deadline = time.monotonic() + 5
+        while any(procs.alive(p) for p in grandchildren) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the grandchild was reparented; its new parent reaps it
+        assert not any(procs.alive(p) for p in grandchildren)
+        assert procs.alive(old.pid)
+    finally:
+        old.kill()
+        old.wait()
+        for p in (new, grandchild_parent):
+            p.wait(timeout=5)
+
+
+@pytest.mark.parametrize("requested, tasks, expected", [(None, 1, 1), (1000, 2, 2), (2, 100, 2), (4, 0, 1)])
+def test_worker_count_never_exceeds_the_tasks(requested, tasks, expected):
+    assert procs.worker_count(requested, tasks) == expected
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="the backstop walks Linux /proc")
+def test_the_backstop_finds_an_orphan_whose_parent_was_killed_first():
+    """`subprocess.run` kills its child on Ctrl-C; the child's own children (torchrun's ranks) were orphaned
+    to init, out of reach of a walk from this process. As a subreaper, this process inherits them."""
+    with procs.reaped_children():
+        parent = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+        orphan = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while orphan not in procs.children(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert orphan in procs.children(os.getpid())  # re-parented here, not to init
+    assert not procs.alive(orphan)
