@@ -29,6 +29,7 @@ import sys
 import typer
 
 from k3sim import procs
+from k3sim.commands import LazyGroup, plain_help
 from k3sim.errors import InputError, shorten
 from k3sim.procs import Interrupted, Terminated  # noqa: F401 - the signals' exceptions, re-exported
 
@@ -46,6 +47,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=LazyGroup,  # a command's module is imported when that command runs, not at start (k3sim.commands)
 )
 
 
@@ -130,29 +132,6 @@ def _guard_std_streams() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
 
-def _plain_help(command) -> None:
-    """Plain click help for every command and group (see the module docstring), set on the built tree so
-    sub-apps registered by any command module get it too."""
-    if hasattr(command, "rich_markup_mode"):
-        command.rich_markup_mode = None
-    for sub in getattr(command, "commands", {}).values():
-        _plain_help(sub)
-
-
-_registered = False
-
-
-def _register() -> None:
-    """Register every command module once (main() may run several times in one process, e.g. in tests)."""
-    global _registered
-    if _registered:
-        return
-    from k3sim.commands import register_all
-
-    register_all(app)
-    _registered = True
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: the CLI contract of the module docstring, for every registered command.
 
@@ -205,9 +184,8 @@ def _run(argv: list[str] | None) -> tuple[int, str | None, str | None, bool]:
     every path: success, bad input, Ctrl-C, SIGTERM, a crash."""
     try:
         with procs.reaped_children():
-            _register()
-            command = typer.main.get_command(app)
-            _plain_help(command)
+            command = typer.main.get_group(app)  # a group even before any command module is loaded
+            plain_help(command)  # plain click help on the tree; LazyGroup sets it on each module it loads
             rc = command.main(args=argv, prog_name="k3sim", standalone_mode=False)
             sys.stdout.flush()  # a full disk shows up here for buffered output
         # click returns (not raises) a command's typer.Exit(code) when standalone_mode is off: e.g.

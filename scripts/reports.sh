@@ -13,11 +13,11 @@
 # ISO timestamp, or whose bytes are unchanged, keeps its bytes: regenerating unchanged reports leaves
 # `git status reports` clean.
 #
-# Not here (their own entry points and inputs): reports/training and reports/decode/wholestep_* (whole-step
-# GPU checks, `python3 -m k3sim.step.wholestep*`), reports/cp/kcp_parts* (`python3 -m k3sim.cp.kcp_parts`),
+# Not here (their own inputs): reports/cp/kcp_parts* (`python3 -m k3sim.cp.kcp_parts`),
 # reports/decode/aiconfigurator* (benchmarks/aiconfigurator_compare.py), reports/planner and
 # reports/prefix_cache/{benchmark.json,eviction.csv} (benchmarks/), reports/serving/fleet8_conversation.md
-# (a table written by hand from the two fleet runs).
+# (a table written by hand from the two fleet runs). The whole-step checks (targets `training`,
+# `decode-check`) re-read the committed GPU runs; they never run a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K3SIM=(python3 -m k3sim)
@@ -72,11 +72,22 @@ calibration() { "${K3SIM[@]}" calibrate validate --hardware h200 --out reports/c
 
 pipeline() { python3 -m k3sim.pipeline.report --out reports/pipeline >/dev/null; }
 
-TARGETS=(plans cp decode prefix-cache serving calibration pipeline)
+RUNS=hardware_profiles/measured/h200
+training() {
+  local r
+  for r in "$RUNS"/20261201-wholestep-train "$RUNS"/20261201-wholestep-train-[b-e]; do
+    "${K3SIM[@]}" check train "$r" reports/training >/dev/null
+  done
+  "${K3SIM[@]}" check train-report reports/training >/dev/null
+}
+
+decode_check() { "${K3SIM[@]}" check decode "$RUNS"/20261201-wholestep-serve reports/decode >/dev/null; }
+
+TARGETS=(plans cp decode decode-check prefix-cache serving calibration pipeline training)
 run_target() {
   case "$1" in
     plans) plans ;; cp) cp_sweep ;; decode) decode ;; prefix-cache) prefix_cache ;; serving) serving ;;
-    calibration) calibration ;; pipeline) pipeline ;;
+    calibration) calibration ;; pipeline) pipeline ;; training) training ;; decode-check) decode_check ;;
     *) echo "unknown target '$1' (targets: ${TARGETS[*]})" >&2; exit 2 ;;
   esac
 }

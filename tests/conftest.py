@@ -41,3 +41,20 @@ def cli():
 def cli_json():
     """`run_cli_json` as a fixture: `from conftest import` would pick up a sub-package's conftest.py."""
     return run_cli_json
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache_dir(tmp_path_factory):
+    """The kernel predictor's disk cache (k3sim.kernels.cache) in a directory of this session, for in-process
+    calls and for every `python -m k3sim` the tests start (they inherit the environment): the suite never
+    reads or fills the user's ~/.cache/k3sim. Entries are keyed by content, so sharing them across tests
+    changes no answer (tests/kernels/test_store_cache.py checks hits against misses)."""
+    import os
+
+    saved = os.environ.get("K3SIM_CACHE_DIR")
+    os.environ["K3SIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("k3sim-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("K3SIM_CACHE_DIR", None)
+    else:
+        os.environ["K3SIM_CACHE_DIR"] = saved

@@ -92,7 +92,7 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     `nvls`: whether NCCL may use NVLink SHARP (off on the measured machines).
     Returns `kernels.predict.KernelTime` (seconds, source, detail, method)."""
     from k3sim.comm.topology import Topology, load_topology, placement_topology
-    from k3sim.kernels.hardware import load_profile
+    from k3sim.configs.profiles import load_profile
     from k3sim.kernels.ops import wire_bytes
     from k3sim.kernels.predict import KernelTime, profile_predictor
 

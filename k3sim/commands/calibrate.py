@@ -21,7 +21,7 @@ VALIDATE_KIND = "calibrate-validate"  # the output kind of a validation director
 
 def _measured_dir(hardware: str):
     from k3sim.configs import load_hardware
-    from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
+    from k3sim.configs.profiles import measured_dir, uncalibrated_reason
 
     hw = load_hardware(hardware)
     d = measured_dir(hw)

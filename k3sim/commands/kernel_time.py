@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
 def _predict(op: str, params: dict[str, int], hardware: str, convention: str, topology: str):
     """The prediction; a collective over `--topology` goes to the collective model directly (its answer is
     in the measured runs' convention, barrier, and says so)."""
-    from k3sim.kernels.predict import predict_kernel_time
+    from k3sim.predict import predict_kernel_time
 
     if not topology:
         return predict_kernel_time(op, params, hardware=hardware, convention=convention)

@@ -32,12 +32,15 @@ def pick_scenario(positional: Path | None, option: Path | None) -> Path:
     return scenario_path(positional or option or DEFAULT_SCENARIO)
 
 
-def default_report_dir(path: Path, suffix: str = "") -> Path:
-    """`./k3sim-out/<scenario name><suffix>/`; the name must be one path component (`k3sim.files.safe_name`)."""
-    from k3sim.configs.loaders import load_scenario
+def default_report_dir(path: Path, suffix: str = "", name: str | None = None) -> Path:
+    """`./k3sim-out/<scenario name><suffix>/`; the name must be one path component (`k3sim.files.safe_name`).
+    `name`: the scenario's name when the caller has loaded it (a scenario from a pipe is read once)."""
     from k3sim.files import default_out, safe_name
 
-    name = load_scenario(path).name
+    if name is None:
+        from k3sim.configs.loaders import load_scenario
+
+        name = load_scenario(path).name
     return default_out(safe_name(name, source=str(path), field="name") + suffix)
 
 
@@ -75,28 +78,29 @@ def register(app: typer.Typer) -> None:
 
         path = pick_scenario(scenario_arg, scenario)
         from k3sim.commands.options import PLAN, check
-        from k3sim.configs.loaders import load_scenario
+        from k3sim.planner.inputs import load
 
         if serving_requests is not None:  # bounds.py's range, named as the user wrote it (not --requests)
             from k3sim.configs.bounds import check_range
 
             check_range(serving_requests, "requests", "--serving-requests", integer=True)
-        check(PLAN, {"mode": load_scenario(path).workload.mode})  # every option given changes the plan
+        inp = load(path, own_layout=True)  # read once: the scenario may be a pipe
+        check(PLAN, {"mode": inp.mode})  # every option given changes the plan
         if no_report and out is not None:
             from k3sim.errors import InputError
 
             raise InputError("--no-report writes no files; drop --out or --no-report", source="--out")
         if no_report:
-            res = _run(path, serving_requests, json_out, run_plan, SECTIONS)
+            res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS)
             written = None
         else:
             from k3sim.files import output_dir
             from k3sim.report import write_report
             from k3sim.report.render import KIND
 
-            written = out if out is not None else default_report_dir(path)
+            written = out if out is not None else default_report_dir(path, name=inp.scenario.name)
             with output_dir(written, kind=KIND):  # checked and opened before the (slow) plan
-                res = _run(path, serving_requests, json_out, run_plan, SECTIONS)
+                res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS)
                 write_report(res, written)
         if json_out:
             data = res.to_json()
@@ -128,12 +132,12 @@ def register(app: typer.Typer) -> None:
             raise DoesNotFit(res.verdict, source=str(path))  # the report path is in the table above
 
 
-def _run(path, serving_requests, json_out, run_plan, sections):
-    """The plan, with a progress bar at a terminal."""
+def _run(path, inp, serving_requests, json_out, run_plan, sections):
+    """The plan of the loaded inputs `inp`, with a progress bar at a terminal."""
     bar = progress_bar(json_out)
     if bar is None:
-        return run_plan(path, serving_requests=serving_requests)
+        return run_plan(path, serving_requests=serving_requests, inputs=inp)
     with bar:
         task = bar.add_task("planning", total=len(sections))
-        return run_plan(path, serving_requests=serving_requests,
+        return run_plan(path, serving_requests=serving_requests, inputs=inp,
                         progress=lambda name: bar.update(task, advance=1, description=f"plan: {name}"))

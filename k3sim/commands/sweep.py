@@ -104,6 +104,11 @@ def register(app: typer.Typer) -> None:
         from k3sim.planner.sweep import KIND
 
         scenario = project_path(scenario)  # scenarios/... works from any directory
+        from k3sim.reader import probe
+
+        if not probe(scenario, source=str(scenario), what="scenario").rereadable:
+            raise InputError("is a pipe, which can be read only once, and every sweep task reads its scenario: "
+                             "save it to a file first (e.g. cat ... > scenario.yaml)", source=str(scenario))
         inp = load(scenario)
         name = inp.scenario.name
         from k3sim.commands.options import SWEEP, check

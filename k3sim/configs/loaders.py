@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from k3sim.configs.hardware import HardwareProfile
-from k3sim.configs.hf import hf_to_model_fields, is_hf_config
-from k3sim.configs.model import ModelConfig
 from k3sim import reader
-from k3sim.configs.parallel import Scenario, check_layout
+from k3sim.configs.hardware import HardwareProfile
 from k3sim.errors import InputError, shorten
+
+# The model, HF and scenario schemas are imported by the loaders that need them: a kernel-time query loads a
+# hardware profile only, and building the parallel/serving/planning schemas costs ~60 ms of pydantic.
+if TYPE_CHECKING:
+    from k3sim.configs.model import ModelConfig
+    from k3sim.configs.parallel import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_DIR = REPO_ROOT / "hardware_profiles"
@@ -76,7 +79,7 @@ def _schema_fields() -> set[str]:
     from k3sim.configs import model, parallel
 
     classes = [HardwareProfile, model.ModelConfig, model.KDAConfig, model.MLAConfig, model.MoEConfig,
-               model.VisionConfig, parallel.Parallelism, parallel.Cluster, parallel.Workload, Scenario]
+               model.VisionConfig, parallel.Parallelism, parallel.Cluster, parallel.Workload, parallel.Scenario]
     return {name for c in classes for name in c.model_fields}
 
 
@@ -119,6 +122,8 @@ def load_model(path: str | Path) -> ModelConfig:
     """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat),
     or a Hugging Face model folder holding one. A relative path missing from the working directory is looked
     up in the project (`models/kimi-k3.yaml` works from any directory)."""
+    from k3sim.configs.hf import hf_to_model_fields, is_hf_config
+    from k3sim.configs.model import ModelConfig
     from k3sim.files import project_path
 
     path = project_path(path)
@@ -169,10 +174,10 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     path = hardware_path(name_or_path)
     hw = validate(HardwareProfile, read_mapping(path, what="hardware profile"), str(path))
     if hw.calibration_dir:
-        from k3sim.kernels.hardware import measured_dir, uncalibrated_reason
+        from k3sim.configs.profiles import measured_dir, uncalibrated_reason
 
         try:
-            found = measured_dir(hw)  # raises for a named directory that is missing (kernels.hardware)
+            found = measured_dir(hw)  # raises for a named directory that is missing (configs.profiles)
         except InputError as err:
             raise InputError(err.reason, source=str(path), field="calibration_dir") from None
         if found is None:
@@ -183,6 +188,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
 
 def load_scenario(path: str | Path) -> Scenario:
     """The scenario schema only; `resolve_scenario` also loads its model and hardware."""
+    from k3sim.configs.parallel import Scenario
+
     return validate(Scenario, read_mapping(path, what="scenario"), str(path))
 
 
@@ -200,6 +207,8 @@ def resolve_relative(ref: str, base: Path) -> Path:
 
 def resolve_scenario(path: str | Path):
     """(scenario, model, hardware) with the layout checked against the model."""
+    from k3sim.configs.parallel import check_layout
+
     scenario = load_scenario(path)
     base = Path(path).resolve().parent
     model_path = resolve_relative(scenario.model, base)

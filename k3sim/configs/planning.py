@@ -1,17 +1,20 @@
-"""The scenario's optional `training:` and `sweep:` sections (`k3sim plan`, `k3sim sweep`).
+"""The scenario's optional `training:` and `sweep:` sections (`k3sim plan`, `k3sim sweep`), and the training
+step model's options.
 
-`training:` sets the step model's knobs (k3sim.training.TrainOptions); `sweep:` the layout grid of
-`k3sim sweep`. Both are optional: without them the step model's defaults and a grid derived from the
-scenario's own layout are used.
+`training:` sets the step model's knobs; `TrainOptions` is those knobs plus the run's choice of pipeline
+clock, the one options object `k3sim.training.train_step` takes (defined here, below the model, so a scenario
+and the step model read one definition). `sweep:` is the layout grid of `k3sim sweep`. Both sections are
+optional: without them the step model's defaults and a grid derived from the scenario's own layout are used.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3sim.configs.bounds import bounded_float, bounded_int
+from k3sim.errors import InputError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -23,9 +26,22 @@ Degree = bounded_int("parallel")
 Count = bounded_int("batch")
 
 
+# The training option `moe_glue`: the profile's glue calibration, or bytes only (`k3sim.step.glue` reads it).
+GlueMode = Literal["calibrated", "proxy"]
+GLUE_MODES: tuple[str, ...] = get_args(GlueMode)
+
+
 class TrainingSection(BaseModel):
-    """Each knob acts on one part of the model and one parallel dimension (`k3sim.planner.inputs.TRAINING_NEEDS`):
-    given for a model or (in `k3sim plan`) a layout without it, it is refused, not ignored."""
+    """The step model's knobs a scenario may set. Each acts on one part of the model and one parallel dimension
+    (`k3sim.planner.inputs.TRAINING_NEEDS`): given for a model or (in `k3sim plan`) a layout without it, it is
+    refused, not ignored.
+
+    routing_skew: Zipf exponent of expert popularity (0 = uniform router; a modelling choice standing in
+    for a measured router histogram). redundant_experts: MoonEP redundant expert slots per EP rank (0 =
+    off). tp_overlap / ep_overlap: fraction of TP / EP communication hidden under compute (0 = none, the
+    conservative default; Megatron's TP-comm-overlap and K2.5's EP overlap under interleaved 1F1B can raise
+    it). kda_cp / mla_cp: CP schemes (k3sim.cp). moe_glue: "calibrated" (the measured unfused routing glue,
+    `k3sim.step.glue`) or "proxy" (bytes-only: a stack with fused permute kernels, not measured)."""
 
     model_config = _STRICT
     routing_skew: Skew = Field(0.0, description="Zipf exponent of expert popularity (0 uniform)")
@@ -36,14 +52,45 @@ class TrainingSection(BaseModel):
     kda_cp: Literal["kcp", "lasp2", "ulysses"] = "kcp"
     mla_cp: Literal["allgather-kv", "ring", "zigzag-ring", "ulysses"] = "allgather-kv"
     seed: bounded_int("seed") = Field(0, description="seed of the routing samples behind the EP imbalance")
-    moe_glue: Literal["calibrated", "proxy"] = Field(
+    moe_glue: GlueMode = Field(
         "calibrated", description="MoE routing glue: calibrated (measured unfused, reports/training) or proxy "
                                   "(bytes only: fused permute kernels, not measured)")
 
-    def options(self, use_pipeline_engine: bool | None = None):
-        from k3sim.training import TrainOptions
-
+    def options(self, use_pipeline_engine: bool | None = None) -> TrainOptions:
+        """These knobs as the step model's options, with the run's pipeline clock (the planner: the engine;
+        a sweep: the closed form)."""
         return TrainOptions(**self.model_dump(), use_pipeline_engine=use_pipeline_engine)
+
+
+class TrainOptions(TrainingSection):
+    """The options of `k3sim.training.train_step`: the scenario's knobs (`TrainingSection`, one definition)
+    plus `use_pipeline_engine`, which the caller chooses and a scenario does not set (None = the pipeline
+    engine when present, False = Megatron's closed form). Frozen and hashable, so it can key a memo.
+
+    Built in Python, a value out of range raises `InputError` naming the field, as a scenario's does."""
+
+    use_pipeline_engine: bool | None = None
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            from k3sim.configs.loaders import validation_error_line
+
+            field, reason = validation_error_line(err)
+            raise InputError(reason, field=field) from None
+
+
+def check_redundant_experts(slots: int, experts: int, ep: int, source: str | None) -> None:
+    """MoonEP slots per EP rank beyond the experts the rank does not hold change nothing (every rank then holds
+    every expert) and cost a heap step each: refused (10^9 slots hung the balancer). Here, below the planner
+    and the step model, because both check it: the planner for a scenario's own layout, the step model for
+    every layout it is given."""
+    cap = experts - experts // ep
+    if slots > cap:
+        raise InputError(f"{slots:,} redundant slots per EP rank exceed the {cap:,} routed experts a rank does "
+                         f"not hold ({experts:,} - {experts:,}/ep={ep}): beyond that every rank holds every "
+                         f"expert; give at most {cap:,}", source=source, field="training.redundant_experts")
 
 
 # The dimensions of each mode's grid (`k3sim sweep`): the other mode's are refused by `Scenario`.

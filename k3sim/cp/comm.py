@@ -19,7 +19,7 @@ KernelTime = Callable[..., Any]
 
 
 def default_kernel_time() -> KernelTime:
-    from k3sim.kernels import predict_kernel_time  # lazy: the predictor loads measured data
+    from k3sim.predict import predict_kernel_time  # lazy: the predictor loads measured data
 
     return predict_kernel_time
 

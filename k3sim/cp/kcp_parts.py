@@ -236,7 +236,7 @@ def kcp_time(parts: Parts, hw: Any, T: int, H: int, gpus: int, docs: int, *, fwd
     mode "measured": every part from its measurements where they exist (predictor answers for
     chunk_kda and the all-gather; measured pre rows); "fitted": every part from its fitted model alone."""
     from k3sim.cp import docs as D
-    from k3sim.kernels import predict_kernel_time
+    from k3sim.predict import predict_kernel_time
     from k3sim.kernels.predict import profile_predictor
 
     kt = kernel_time or predict_kernel_time
@@ -290,7 +290,7 @@ def measured_kcp(root: Path | None, op: str):
 def check(hw: Any, root: Path | None = None) -> dict | None:
     """Rebuilt KCP op vs fla's measured KCP: the fixed cost c per direction (median, spread), and the
     leave-one-out error with every part from its measurements and with every part from its fitted model."""
-    from k3sim.kernels.hardware import load_profile, measured_dir
+    from k3sim.configs.profiles import load_profile, measured_dir
 
     hw = load_profile(hw)
     root = root or measured_dir(hw)
@@ -337,7 +337,7 @@ PREDICT_T = tuple(2 ** e for e in range(15, 21))  # 32K .. 1M global tokens
 def predictions(hw: Any, root: Path | None = None) -> list[dict]:
     """KCP fwd and fwd+bwd at 2, 4, 8 GPUs, 12 and 96 heads, 1 and 8 documents, 32K-1M tokens, with
     the fixed cost c fitted on the measured two-GPU rows (every part from its measurements)."""
-    from k3sim.kernels.hardware import load_profile, measured_dir
+    from k3sim.configs.profiles import load_profile, measured_dir
 
     hw = load_profile(hw)
     root = root or measured_dir(hw)

@@ -21,7 +21,7 @@ from k3sim.cp.model import layer_inputs
 
 
 def measured_root(hw: Any) -> Path | None:
-    from k3sim.kernels.hardware import measured_dir
+    from k3sim.configs.profiles import measured_dir
 
     return measured_dir(hw)
 

@@ -27,7 +27,7 @@ def sweep_table(results: list[DecodeResult], hw: Any):
     """One row per batch: TPOT, tokens/s (per GPU), bytes and FLOP per GPU step, roofline side, fits."""
     import pandas as pd
 
-    from k3sim.kernels.hardware import peak_flops
+    from k3sim.configs.profiles import peak_flops
 
     peak, bw = peak_flops(hw, "bf16"), float(hw.hbm_bandwidth_bytes_per_s)
     rows = []
@@ -51,7 +51,7 @@ def roofline_plot(df, hw: Any, path: Path, title: str) -> None:
     """Tokens/s per GPU and TPOT against batch, with the compute-bound turn and the memory cap marked;
     beside it the roofline (achieved FLOP/s against FLOP per byte)."""
     from k3sim.files import save_figure
-    from k3sim.kernels.hardware import peak_flops
+    from k3sim.configs.profiles import peak_flops
 
     import matplotlib
 

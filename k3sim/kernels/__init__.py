@@ -1,5 +1,9 @@
 """Kernel times on a hardware profile: measured data, interpolation, fitted models (DEVELOPING.md,
 "Kernel times"). Exports resolve lazily so `import k3sim.kernels` stays cheap (no numpy, no pandas).
+
+Models ask `k3sim.predict.predict_kernel_time`, the facade above kernels and comm: it answers collectives
+through `k3sim.comm` and every other op through `k3sim.kernels.predict`, so no kernel-time function that
+would miss the collectives is exported here.
 """
 
 from __future__ import annotations
@@ -7,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from k3sim.kernels.predict import KernelTime, predict_kernel_time
+    from k3sim.kernels.predict import KernelTime
 
-__all__ = ["KernelTime", "predict_kernel_time"]
+__all__ = ["KernelTime"]
 
 
 def __getattr__(name: str) -> Any:

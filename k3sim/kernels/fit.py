@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from k3sim.errors import InputError
-from k3sim.files import atomic_write_text
-from k3sim.kernels.hardware import peak_flops
+from k3sim.configs.profiles import peak_flops
 from k3sim.kernels.model import AlphaBetaFit, RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS, OpSpec
 from k3sim.kernels.points import SIGMA_FLOOR, PointSet
@@ -186,6 +185,8 @@ def write_fitted(path: Path, fp: FittedProfile) -> Path:
     """Atomic write: a temp file in the same directory, then rename."""
     import yaml
 
+    from k3sim.files import atomic_write_text
+
     path = Path(path)
     text = "# Written by `k3sim calibrate fit`; do not edit (refit instead).\n"
     text += yaml.safe_dump(to_dict(fp), sort_keys=False, default_flow_style=None, width=110)
@@ -194,17 +195,28 @@ def write_fitted(path: Path, fp: FittedProfile) -> Path:
 
 
 
-def read_fitted(path: Path) -> FittedProfile | None:
-    import yaml
-
+def read_fitted_bytes(path: Path) -> bytes | None:
+    """The bytes of a profile's fit file, None when nothing is at `path` (read through `k3sim.reader`)."""
     from k3sim.kernels.store import read_measured
     from k3sim.reader import exists
 
     path = Path(path)
     if not exists(path):  # a broken link is there: the reader says so rather than "no fit"
         return None
+    return read_measured(path, "kernel fit")
+
+
+def read_fitted(path: Path, data: bytes | None = None) -> FittedProfile | None:
+    """The fit in `path` (or in `data`, its bytes as `read_fitted_bytes` read them), checked; None: no file."""
+    import yaml
+
+    path = Path(path)
+    if data is None:
+        data = read_fitted_bytes(path)
+        if data is None:
+            return None
     try:
-        data = yaml.safe_load(read_measured(path, "kernel fit").decode("utf-8", errors="replace"))
+        data = yaml.safe_load(data.decode("utf-8", errors="replace"))
     except yaml.YAMLError as err:
         raise InputError(f"unreadable fit ({err.__class__.__name__})", source=str(path)) from None
     if not isinstance(data, dict):

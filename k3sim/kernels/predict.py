@@ -12,12 +12,14 @@ Sources, best first:
 - "extrapolated": a KDA op at head dims K, V other than the measured 128: the answer at 128 (any of the
   sources above) times the fitted model's ratio between the two shapes (its FLOP and bytes at K, V
   against those at 128), so the kernel's measured efficiency carries over and only the work changes.
-Collectives are answered by the one collective model, `k3sim.comm.collective_time` (measured points
-stay measured; other GPU counts and placements go through its ring/tree/NVLS over the topology).
+Collectives are not answered here: the facade `k3sim.predict.predict_kernel_time` sends them to the one
+collective model, `k3sim.comm.collective_time`, which reads their measured points and alpha-beta fits from
+this predictor (`ProfilePredictor.op`); kernels never import comm.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from k3sim.kernels.hardware import link_bandwidth, load_profile, measured_dir, peak_flops
+from k3sim.configs.profiles import link_bandwidth, load_profile, measured_dir, peak_flops
 from k3sim.kernels.interp import ResidualGrid
 from k3sim.kernels.ops import OpSpec, get_op, validate_params
 from k3sim.kernels.points import PointSet
@@ -161,38 +163,98 @@ class OpPredictor:
 
 
 class ProfilePredictor:
-    """All ops of one profile: the store and the fit, loaded once."""
+    """All ops of one profile: the store and the fit, loaded once.
+
+    What each op's predictor is built from (its points, fit and notes) comes from the disk cache
+    (`k3sim.kernels.cache`) when an entry exists for these exact measured bytes, fit file, hardware fields and
+    code; otherwise from the store, parsed and validated (`load_store`), and is then saved. A warm query
+    therefore reads and hashes the files (a few ms) and loads the ops it asks for, without pandas."""
 
     def __init__(self, hw: Any):
         self.hw = hw
         self.dir = measured_dir(hw)
-        self.store = None
-        self.fitted = None
+        self._store = None
+        self._files = None  # store.StoreFiles: the bytes read once, parsed only on a cache miss
+        self._fitted_bytes: bytes | None = None
+        self._fitted: list = []  # [FittedProfile | None] once parsed
+        self._key: str | None = None  # disk-cache key of these files, this fit, this hardware and this code
+        self._op_names: list[str] = []
         self._ops: dict[tuple[str, str], OpPredictor] = {}  # by (op, convention)
         self._answers: dict[tuple, KernelTime] = {}  # simulators ask the same shapes over and over
         if self.dir is not None:
-            from k3sim.kernels.fit import FITTED_NAME, read_fitted
+            self._open()
+
+    def _open(self) -> None:
+        """Read and fingerprint the profile's files; the op list from the cache, else from the validated store
+        (a cache entry is written only once the store and the fit passed their checks)."""
+        from k3sim.kernels import cache
+        from k3sim.kernels.fit import FITTED_NAME, read_fitted_bytes
+        from k3sim.kernels.store import read_files
+
+        self._files = read_files(self.dir)
+        self._fitted_bytes = read_fitted_bytes(self.dir / FITTED_NAME)
+        fit_digest = "none" if self._fitted_bytes is None else hashlib.sha256(self._fitted_bytes).hexdigest()
+        self._key = cache.key("profile", str(Path(self.dir).resolve()), self._files.digest, fit_digest,
+                              repr(_hw_key(self.hw)))
+        index = cache.load(self._key, "index")
+        if index is None:
+            store = self.store  # parsed, rows checked, rows beyond the datasheet roofline refused
+            _ = self.fitted  # parsed and checked
+            index = {"ops": list(store.ops())}
+            cache.save(self._key, "index", index)
+        self._op_names = list(index["ops"])
+
+    @property
+    def store(self):
+        """The parsed store (pandas), from the bytes this predictor fingerprinted; parsed on first use."""
+        if self._store is None and self.dir is not None:
             from k3sim.kernels.store import load_store
 
-            self.store = load_store(self.dir, hardware=hw)  # rows beyond the datasheet roofline refused
-            self.fitted = read_fitted(self.dir / FITTED_NAME)
+            self._store = load_store(self.dir, hardware=self.hw, files=self._files)
+            self._files = None  # the store holds what it needs
+        return self._store
+
+    @property
+    def fitted(self):
+        """The profile's fit file (`fitted.yaml`), parsed and checked on first use; None without one."""
+        if not self._fitted and self.dir is not None:
+            from k3sim.kernels.fit import FITTED_NAME, read_fitted
+
+            fp = None if self._fitted_bytes is None else read_fitted(self.dir / FITTED_NAME, self._fitted_bytes)
+            self._fitted.append(fp)
+        return self._fitted[0] if self._fitted else None
+
+    def ops(self) -> list[str]:
+        """Ops with at least one successful row, in registry order (`MeasurementStore.ops`)."""
+        return list(self._op_names)
 
     def op(self, name: str, convention: str = "graph") -> OpPredictor | None:
         """The op's predictor over the points `convention` prefers (store.points); one fit serves both
         conventions (it is made on the graph-preferred points), the residual grid is each one's own."""
-        if self.store is None or name not in self.store.ops():
+        if name not in self._op_names:
             return None
         if (name, convention) not in self._ops:
-            from k3sim.kernels.fit import op_fit
+            from k3sim.kernels import cache
 
             spec = get_op(name)
-            fit, note = op_fit(self.store, self.fitted, name, self.hw)
-            pts_df = self.store.points(name, convention)
-            pts = PointSet.from_points(spec, pts_df)
-            self._ops[(name, convention)] = OpPredictor(spec, pts, fit, self.hw, note,
-                                                        pts_df["timer"].tolist() if "timer" in pts_df else None,
-                                                        pts_df["host_s"].tolist() if "host_s" in pts_df else None)
+            entry = cache.load(self._key, f"op.{name}.{convention}")
+            parts = _op_from_entry(entry) if entry is not None else None
+            if parts is None:
+                parts = self._op_parts(spec, convention)
+                cache.save(self._key, f"op.{name}.{convention}", _op_entry(*parts))
+            pts, fit, note, timers, host = parts
+            self._ops[(name, convention)] = OpPredictor(spec, pts, fit, self.hw, note, timers, host)
         return self._ops[(name, convention)]
+
+    def _op_parts(self, spec: OpSpec, convention: str) -> tuple:
+        """(points, fit, fit note, timer per shape, host seconds per shape) of one op, from the store."""
+        from k3sim.kernels.fit import op_fit
+
+        fit, note = op_fit(self.store, self.fitted, spec.name, self.hw)
+        pts_df = self.store.points(spec.name, convention)
+        pts = PointSet.from_points(spec, pts_df)
+        return (pts, fit, note, pts_df["timer"].tolist() if "timer" in pts_df else None,
+                pts_df["host_s"].tolist() if "host_s" in pts_df else None)
 
     def predict(self, op: str, params: Mapping[str, object], convention: str = "graph") -> KernelTime:
         from k3sim.errors import InputError
@@ -220,8 +282,9 @@ class ProfilePredictor:
         (`host_s` of the row used; the op's median where the shape has none)."""
         import dataclasses
 
-        if spec.kind == "collective":  # barrier-started timings: the same under either convention
-            return dataclasses.replace(self._predict(spec, p), convention=convention)
+        if spec.kind == "collective":  # kernels hold a collective's points and fits; the collective model answers
+            raise ValueError(f"{spec.name} is a collective: k3sim.predict.predict_kernel_time (k3sim.comm."
+                             "collective_time) answers it; the kernel predictor only holds its measured points")
         kt = self._predict(spec, p, convention)
         opp = self.op(spec.name, convention)
         if opp is None:
@@ -253,18 +316,13 @@ class ProfilePredictor:
 
     def _predict(self, spec: OpSpec, p: dict[str, int], convention: str = "graph") -> KernelTime:
         op = spec.name
-        if spec.kind == "collective":
-            from k3sim.comm import collective_time
-
-            return collective_time(op, p["bytes"], p["gpus"], self.hw, gpus_per_node=p.get("gpus_per_node") or None,
-                                   convention="barrier")
         if "K" in spec.optional and (p["K"], p["V"]) != (spec.optional["K"], spec.optional["V"]):
             return self._other_head_dim(spec, p, convention)
         opp = self.op(op, convention)
         if opp is not None:
             return opp.predict(p)
         if self.dir is None:
-            from k3sim.kernels.hardware import uncalibrated_reason
+            from k3sim.configs.profiles import uncalibrated_reason
 
             why = uncalibrated_reason(self.hw)
         else:
@@ -290,6 +348,37 @@ class ProfilePredictor:
                           f"K={p['K']}, V={p['V']} not measured: the K=V={ref['K']} time ({base.source}: {base.detail}) "
                           f"x {ratio:.4g}, the {how}'s ratio of the two shapes (FLOP and bytes at K, V)",
                           base.method)
+
+
+def _op_entry(pts: PointSet, fit, note: str, timers, host) -> dict:
+    """One op's predictor inputs as builtins (`cache.to_plain`): the point arrays, the fit's fields, the notes."""
+    import dataclasses
+
+    from k3sim.kernels.cache import to_plain
+
+    def fields(obj) -> dict:
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+    f = fields(fit)
+    f["roofline"] = None if fit.roofline is None else fields(fit.roofline)
+    f["alpha_beta"] = [(n, fields(ab)) for n, ab in fit.alpha_beta.items()]
+    return to_plain({"points": fields(pts), "fit": f, "note": note, "timers": timers, "host": host})
+
+
+def _op_from_entry(entry: Any) -> tuple | None:
+    """The inverse of `_op_entry`; None when the entry does not fit today's classes (then it is rebuilt)."""
+    from k3sim.kernels.cache import from_plain
+    from k3sim.kernels.fit import OpFit
+    from k3sim.kernels.model import AlphaBetaFit, RooflineFit
+
+    try:
+        e = from_plain(entry)
+        f = dict(e["fit"])
+        f["roofline"] = None if f["roofline"] is None else RooflineFit(**f["roofline"])
+        f["alpha_beta"] = {n: AlphaBetaFit(**ab) for n, ab in f["alpha_beta"]}
+        return PointSet(**e["points"]), OpFit(**f), e["note"], e["timers"], e["host"]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 _PROFILES: dict[tuple, ProfilePredictor] = {}

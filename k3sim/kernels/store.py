@@ -71,6 +71,7 @@ class MeasurementStore:
     ignored: list[str] = field(default_factory=list)
     fingerprint: str = ""  # of all measurement files
     op_fingerprints: dict[str, str] = field(default_factory=dict)  # of each op's files: per-op fit staleness
+    content_digest: str = ""  # of every file the store was parsed from (`StoreFiles.digest`): the disk-cache key
     _ops: list[str] | None = field(default=None, repr=False)
     _physical_ok: set = field(default_factory=set, repr=False)  # profiles check_physical has passed
 
@@ -225,10 +226,11 @@ def read_measured(path: Path, what: str) -> bytes:
     return reader.read_bytes(path, what=what, max_bytes=reader.MAX_MEASURED_BYTES)
 
 
-def _read_provenance(path: Path) -> dict:
+def _read_provenance(path: Path, data: bytes | None = None) -> dict:
+    """A run's provenance.yaml (its bytes when the caller read them already), checked for the keys a run has."""
     import yaml
 
-    text = read_measured(path, "provenance file").decode("utf-8", errors="replace")
+    text = (read_measured(path, "provenance file") if data is None else data).decode("utf-8", errors="replace")
     try:
         # libyaml's parser when present (~10x faster, the same constructors): 25 runs are read per load
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
@@ -347,43 +349,27 @@ def _csv_line(source: bytes | Path, row: int) -> int:
             return start
 
 
-def _signature(root: Path) -> tuple:
-    """Names, sizes and mtimes of every file under root: the cache key of a loaded store."""
-    sig = []
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            sig.append((str(p.relative_to(root)), st.st_size, st.st_mtime_ns))
-    return tuple(sig)
+@dataclass(frozen=True)
+class StoreFiles:
+    """Every file a store is built from, read once (`read_files`): per run directory its provenance and its CSVs
+    (bytes, or None for a CSV that names no op: listed in `ignored`, never parsed), and `digest`, the sha256 of
+    every name and byte. The store is parsed from these very bytes, so a disk cache keyed by `digest`
+    (`k3sim.kernels.cache`) holds what was built and validated from them and nothing else."""
+
+    root: Path
+    runs: tuple  # ((run id, provenance path, provenance bytes, ((csv path, bytes | None), ...)), ...)
+    digest: str
 
 
-_CACHE: dict[tuple, MeasurementStore] = {}
+def read_files(root: Path | str) -> StoreFiles:
+    """The bytes of every measured file under `root` (`hardware_profiles/measured/<profile>`), in load order.
 
-
-def load_store(root: Path | str, hardware: Any = None) -> MeasurementStore:
-    """Load (or return the cached copy of) every run under `root`; reloads when a file changes. With the
-    profile (`hardware`: a HardwareProfile or an object with its fields), rows faster than its datasheet
-    roofline by more than `PHYSICAL_FACTOR` are refused (`MeasurementStore.check_physical`)."""
-    root = Path(root).resolve()
-    if not root.is_dir():
-        raise InputError("no such measured-data directory", source=str(root))
-    key = (str(root), _signature(root))
-    if key not in _CACHE:
-        _CACHE.clear() if len(_CACHE) > 16 else None
-        _CACHE[key] = _load(root)
-    store = _CACHE[key]
-    if hardware is not None:
-        store.check_physical(hardware)
-    return store
-
-
-def _load(root: Path) -> MeasurementStore:
-    import pandas as pd
-
-    runs: dict[str, dict] = {}
-    parts: dict[str, list] = {}
-    ignored: list[str] = []
-    digests: dict[str, "hashlib._Hash"] = {}
+    Content, not sizes and mtimes, makes the digest: a file rewritten within one tick of the file system's
+    clock (Linux stamps files from a coarse clock, ~4 ms) with the same size keeps its mtime and ctime, so
+    only the bytes tell. Reading ~1.5 MB and hashing it takes a few milliseconds; parsing it takes ~1 s."""
+    root = Path(root)
+    h = hashlib.sha256(b"k3sim-measured/1\0")
+    runs = []
     for run in sorted(p for p in root.iterdir() if p.is_dir()):
         csvs = sorted(run.glob("*.csv"))
         prov = run / "provenance.yaml"
@@ -391,18 +377,69 @@ def _load(root: Path) -> MeasurementStore:
             if csvs:
                 raise InputError("run directory has CSVs but no provenance.yaml", source=str(run))
             continue
-        runs[run.name] = _read_provenance(prov)
+        prov_bytes = read_measured(prov, "provenance file")
+        _digest_file(h, prov.relative_to(root), prov_bytes)
+        files = []
         for path in csvs:
-            if path.stem not in OPS:
-                ignored.append(str(path.relative_to(root)))
+            # a CSV that names no op is never read (listed in `ignored`): its name is in the digest, its bytes
+            # cannot change a result
+            data = read_measured(path, "measured CSV") if path.stem in OPS else None
+            _digest_file(h, path.relative_to(root), data)
+            files.append((path, data))
+        runs.append((run.name, prov, prov_bytes, tuple(files)))
+    return StoreFiles(root=root, runs=tuple(runs), digest=h.hexdigest())
+
+
+def _digest_file(h, rel: Path, data: bytes | None) -> None:
+    """Name, length and bytes of one file (the length keeps two files' bytes from running together)."""
+    name = str(rel).encode("utf-8", errors="surrogateescape")
+    h.update(len(name).to_bytes(8, "little") + name)
+    h.update(b"\xff" * 8 if data is None else len(data).to_bytes(8, "little") + data)
+
+
+# Parsed stores by (root, content digest): each load reads the files again (a few ms) and reuses the parse.
+_CACHE: dict[tuple, MeasurementStore] = {}
+
+
+def load_store(root: Path | str, hardware: Any = None, files: StoreFiles | None = None) -> MeasurementStore:
+    """Load (or return the cached copy of) every run under `root`; reloads when a file's bytes change. With the
+    profile (`hardware`: a HardwareProfile or an object with its fields), rows faster than its datasheet
+    roofline by more than `PHYSICAL_FACTOR` are refused (`MeasurementStore.check_physical`). `files`: the
+    bytes `read_files(root)` already read (the predictor fingerprints them before deciding to parse)."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise InputError("no such measured-data directory", source=str(root))
+    if files is None or Path(files.root).resolve() != root:
+        files = read_files(root)
+    key = (str(root), files.digest)
+    if key not in _CACHE:
+        _CACHE.clear() if len(_CACHE) > 16 else None
+        _CACHE[key] = _load(root, files)
+    store = _CACHE[key]
+    if hardware is not None:
+        store.check_physical(hardware)
+    return store
+
+
+def _load(root: Path, files: StoreFiles) -> MeasurementStore:
+    import pandas as pd
+
+    runs: dict[str, dict] = {}
+    parts: dict[str, list] = {}
+    ignored: list[str] = []
+    digests: dict[str, "hashlib._Hash"] = {}
+    for run_id, prov, prov_bytes, csvs in files.runs:
+        runs[run_id] = _read_provenance(prov, prov_bytes)
+        for path, data in csvs:
+            if data is None:
+                ignored.append(str(path.relative_to(files.root)))
                 continue
-            data = read_measured(path, "measured CSV")  # read once: parsed and fingerprinted from these bytes
-            parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run.name, data))
+            parts.setdefault(path.stem, []).append(_read_csv(path, path.stem, run_id, data))
             d = digests.setdefault(path.stem, hashlib.sha256())
-            d.update(str(path.relative_to(root)).encode())
+            d.update(str(path.relative_to(files.root)).encode())
             d.update(data)
     rows = {op: pd.concat(dfs, ignore_index=True) for op, dfs in parts.items()}
     op_fp = {op: d.hexdigest()[:16] for op, d in sorted(digests.items())}
     total = hashlib.sha256("".join(f"{k}:{v};" for k, v in op_fp.items()).encode()).hexdigest()[:16]
     return MeasurementStore(root=root, runs=runs, rows=rows, ignored=ignored, fingerprint=total,
-                            op_fingerprints=op_fp)
+                            op_fingerprints=op_fp, content_digest=files.digest)

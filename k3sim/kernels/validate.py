@@ -233,7 +233,7 @@ def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, An
     shapes; returns (LOO points table, LOO summary, meta, leave-shape-out summary)."""
     from k3sim.errors import InputError
     from k3sim.kernels.fit import fit_profile
-    from k3sim.kernels.hardware import measured_dir
+    from k3sim.configs.profiles import measured_dir
     from k3sim.kernels.store import load_store
 
     d = measured_dir(hw)

@@ -87,12 +87,12 @@ def cross_node(a: int, b: int, gpus_per_stage: int, gpus_per_node: int) -> bool:
 
 def p2p_seconds(nbytes: float, hw: Any, cross_node: bool, kernel_time: Callable) -> tuple[float, str]:
     """One hop of `nbytes` between adjacent stages, from the one collective model the training step uses
-    for its pipeline sends (`k3sim.training.placement.Collectives.p2p`, through `k3sim.cp.comm.CommModel`):
+    for its pipeline sends (`k3sim.cp.groups.Collectives.p2p`, through `k3sim.cp.comm.CommModel`):
     inside the scale-up domain the calibrated send_recv; across it, its latency plus the bytes over the
     scale-out NIC."""
     if nbytes <= 0:
         return 0.0, "nothing sent"
-    from k3sim.training.placement import Collectives
+    from k3sim.cp.groups import Collectives
 
     link = "scale-out" if cross_node else "scale-up"
     seconds, src = Collectives(hw, kernel_time).p2p(nbytes, link)
@@ -114,7 +114,7 @@ def model_stage_costs(model: Any, hw: Any, p: int, v: int = 1, *, tp: int = 1, e
     from k3sim.memory.sizes import attn_res_block_bytes_per_token
 
     if kernel_time is None:
-        from k3sim.kernels import predict_kernel_time as kernel_time
+        from k3sim.predict import predict_kernel_time as kernel_time
     if layer_costs is None:
         from k3sim.step import training_layer_costs as layer_costs
     S = p * v

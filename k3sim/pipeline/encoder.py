@@ -63,7 +63,7 @@ class ViTCost:
 
     def __init__(self, vision: Any, hw: Any, kernel_time: Callable | None = None):
         if kernel_time is None:
-            from k3sim.kernels import predict_kernel_time as kernel_time
+            from k3sim.predict import predict_kernel_time as kernel_time
         self.v, self.hw, self.kt = vision, hw, kernel_time
         self._image = lru_cache(maxsize=None)(self._image_uncached)
 

@@ -136,7 +136,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
             scale = stage_fwd / msc.stage_forward_s      # uniform text costs: keep the model's ratio
             fw = [s.forward_s * scale for s in steps]
             bw = [s.backward_s * scale for s in steps]
-            from k3sim.kernels import predict_kernel_time
+            from k3sim.predict import predict_kernel_time
 
             kt = kernel_time or predict_kernel_time
             tokens_out = max(s.image_tokens for s in steps) / MERGE

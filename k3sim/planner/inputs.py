@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3sim.configs.planning import check_redundant_experts
 from k3sim.errors import InputError
 
 # Each `training:` knob: the model part it acts on (None: every model) and the parallel degree that must
@@ -62,16 +63,6 @@ def check_training(scenario: Any, model: Any, source: str, *, own_layout: bool) 
                              f"remove it, or raise parallelism.{degree}", source=source, field=f"training.{knob}")
     if own_layout and section.redundant_experts and model.moe is not None and par.ep > 1:
         check_redundant_experts(section.redundant_experts, model.moe.num_routed_experts, par.ep, source)
-
-
-def check_redundant_experts(slots: int, experts: int, ep: int, source: str | None) -> None:
-    """MoonEP slots per EP rank beyond the experts the rank does not hold change nothing (every rank then holds
-    every expert) and cost a heap step each: refused (10^9 slots hung the balancer)."""
-    cap = experts - experts // ep
-    if slots > cap:
-        raise InputError(f"{slots:,} redundant slots per EP rank exceed the {cap:,} routed experts a rank does "
-                         f"not hold ({experts:,} - {experts:,}/ep={ep}): beyond that every rank holds every "
-                         f"expert; give at most {cap:,}", source=source, field="training.redundant_experts")
 
 
 def load(path: str | Path, *, own_layout: bool = False) -> PlanInputs:

@@ -38,7 +38,7 @@ class RecordingKernelTime:
 
     def __init__(self, inner: Callable | None = None):
         if inner is None:
-            from k3sim.kernels import predict_kernel_time as inner
+            from k3sim.predict import predict_kernel_time as inner
         self.inner = inner
         try:
             self._conv = "convention" in inspect.signature(inner).parameters
@@ -133,11 +133,13 @@ def _section(res: PlanResult, name: str, fn: Callable[[], None], progress: Calla
 
 
 def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Callable | None = None,
-         sections: tuple[str, ...] = SECTIONS, serving_requests: int | None = None) -> PlanResult:
-    """Every section of the report for the scenario at `path` (bad input raises InputError)."""
+         sections: tuple[str, ...] = SECTIONS, serving_requests: int | None = None, inputs=None) -> PlanResult:
+    """Every section of the report for the scenario at `path` (bad input raises InputError). `inputs`: the
+    `planner.inputs.load(path, own_layout=True)` the caller already made (the scenario is read once: it may
+    be a pipe)."""
     from k3sim.planner.inputs import load
 
-    inp = load(path, own_layout=True)  # the plan runs the scenario's own layout: a knob idle there is refused
+    inp = inputs if inputs is not None else load(path, own_layout=True)  # the plan runs the scenario's own layout: a knob idle there is refused
     sc, model, hw = inp.scenario, inp.model, inp.hw
     kt = RecordingKernelTime(kernel_time)
     res = PlanResult(scenario=sc.name, scenario_file=str(path), description=sc.description or "", mode=inp.mode,
@@ -254,7 +256,7 @@ def _serving(res: PlanResult, inp, kt, requests: int | None) -> None:
     from k3sim.serving.run import ServeSetup, simulate
 
     n = requests or SERVING_REQUESTS
-    setup = ServeSetup.from_scenario(inp.path)
+    setup = ServeSetup.from_scenario(inp.path, resolved=(inp.scenario, inp.model, inp.hw))
     run = simulate(setup, serving_sample(setup, n))
     # wall_s is this machine's run time, not an answer about the fleet: left out so a report regenerated
     # from the same inputs is byte-identical

@@ -63,7 +63,7 @@ class TransferModel:
 
     def __init__(self, model, hw, links: int, same_domain: bool, kernel_time=None):
         if kernel_time is None:
-            from k3sim.kernels import predict_kernel_time as kernel_time
+            from k3sim.predict import predict_kernel_time as kernel_time
         self.model = model
         self.hw = hw
         self.links = max(1, links)

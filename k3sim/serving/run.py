@@ -58,11 +58,14 @@ class ServeSetup:
     def from_scenario(path: str | Path, *, cache_policy: str | None = None, pool_bytes: float | str | None = None,
                       router: str | None = None, disaggregate: str | None = None, slo_ttft_s: float | None = None,
                       slo_tpot_s: float | None = None, replicas: int | None = None, scheduler: str | None = None,
-                      seed: int | None = None, pp_microbatches: bool | None = None) -> "ServeSetup":
+                      seed: int | None = None, pp_microbatches: bool | None = None,
+                      resolved: tuple | None = None) -> "ServeSetup":
+        """`resolved`: the (scenario, model, hardware) the caller already loaded from `path`, so a scenario
+        given as a pipe is read once (the planner passes its own)."""
         from k3sim.configs import resolve_scenario
         from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
 
-        scn, model, hw = resolve_scenario(path)
+        scn, model, hw = resolved if resolved is not None else resolve_scenario(path)
         src = str(path)
         sv = scn.serving
         if sv is None:

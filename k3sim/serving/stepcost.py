@@ -55,7 +55,7 @@ class GridKernelTime:
 
     def __init__(self, kernel_time=None):
         if kernel_time is None:
-            from k3sim.kernels import predict_kernel_time as kernel_time
+            from k3sim.predict import predict_kernel_time as kernel_time
         self.kernel_time = kernel_time
         self.memo: dict[tuple, tuple[float, str]] = {}
         self.predictions = 0

@@ -59,7 +59,7 @@ class Timer:
     """Times calls with `kernel_time(op, params, hardware=hw[, convention=...])`, memoised per shape."""
 
     def __init__(self, hw: Any, kernel_time: Callable | None = None, convention: str = "graph"):
-        from k3sim.kernels import predict_kernel_time
+        from k3sim.predict import predict_kernel_time
 
         self.hw = hw
         self.kernel_time = kernel_time or predict_kernel_time

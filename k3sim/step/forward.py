@@ -172,7 +172,7 @@ def handoff_call(model: ModelConfig, layout: StepLayout, batch: Batch, layers: l
 def limiter(res: StepResult, hw: Any) -> str:
     """What bounds the step: the category with the largest share of the busiest stage's time, and whether
     the stage's bytes or FLOP dominate at the datasheet roofline."""
-    from k3sim.kernels.hardware import peak_flops
+    from k3sim.configs.profiles import peak_flops
 
     busiest = max(range(len(res.stage_seconds)), key=lambda s: res.stage_seconds[s])
     share: dict[str, float] = defaultdict(float)

@@ -24,10 +24,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from k3sim.configs.planning import GLUE_MODES  # the training option `moe_glue` (one list, in its schema)
 from k3sim.step.families import PROXIED, op_family
 
 GLUE_FILE = "training_glue.yaml"
-GLUE_MODES = ("calibrated", "proxy")  # the training option `moe_glue`: the profile's calibration, or bytes only
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,14 @@ def glue_for(hw: Any, mode: str) -> GlueCalibration:
 
 
 def _h200_file() -> Path:
-    from k3sim.kernels.hardware import profiles_dir
+    from k3sim.configs.profiles import profiles_dir
 
     return profiles_dir() / "measured" / "h200" / GLUE_FILE
 
 
 def load_glue(hw: Any) -> GlueCalibration:
     """The glue calibration for `hw`: its measured directory's file, else H200's, else the proxy."""
-    from k3sim.kernels.hardware import measured_dir
+    from k3sim.configs.profiles import measured_dir
 
     try:
         d = measured_dir(hw)

@@ -32,54 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from k3sim.configs.parallel import Parallelism
+from k3sim.configs.planning import TrainOptions, check_redundant_experts
+from k3sim.cp.groups import Collectives
 from k3sim.errors import InputError
-from k3sim.training.placement import Collectives, groups, pp_hop_links
+from k3sim.training.placement import groups, pp_hop_links
 from k3sim.training.routing import ep_imbalance
 from k3sim.training.schedule import pipeline_time
 
 BF16 = 2
 SUBLAYERS_PER_LAYER = 2   # attention block + FFN block, each AG in / RS out under sequence parallelism
 COMM_KINDS = ("tp", "ep", "cp", "pp", "dp")
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """Knobs of the step model that a scenario or sweep may set.
-
-    routing_skew: Zipf exponent of expert popularity (0 = uniform router; a modelling choice standing in
-    for a measured router histogram). redundant_experts: MoonEP redundant expert slots per EP rank (0 =
-    off). tp_overlap / ep_overlap: fraction of TP / EP communication hidden under compute (0 = none, the
-    conservative default; Megatron's TP-comm-overlap and K2.5's EP overlap under interleaved 1F1B can raise
-    it). kda_cp / mla_cp: CP schemes (k3sim.cp). moe_glue: "calibrated" (the measured unfused routing glue,
-    `k3sim.step.glue`) or "proxy" (bytes-only: a stack with fused permute kernels, not measured).
-    use_pipeline_engine: None = the engine when present.
-    """
-
-    routing_skew: float = 0.0
-    redundant_experts: int = 0
-    tp_overlap: float = 0.0
-    ep_overlap: float = 0.0
-    kda_cp: str = "kcp"
-    mla_cp: str = "allgather-kv"
-    seed: int = 0
-    moe_glue: str = "calibrated"
-    use_pipeline_engine: bool | None = None
-
-    def check(self, source: str | None = None) -> None:
-        for name in ("tp_overlap", "ep_overlap"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0 or math.isnan(v):
-                raise InputError(f"must be within [0, 1], got {v}", source=source, field=name)
-        if self.routing_skew < 0 or math.isnan(self.routing_skew):
-            raise InputError(f"must be >= 0, got {self.routing_skew}", source=source, field="routing_skew")
-        if self.redundant_experts < 0:
-            raise InputError(f"must be >= 0, got {self.redundant_experts}", source=source,
-                             field="redundant_experts")
-        from k3sim.step.glue import GLUE_MODES
-
-        if self.moe_glue not in GLUE_MODES:
-            raise InputError(f"must be {' or '.join(GLUE_MODES)}, got {self.moe_glue!r}", source=source,
-                             field="moe_glue")
 
 
 @dataclass
@@ -157,7 +119,7 @@ class TrainingContext:
 
     def __init__(self, model, hw, kernel_time: Callable | None = None, layer_costs: Callable | None = None):
         if kernel_time is None:
-            from k3sim.kernels import predict_kernel_time as kernel_time
+            from k3sim.predict import predict_kernel_time as kernel_time
         if layer_costs is None:
             from k3sim.step import training_layer_costs as layer_costs
         self.model, self.hw = model, hw
@@ -328,14 +290,11 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                with_memory: bool = True) -> TrainStepResult:
     """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout."""
 
-    opts = options or TrainOptions()
-    opts.check(source)
+    opts = options or TrainOptions()   # a pydantic schema: its ranges were checked when it was built
     from k3sim.configs.parallel import check_layout
 
     check_layout(model, par, mode="train", source=source, hardware=hw)  # the one layout check (configs/parallel.py)
     if opts.redundant_experts and model.moe is not None and par.ep > 1:  # bounded before the balancer runs
-        from k3sim.planner.inputs import check_redundant_experts
-
         check_redundant_experts(opts.redundant_experts, model.moe.num_routed_experts, par.ep, source)
     if seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len}-token sequence", source=source, field="cp")
@@ -527,7 +486,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         stages=[{"stage": s.stage, "layers": s.layers, "forward_s": s.forward_s, "backward_s": s.backward_s,
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
-        options=opts.__dict__.copy(), pipeline=pipe,
+        options=opts.model_dump(), pipeline=pipe,
         assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue)])
 
 

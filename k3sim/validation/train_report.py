@@ -53,7 +53,7 @@ def _checks(hw):
     """(steps, families) of every committed run, with a `run` column."""
     import pandas as pd
 
-    from k3sim.kernels.hardware import profiles_dir
+    from k3sim.configs.profiles import profiles_dir
     from k3sim.validation.train_step import check_tables
 
     base = profiles_dir() / "measured" / "h200"

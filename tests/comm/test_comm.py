@@ -44,7 +44,7 @@ def test_tree_wins_on_latency_for_a_small_all_reduce_over_many_nodes():
     """64 GPUs = 8 nodes of 8: ring 2 x 63 = 126 steps, tree 2 x (log2 8 + 8 - 1) = 20 steps; the tree moves
     2 x the buffer per rank (reduce up, broadcast down) at the NIC's measured fraction."""
     from k3sim.comm.model import _calibration
-    from k3sim.kernels.hardware import load_profile
+    from k3sim.configs.profiles import load_profile
 
     hw = load_profile("h200")
     cal = _calibration(hw, "all_reduce")
@@ -91,8 +91,8 @@ def test_kernel_time_and_cp_agree_on_every_collective():
     """The issue's example: a 16-GPU all-gather of a 12 MiB shard; and a CP pair across nodes (TP 8)."""
     from k3sim.cp.comm import CommModel, KernelClock
     from k3sim.cp.traffic import Collective
-    from k3sim.kernels import predict_kernel_time
-    from k3sim.kernels.hardware import load_profile
+    from k3sim.predict import predict_kernel_time
+    from k3sim.configs.profiles import load_profile
 
     hw = load_profile("h200")
     clock = KernelClock(hw, predict_kernel_time)

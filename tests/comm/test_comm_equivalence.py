@@ -78,7 +78,7 @@ def test_closed_form_ring_equals_the_graph_ring(hw):
 def test_collective_time_equals_the_graph_model(op):
     """Every field of the answer (seconds, method, detail) through the old graph and through the closed form;
     bare profiles have no measurements, so both take the model path; h200 counts past its 8-GPU domain."""
-    from k3sim.kernels.hardware import load_profile
+    from k3sim.configs.profiles import load_profile
 
     cases = [(hw, n, gpn) for hw in PROFILES[:3] for n in (2, 3, 8, 9, 16, 24, 64, 100, 300) for gpn in (None, 1, 4)]
     h200 = load_profile("h200")

@@ -55,7 +55,7 @@ def test_kernel_time_datasheet_for_the_issue_example(cli):
     assert set(out) >= {"seconds", "source", "detail"}
     assert out["params"] == {"M": 64, "N": 7168, "K": 2048}
     # the committed H200 data measured this shape: the answer is that measurement, not a model value
-    from k3sim.kernels.hardware import PROFILES_DIR
+    from k3sim.configs.profiles import PROFILES_DIR
     from k3sim.kernels.store import load_store
 
     pts = load_store(PROFILES_DIR / "measured" / "h200").points("gemm_bf16")

@@ -30,7 +30,7 @@ def test_report_with_measured_data(tmp_path):
     pd.DataFrame([{"T": t, "H": 96, "gpus": 2, "docs": d, "seconds": 1e-3 * t / 16384, "status": "ok",
                    "single_gpu_seconds": 1.6e-3 * t / 16384} for t in (16384, 65536, 262144) for d in (1, 4)]
                  ).to_csv(cal / "chunk_kda_cp_fwd.csv", index=False)
-    hw = SimpleNamespace(name="fakegpu", scaleup_domain_gpus=8, scaleup_bandwidth_bytes_per_s=4.5e11,
+    hw = SimpleNamespace(name="fakegpu", scaleup_domain_gpus=8, scaleup_bandwidth_bytes_per_s=4.5e11, hbm_bandwidth_bytes_per_s=4.8e12,
                          scaleout_bandwidth_bytes_per_s=5e10, num_sms=132, peak_flops_per_s={"bf16": 1e15},
                          calibration_dir=str(tmp_path / "measured"))
     out = tmp_path / "rep"

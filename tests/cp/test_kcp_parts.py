@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from k3sim.cp.kcp_parts import check, fit_pre, kcp_time, load_parts, waves
-from k3sim.kernels.hardware import load_profile, measured_dir
+from k3sim.configs.profiles import load_profile, measured_dir
 
 
 def test_waves_and_tau_recovered_from_synthetic_rows():

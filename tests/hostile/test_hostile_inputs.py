@@ -199,6 +199,38 @@ def test_a_rate_sweep_refuses_a_pipe_it_would_read_once_per_rate(tmp_path):
     assert proc.returncode == 2 and "can be read only once" in proc.stderr and "--trace" in proc.stderr
 
 
+def _absolute_scenario(tmp_path: Path, name: str) -> Path:
+    """A shipped scenario with its model path made absolute (a FIFO has no directory to resolve it from)."""
+    src = (ROOT / "scenarios" / name).read_text()
+    model = next(l.split(":", 1)[1].strip() for l in src.splitlines() if l.startswith("model:"))
+    out = tmp_path / name
+    out.write_text(src.replace(f"model: {model}", f"model: {(ROOT / 'scenarios' / model).resolve()}", 1))
+    return out
+
+
+def test_a_plan_of_a_scenario_from_a_fifo_reads_it_once(tmp_path):
+    """Was: `plan FIFO` read its scenario again for the serving section and waited forever on the FIFO."""
+    scenario = _absolute_scenario(tmp_path, "kimi-linear-48b-h200.yaml")
+    fifo, writer = _fifo_with_writer(tmp_path, str(scenario))
+    try:
+        piped = _k3sim("plan", fifo, "--no-report", "--json")
+    finally:
+        _stop(writer)
+    assert piped.returncode == 0, piped.stderr
+    direct = _k3sim("plan", scenario, "--no-report", "--json")
+    keys = ("requests", "ttft_p99_s", "tpot_p99_s", "token_hit_rate")  # the serving section, read from it once
+    got, want = json.loads(piped.stdout), json.loads(direct.stdout)
+    assert got["requests"] > 0 and {k: got[k] for k in keys} == {k: want[k] for k in keys}
+
+
+def test_a_sweep_refuses_a_scenario_it_would_read_in_every_task(tmp_path):
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)  # no writer: a reader that opened it would wait forever
+    proc = _k3sim("sweep", fifo, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "can be read only once" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # ---- measured CSVs: the same reader, regular files only, rows checked when loaded ------------------------------
 
 def _profile(tmp_path: Path) -> tuple[Path, Path]:
@@ -289,7 +321,7 @@ def test_no_committed_measurement_is_refused():
     loads for its own profile."""
     from k3sim.configs import load_hardware
     from k3sim.configs.loaders import hardware_names
-    from k3sim.kernels.hardware import measured_dir
+    from k3sim.configs.profiles import measured_dir
     from k3sim.kernels.store import load_store
 
     checked = 0

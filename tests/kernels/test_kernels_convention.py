@@ -7,7 +7,7 @@ import pytest
 from conftest import hardware
 
 from k3sim.errors import InputError
-from k3sim.kernels import predict_kernel_time
+from k3sim.predict import predict_kernel_time
 
 HEAD = "M,N,K,seconds,seconds_p20,seconds_p80,reps,status,error,host_s"
 

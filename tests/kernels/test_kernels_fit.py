@@ -10,7 +10,8 @@ from k3sim.errors import InputError
 from k3sim.kernels.fit import FITTED_NAME, fit_profile, load_or_fit, read_fitted, write_fitted
 from k3sim.kernels.model import RooflineFit, fit_alpha_beta, fit_roofline
 from k3sim.kernels.ops import OPS
-from k3sim.kernels.predict import clear_cache, predict_kernel_time, profile_predictor
+from k3sim.kernels.predict import clear_cache, profile_predictor
+from k3sim.predict import predict_kernel_time
 from k3sim.kernels.store import load_store
 
 

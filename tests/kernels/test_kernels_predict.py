@@ -6,7 +6,8 @@ import pytest
 from conftest import HBM_BW, PEAK, hardware, true_seconds
 
 from k3sim.errors import InputError
-from k3sim.kernels import KernelTime, predict_kernel_time
+from k3sim.kernels import KernelTime
+from k3sim.predict import predict_kernel_time
 
 
 def test_exact_hit_is_measured(synth):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from k3sim.configs import load_hardware, load_model
-from k3sim.kernels.hardware import profiles_dir
+from k3sim.configs.profiles import profiles_dir
 from k3sim.step.calls import Call, Timer
 from k3sim.step.glue import GLUE_FILE, GlueCalibration, load_glue
 from k3sim.step.training import _call_costs, training_layer_costs

@@ -163,9 +163,9 @@ def test_engine_agrees_with_closed_form_on_uniform_stages():
 
 
 def test_collective_grid_interpolation_close_to_direct_calls():
-    from k3sim.training.placement import Collectives, Group
+    from k3sim.cp.groups import Collectives, Group
 
-    c = Collectives(H200, __import__("k3sim.kernels", fromlist=["predict_kernel_time"]).predict_kernel_time)
+    c = Collectives(H200, __import__("k3sim.predict", fromlist=["predict_kernel_time"]).predict_kernel_time)
     for op, g in (("reduce_scatter", Group("dp", 8, 512)), ("all_to_all", Group("ep", 64, 64)),
                   ("all_gather", Group("tp", 8, 8)), ("all_gather", Group("tp", 4, 8)),
                   ("reduce_scatter", Group("dp", 16, 128))):
@@ -209,7 +209,7 @@ def test_pp_hops_follow_the_pipeline_engines_rule(par, outs):
 
 
 def test_pp_send_time_is_the_mean_hop():
-    from k3sim.kernels import predict_kernel_time
+    from k3sim.predict import predict_kernel_time
 
     def run(par):
         return step(par, kt=predict_kernel_time, num_micro_batches=16, seq_len=65536)
@@ -224,7 +224,7 @@ def test_pp_send_time_is_the_mean_hop():
 
 
 def test_moe_glue_proxy_is_the_bytes_only_model_and_says_so():
-    from k3sim.kernels import predict_kernel_time
+    from k3sim.predict import predict_kernel_time
 
     def run(mode):
         return train_step(toy_model(), H200, Parallelism(tp=2, ep=2), seq_len=4096, num_micro_batches=2,
@@ -240,5 +240,5 @@ def test_moe_glue_proxy_is_the_bytes_only_model_and_says_so():
     assert glue_rows[0][0]["source"].startswith(g.source)
     assert "fused-permute" in glue_rows[1][0]["assumption"] and f"x {g.fwd:.1f}" not in glue_rows[1][0]["assumption"]
     assert glue_rows[1][0]["source"].startswith("modelling choice (not measured)")
-    with pytest.raises(InputError, match="calibrated or proxy"):
+    with pytest.raises(InputError, match="moe_glue.*'calibrated' or 'proxy'"):  # the schema's words
         run("fused")

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from k3sim.configs import load_hardware
-from k3sim.kernels.hardware import profiles_dir
+from k3sim.configs.profiles import profiles_dir
 from k3sim.step.glue import GLUE_FILE, load_glue
 from k3sim.validation.glue_fit import fit_glue
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from k3sim.configs import load_hardware
-from k3sim.kernels.hardware import profiles_dir
+from k3sim.configs.profiles import profiles_dir
 from k3sim.validation.train_step import check_tables
 
 RUNS = profiles_dir() / "measured" / "h200"

@@ -1,7 +1,8 @@
 """Resolve `hardware` (profile name, path or HardwareProfile) to the profile and its measured dir.
 
-Only the fields listed in DEVELOPING.md ("HardwareProfile") are read, by attribute, so a small
-hand-built object works in tests.
+Hardware profiles and their loading belong to configs, the bottom of the model: kernels, comm, step and
+validation all read a profile's measured directory and datasheet figures from here. Only the fields listed
+in DEVELOPING.md ("HardwareProfile") are read, by attribute, so a small hand-built object works in tests.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def profiles_dir() -> Path:
 
 def load_profile(hardware: Any) -> Any:
     if isinstance(hardware, (str, os.PathLike)):
-        from k3sim.configs import load_hardware
+        from k3sim.configs.loaders import load_hardware
 
         return load_hardware(str(hardware))
     if not hasattr(hardware, "peak_flops_per_s"):

@@ -1,0 +1,107 @@
+"""How fast a what-if answers: medians of fresh `python -m k3sim` processes, cold and warm kernel cache.
+
+    python3 benchmarks/bench_whatif.py [--repeat 5] [--json] [--root DIR]
+
+Each query runs `--repeat` times in a new process (the interpreter, typer, pydantic and the command's imports
+every time, as a user pays them). "cold": every run gets an empty `K3SIM_CACHE_DIR`, so the kernel predictor
+parses and validates the measured CSVs; "warm": the runs share a directory one untimed run has filled. One
+untimed run of every query first compiles the .pyc files, so neither column pays for compiling. The heavy
+imports column names which of pandas, scipy and matplotlib a warm run imported (`python -X importtime`).
+`--root` runs another checkout (e.g. an unpacked `git archive` of an older commit) for a before/after table.
+The load average is printed with the table: on a shared machine the medians move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "models/kimi-k3.yaml"
+QUERIES = {
+    "--help": ["--help"],
+    "model-info": ["model-info", "--model", MODEL],
+    "memory": ["memory", "--model", MODEL, "--hardware", "h200", "--mode", "serve", "--tp", "8", "--pp", "2",
+               "--ep", "8", "--context", "131072"],
+    "kernel-time": ["kernel-time", "chunk_kda_fwd", "--set", "T=32768", "--set", "H=12"],
+    "decode": ["decode", "--model", MODEL, "--hardware", "h200", "--batch", "64", "--tp", "8", "--pp", "2",
+               "--ep", "8", "--context", "32768"],
+    "cp": ["cp", "--model", MODEL, "--hardware", "h200", "--seq-len", "1048576", "--cp", "8", "--strategy", "kcp"],
+}
+HEAVY = ("pandas", "scipy", "matplotlib")
+# The issue's goals (seconds): --help and model-info under 0.2 s; a point under 0.3 s warm and 3 s cold.
+GOALS = {"--help": (0.2, 0.2), "model-info": (0.2, 0.2), "memory": (0.3, 3.0), "kernel-time": (0.3, 3.0),
+         "decode": (0.3, 3.0), "cp": (0.3, 3.0)}
+
+
+def run_once(args: list[str], root: Path, cache: str, importtime: bool = False) -> tuple[float, str]:
+    """Wall seconds of one `python -m k3sim ARGS` in `root` with `K3SIM_CACHE_DIR=cache`; stderr text."""
+    env = dict(os.environ, K3SIM_CACHE_DIR=cache)
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "k3sim", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"k3sim {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
+    return wall, proc.stderr
+
+
+def heavy_imports(args: list[str], root: Path, cache: str) -> list[str]:
+    """Which of `HEAVY` a (warm) run imports, from `-X importtime`'s top-level package lines."""
+    _, err = run_once(args, root, cache, importtime=True)
+    names = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    return [h for h in HEAVY if h in names]
+
+
+def bench(root: Path, repeat: int) -> dict:
+    """Per query: cold and warm medians (s), every run's time, and the heavy imports of a warm run."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="k3sim-bench-") as tmp:
+        for args in QUERIES.values():  # compile the .pyc files (untimed)
+            run_once(args, root, str(Path(tmp) / "compile"))
+        for name, args in QUERIES.items():
+            cold = [run_once(args, root, str(Path(tmp) / f"cold-{name}-{i}"))[0] for i in range(repeat)]
+            warm_dir = str(Path(tmp) / f"warm-{name}")
+            run_once(args, root, warm_dir)  # fills the cache
+            warm = [run_once(args, root, warm_dir)[0] for _ in range(repeat)]
+            out[name] = {"cold_median_s": statistics.median(cold), "warm_median_s": statistics.median(warm),
+                         "cold_s": cold, "warm_s": warm, "heavy_imports_warm": heavy_imports(args, root, warm_dir),
+                         "goal_warm_s": GOALS[name][0], "goal_cold_s": GOALS[name][1]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5, help="fresh processes per query and cache state")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout to run (default: this one)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    a = ap.parse_args(argv)
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    load_before = os.getloadavg()
+    results = bench(a.root.resolve(), a.repeat)
+    doc = {"root": str(a.root.resolve()), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+           "repeat": a.repeat, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+           "queries": results}
+    if a.json:
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"{a.root.resolve()}  python {doc['python']}, {doc['cpus']} CPUs, {a.repeat} runs each; load average "
+          f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in doc['load_average_after'])} after")
+    print(f"{'query':12s} {'cold s':>8s} {'warm s':>8s}  {'goal cold/warm':>14s}  heavy imports (warm)")
+    for name, r in results.items():
+        goal = f"{r['goal_cold_s']:g}/{r['goal_warm_s']:g}"
+        print(f"{name:12s} {r['cold_median_s']:8.3f} {r['warm_median_s']:8.3f}  {goal:>14s}  "
+              f"{', '.join(r['heavy_imports_warm']) or '-'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The one kernel-time facade: `predict_kernel_time(op, params, hardware, convention)` for every op of the
+registry, single-GPU kernels and collectives alike (DEVELOPING.md, "Kernel times", "Collectives").
+
+It sits above `k3sim.kernels` (measured store, fits, the single-GPU predictor) and `k3sim.comm` (the one
+collective model over a topology), which sit side by side and never dispatch to each other: an op whose
+registry kind is "collective" goes to `k3sim.comm.collective_time`, everything else to the kernel predictor.
+Every model that needs a kernel time takes a `kernel_time` callable defaulting to this function.
+
+Heavy modules (numpy, the store) are imported on the first call, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
+from weakref import WeakKeyDictionary
+
+if TYPE_CHECKING:
+    from k3sim.kernels.predict import KernelTime
+
+# Collective answers per profile predictor (simulators ask the same shapes over and over). Keyed weakly by the
+# predictor, so `k3sim.kernels.predict.clear_cache()` (a new predictor) drops them with it.
+_COLLECTIVE_ANSWERS: WeakKeyDictionary = WeakKeyDictionary()
+# Answers kept per profile before the memo is emptied: a memory bound only (~100 MB), answers do not depend on it.
+MAX_ANSWERS = 200_000
+
+
+def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "h200",
+                        convention: str = "graph") -> KernelTime:
+    """Kernel time in seconds with its source; `hardware` is a profile name, a path or a HardwareProfile.
+
+    `convention`: "graph" (default; the kernel as a CUDA-graph replay runs it, back to back with no host
+    launch) or "eager" (one call between CUDA events plus the host's launch time); the answer's detail
+    says which timer's measurements it stands on. A collective (`bytes` per rank as nccl-tests counts it,
+    `gpus`, optional `gpus_per_node`, 0 = the profile's scale-up domain) is answered by the collective model.
+    Raises InputError for an unknown op or parameter, a missing one, or a shape outside the op's range.
+    """
+    from k3sim.errors import InputError
+    from k3sim.kernels.ops import get_op, validate_params
+    from k3sim.kernels.predict import profile_predictor
+    from k3sim.kernels.store import CONVENTIONS
+
+    predictor = profile_predictor(hardware)
+    if convention not in CONVENTIONS:
+        raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}",
+                         field="convention")
+    spec = get_op(op)
+    if spec.kind != "collective":
+        return predictor.predict(op, params, convention)
+    p = validate_params(spec, params)
+    answers = _COLLECTIVE_ANSWERS.setdefault(predictor, {})
+    key = (op, convention, *p.values())
+    hit = answers.get(key)
+    if hit is None:
+        if len(answers) > MAX_ANSWERS:
+            answers.clear()
+        hit = answers[key] = _collective(op, p, predictor.hw, convention)
+    return hit
+
+
+def _collective(op: str, p: dict[str, int], hw: Any, convention: str) -> KernelTime:
+    """The collective model's answer, labelled with the caller's convention: the measured collective rows are
+    barrier-started, the same time under either convention (the detail says which rows it stands on)."""
+    from k3sim.comm import collective_time
+
+    kt = collective_time(op, p["bytes"], p["gpus"], hw, gpus_per_node=p.get("gpus_per_node") or None,
+                         convention="barrier")
+    return dataclasses.replace(kt, convention=convention)
