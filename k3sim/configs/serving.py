@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from typing_extensions import Annotated
 
 from k3sim.configs.bounds import BOUNDS, _finite, bounded_float, bounded_int
-from k3sim.configs.parallel import Parallelism
+from k3sim.configs.parallelism import Parallelism
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 # Every number of the section in its documented range (k3sim/configs/bounds.py): one simulated engine per
