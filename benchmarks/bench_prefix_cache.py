@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 from k3sim.configs import load_model
-from k3sim.prefix_cache import config_from_model, replay
-from k3sim.prefix_cache.sweep import grid, run_sweep
+from k3sim.prefix_cache import config_from_model
+from k3sim.prefix_cache.setup import grid
+from k3sim.serving.replay import replay
+from k3sim.serving.prefix_cache_run import run_sweep
 from k3sim.workloads import prefix_keys, read_mooncake
 
 ROOT = Path(__file__).resolve().parents[1]

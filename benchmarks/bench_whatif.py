@@ -5,7 +5,8 @@
 Each query runs `--repeat` times in a new process (the interpreter, typer, pydantic and the command's imports
 every time, as a user pays them). "cold": every run gets an empty `K3SIM_CACHE_DIR`, so the kernel predictor
 parses and validates the measured CSVs; "warm": the runs share a directory one untimed run has filled. One
-untimed run of every query first compiles the .pyc files, so neither column pays for compiling. The heavy
+untimed run of every query first compiles the .pyc files (into a directory of the benchmark's, whatever
+PYTHONDONTWRITEBYTECODE says), so neither column pays for compiling. The heavy
 imports column names which of pandas, scipy and matplotlib a warm run imported (`python -X importtime`).
 `--root` runs another checkout (e.g. an unpacked `git archive` of an older commit) for a before/after table.
 The load average is printed with the table: on a shared machine the medians move with it.
@@ -41,9 +42,16 @@ GOALS = {"--help": (0.2, 0.2), "model-info": (0.2, 0.2), "memory": (0.3, 3.0), "
          "decode": (0.3, 3.0), "cp": (0.3, 3.0)}
 
 
+# Compiled bytecode for the runs, in a directory of the benchmark's (PYTHONPYCACHEPREFIX): written by the
+# untimed first run and read by the timed ones, as an installed k3sim's .pyc files are, even where the
+# environment sets PYTHONDONTWRITEBYTECODE (then every run would compile k3sim's sources again, ~0.1 s).
+_PYC: list[str] = []
+
+
 def run_once(args: list[str], root: Path, cache: str, importtime: bool = False) -> tuple[float, str]:
     """Wall seconds of one `python -m k3sim ARGS` in `root` with `K3SIM_CACHE_DIR=cache`; stderr text."""
-    env = dict(os.environ, K3SIM_CACHE_DIR=cache)
+    env = dict(os.environ, K3SIM_CACHE_DIR=cache, **({"PYTHONPYCACHEPREFIX": _PYC[0]} if _PYC else {}))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "k3sim", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -65,6 +73,7 @@ def bench(root: Path, repeat: int) -> dict:
     """Per query: cold and warm medians (s), every run's time, and the heavy imports of a warm run."""
     out = {}
     with tempfile.TemporaryDirectory(prefix="k3sim-bench-") as tmp:
+        _PYC[:] = [str(Path(tmp) / "pyc")]
         for args in QUERIES.values():  # compile the .pyc files (untimed)
             run_once(args, root, str(Path(tmp) / "compile"))
         for name, args in QUERIES.items():
@@ -94,8 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.json:
         print(json.dumps(doc, indent=2))
         return
+    loads = [" ".join(f"{x:.2f}" for x in load) for load in (load_before, doc["load_average_after"])]
     print(f"{a.root.resolve()}  python {doc['python']}, {doc['cpus']} CPUs, {a.repeat} runs each; load average "
-          f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in doc['load_average_after'])} after")
+          f"{loads[0]} before, {loads[1]} after")
     print(f"{'query':12s} {'cold s':>8s} {'warm s':>8s}  {'goal cold/warm':>14s}  heavy imports (warm)")
     for name, r in results.items():
         goal = f"{r['goal_cold_s']:g}/{r['goal_warm_s']:g}"

@@ -20,7 +20,8 @@ SETTINGS = (("lru", 0.0), ("flop-aware", 0.5), ("flop-aware", 1.0), ("flop-aware
 
 
 def one(job: tuple[str, float, str, float]) -> dict:
-    from k3sim.prefix_cache.run import make_config, simulate
+    from k3sim.prefix_cache.setup import make_config
+    from k3sim.serving.prefix_cache_run import simulate
 
     trace, cap, eviction, alpha = job
     cfg = make_config(ROOT / "models/kimi-k3.yaml", "decoupled", 512, 6144, cap, eviction=eviction,

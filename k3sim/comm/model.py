@@ -35,8 +35,9 @@ from typing import Any
 
 from k3sim.configs.bounds import BOUNDS, check_range
 from k3sim.errors import InputError
+from k3sim.kernels.ops import COLLECTIVE_OPS
 
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "custom_all_reduce")
+COLLECTIVES = COLLECTIVE_OPS  # the registry's collective kind (k3sim.kernels.ops), the one list
 CONVENTIONS = ("graph", "stream", "barrier")
 MEASURED_CONVENTION = "barrier"
 MAX_GPUS = int(BOUNDS["collective_gpus"].hi)  # the bounds table's (and so the kernel registry's) `gpus`

@@ -88,6 +88,23 @@ class LazyGroup(TyperGroup):
             load_module(COMMANDS[cmd_name].module)
         return _LOADED.get(cmd_name)
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """click's lookup; an unknown name gets typer's "Did you mean" from every command, loaded or not."""
+        from difflib import get_close_matches
+
+        from typer import _click
+
+        suggest, self.suggest_commands = self.suggest_commands, False  # typer's would see loaded ones only
+        try:
+            return super().resolve_command(ctx, args)
+        except _click.exceptions.UsageError as err:
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if suggest and args else []
+            if matches:
+                err.message = f"{err.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
+            raise
+        finally:
+            self.suggest_commands = suggest
+
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The listing of `k3sim --help` from the table, without importing a module (a loaded command's own
         help when it is loaded: the same text, `test_command_table` checks)."""
@@ -97,7 +114,8 @@ class LazyGroup(TyperGroup):
         for name in self.list_commands(ctx):
             cmd = self.commands.get(name) or _LOADED.get(name)
             if cmd is None:
-                rows.append((name, lambda limit, text=COMMANDS[name].help: make_default_short_help(text, limit).strip()))
+                text = COMMANDS[name].help
+                rows.append((name, lambda limit, text=text: make_default_short_help(text, limit).strip()))
             elif not cmd.hidden:
                 rows.append((name, cmd.get_short_help_str))
         if not rows:

@@ -30,6 +30,47 @@ def parse_sets(items: list[str]) -> dict[str, str]:
     return out
 
 
+CP_MODEL = "models/kimi-k3.yaml"  # `k3sim cp`'s default --model: its KDA heads / --tp give the op's H
+
+
+def kcp_refusal(op: str, given: dict[str, str], hardware: str) -> InputError:
+    """KCP (`chunk_kda_cp_fwd[_bwd]`) has one answer, `k3sim cp` pricing it from its parts (local chunk_kda,
+    pre-process, all-gather, merge: `k3sim.cp.kcp_parts`); the refusal gives that command for the user's
+    shape: T -> --seq-len, gpus -> --cp, docs -> --docs, and H -> the --tp that leaves H KDA heads per rank."""
+    from k3sim.errors import shorten
+    from k3sim.kernels.ops import PRICED_BY_CP
+
+    val = {k: shorten(v, 24) for k, v in given.items()}
+    cmd = ["k3sim cp", f"--hardware {shorten(hardware, 40)}" if hardware != "h200" else "",
+           f"--seq-len {val.get('T', '<T>')}", f"--cp {val.get('gpus', '<gpus>')}",
+           f"--docs {val['docs']}" if val.get("docs", "1") != "1" else ""]
+    heads, note = _cp_model_heads(), ""
+    try:
+        h = int(float(given["H"])) if "H" in given else heads
+    except ValueError:
+        h = None
+    if heads and h and heads % h == 0:
+        cmd.append(f"--tp {heads // h}" if h != heads else "")
+    else:
+        cmd.append("--tp <N>")
+        note = " (N: the model's KDA heads / H)"
+    read = "kda.fwd.time_s" if PRICED_BY_CP[op] == "forward" else "kda_layer_time_s"
+    return InputError(f"{op} is not a kernel op: KCP is priced from its parts by `k3sim cp --strategy kcp`; "
+                      f"the equivalent: `{' '.join(c for c in cmd if c)} --strategy kcp --json`{note}, key {read}",
+                      source="OP")
+
+
+def _cp_model_heads() -> int | None:
+    """KDA heads of `k3sim cp`'s default model (None when it cannot be read: the refusal still stands)."""
+    try:
+        from k3sim.configs import load_model
+
+        kda = load_model(CP_MODEL).kda
+    except InputError:
+        return None
+    return int(kda.num_heads) if kda is not None else None
+
+
 def op_spec(op: str):
     """The op's spec; an unknown name is refused with the closest known names (the full list, 30 names,
     would pass the error line's length cap; the README lists it with each op's parameters)."""
@@ -78,8 +119,12 @@ def register(app: typer.Typer) -> None:
         from k3sim.kernels.store import CONVENTIONS  # the predictor's list, named here for the option
         from k3sim.output import human_seconds, print_json, print_kv
 
-        spec = op_spec(op)
+        from k3sim.kernels.ops import PRICED_BY_CP
+
         given = parse_sets(sets)
+        if op in PRICED_BY_CP:
+            raise kcp_refusal(op, given, hardware)
+        spec = op_spec(op)
         if convention not in CONVENTIONS:
             raise InputError(f"must be one of {', '.join(CONVENTIONS)}, got {convention!r}", source="--convention")
         if topology and spec.kind != "collective":

@@ -127,11 +127,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Prefix-cache hit rate for a trace under coarse / decoupled / full-attention caching."""
         from k3sim.errors import InputError
-        from k3sim.output import human_bytes, print_json, print_kv, print_table
-        from k3sim.prefix_cache.run import make_config, simulate, sweep_report
-        from k3sim.prefix_cache.serving import SchedulerConfig
+        from k3sim.prefix_cache.setup import make_config
+        from k3sim.serving.replay import SchedulerConfig
 
-        from k3sim.configs.bounds import check_range
         from k3sim.files import project_path
 
         if (trace is None) == (workload is None):
@@ -144,7 +142,7 @@ def register(app: typer.Typer) -> None:
                 raise InputError("only --sweep writes files; add --sweep or drop it", source=opt)
         if sweep:  # an --out k3sim may not write is refused before the trace is read
             from k3sim.files import check_output_dir, default_out
-            from k3sim.prefix_cache.run import KIND
+            from k3sim.serving.prefix_cache_run import KIND
 
             out = default_out("prefix-cache") if out is None else out
             check_output_dir(out, kind=KIND)
@@ -155,88 +153,134 @@ def register(app: typer.Typer) -> None:
             # refused now, before any work, if nothing readable is there (missing, a directory, a device); the
             # trace itself is read once, while it is replayed (a pipe works)
             probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
-        for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
-                             ("--hash-block", hash_block, "block_tokens"),
-                             ("--physical-block", physical_block, "block_tokens"),
-                             ("--tp", tp, "parallel")):
-            check_range(v, kind, opt, integer=True)
-        if kda_groups is not None:
-            check_range(kda_groups, "layers", "--kda-groups", integer=True)
-        if retention_interval:
-            check_range(retention_interval, "tokens", "--retention-interval", integer=True)
-        if capacity_bytes is not None:
-            check_range(capacity_bytes, "capacity_bytes", "--capacity-bytes")
-        if tokens_per_s is not None:
-            check_range(tokens_per_s, "rate", "--tokens-per-s")
-        if step_overhead_s is not None:
-            check_range(step_overhead_s, "seconds", "--step-overhead-s")
-        if processes is not None:  # bounds.py's range; at most one worker per configuration is started
-            check_range(processes, "workers", "--processes", integer=True)
-        if limit is not None and limit <= 0:
-            raise InputError(f"must be positive (got {limit})", source="--limit")
-        if n_requests != 1000 and workload is None:
-            raise InputError("sizes a synthetic --workload only; a trace is replayed whole (use --limit)",
-                             source="--requests")
+        _check_numbers(token_budget=token_budget, max_running=max_running, hash_block=hash_block,
+                       physical_block=physical_block, tp=tp, kda_groups=kda_groups,
+                       retention_interval=retention_interval, capacity_bytes=capacity_bytes,
+                       tokens_per_s=tokens_per_s, step_overhead_s=step_overhead_s, processes=processes,
+                       limit=limit, n_requests=n_requests, workload=workload)
         _check_tp(model, tp)
         sched = SchedulerConfig(token_budget, max_running)
         cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
                           retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
         if sweep:
-            pols = [p.strip() for p in policies.split(",") if p.strip()]
-            progress, bar = _sweep_progress(not json_out)
-            grid_hash, grid_phys = _ints(hash_blocks, "--hash-blocks"), _ints(physical_blocks, "--physical-blocks")
-            grid_caps = _capacities(capacities)
-            with bar:
-                rep = sweep_report(trace, cfg, policies=pols, hash_blocks=grid_hash, physical_blocks=grid_phys,
-                                   capacities=grid_caps, out_dir=out, name=name, strict=strict, limit=limit,
-                                   sched=sched, cost=cost, processes=processes, workload=workload, seed=seed,
-                                   n_requests=n_requests, progress=progress)
-            if json_out:
-                print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
-                            "wall_s": rep.wall_s, "rows": rep.table})
-                return
-            t = rep.table
-            print_table(f"prefix-cache sweep: {trace.name if trace else workload}",
-                        ["policy", "hash", "block", "capacity", "token hit %", "request hit %", "evictions"],
-                        [(r.policy, r.hash_block_tokens, r.physical_block_tokens,
-                          "unbounded" if r.capacity_bytes != r.capacity_bytes else human_bytes(r.capacity_bytes),
-                          f"{100 * r.token_hit_rate:.2f}", f"{100 * r.request_hit_rate:.2f}", r.evictions)
-                         for r in t.itertuples()])
-            print_kv("files", list(rep.files.items()))
+            _prefix_cache_sweep(trace, cfg, sched, cost, policies=policies, hash_blocks=hash_blocks,
+                                physical_blocks=physical_blocks, capacities=capacities, out=out, name=name,
+                                strict=strict, limit=limit, processes=processes, workload=workload, seed=seed,
+                                n_requests=n_requests, json_out=json_out)
             return
-        progress, bar = _sweep_progress(not json_out, "replaying requests")
-        with bar:
-            res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload,
-                           seed=seed, requests=n_requests, progress=progress)
-        step_clock = {"tokens_per_s": cost.tokens_per_s, "step_overhead_s": cost.step_overhead_s,
-                      "source": "option" if tokens_per_s is not None and step_overhead_s is not None
-                      else f"step model of {step_scenario}"}
-        if json_out:
-            import dataclasses
+        _prefix_cache_replay(trace, cfg, sched, cost, strict=strict, limit=limit, workload=workload, seed=seed,
+                             n_requests=n_requests, json_out=json_out, tokens_per_s=tokens_per_s,
+                             step_overhead_s=step_overhead_s, step_scenario=step_scenario)
 
-            print_json({**dataclasses.asdict(res), "step_clock": step_clock})
-            return
-        print_kv(f"prefix cache: {trace.name if trace else workload} ({res.policy})", [
-            ("step clock", f"{step_clock['step_overhead_s'] * 1e3:.2f} ms + tokens / {step_clock['tokens_per_s']:,.0f} "
-                           f"tokens/s ({step_clock['source']})"),
-            ("hash / physical block", f"{res.hash_block_tokens} / {res.physical_block_tokens} tokens"),
-            ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
-            ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
-                     f"{res.num_kda_groups} groups"),
-            ("requests (rejected)", f"{res.requests:,} ({res.requests_rejected})"),
-            ("token hit rate (prompt tokens served from the cache)", f"{100 * res.token_hit_rate:.2f} %"),
-            ("request hit rate (requests reusing >= 1 cached block)", f"{100 * res.request_hit_rate:.2f} %"),
-            ("MLA-only token hit rate", f"{100 * res.mla_only_token_hit_rate:.2f} %"),
-            ("prefill tokens saved", f"{res.prefill_tokens_saved:,}"),
-            ("prefill FLOP saved", f"{res.prefill_flop_saved:.3g} ({100 * res.prefill_flop_saved_fraction:.2f} %)"),
-            ("eviction", res.eviction),
-            ("checkpoint bytes peak", human_bytes(res.checkpoint_bytes_peak)),
-            ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
-            ("trace lines skipped", res.trace_lines_skipped),
-        ])
-        for p in res.extra.get("trace_problems", [])[:5]:
-            print(f"skipped line {p['line']}: {p['reason']}")
+
+def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp, kda_groups, retention_interval,
+                   capacity_bytes, tokens_per_s, step_overhead_s, processes, limit, n_requests, workload) -> None:
+    """Every number option inside bounds.py's range for its kind, refused before the step model is built
+    (the slow part), so a typo costs no wait."""
+    from k3sim.configs.bounds import check_range
+    from k3sim.errors import InputError
+
+    for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
+                         ("--hash-block", hash_block, "block_tokens"),
+                         ("--physical-block", physical_block, "block_tokens"),
+                         ("--tp", tp, "parallel")):
+        check_range(v, kind, opt, integer=True)
+    if kda_groups is not None:
+        check_range(kda_groups, "layers", "--kda-groups", integer=True)
+    if retention_interval:
+        check_range(retention_interval, "tokens", "--retention-interval", integer=True)
+    if capacity_bytes is not None:
+        check_range(capacity_bytes, "capacity_bytes", "--capacity-bytes")
+    if tokens_per_s is not None:
+        check_range(tokens_per_s, "rate", "--tokens-per-s")
+    if step_overhead_s is not None:
+        check_range(step_overhead_s, "seconds", "--step-overhead-s")
+    if processes is not None:  # bounds.py's range; at most one worker per configuration is started
+        check_range(processes, "workers", "--processes", integer=True)
+    if limit is not None and limit <= 0:
+        raise InputError(f"must be positive (got {limit})", source="--limit")
+    if n_requests != 1000 and workload is None:
+        raise InputError("sizes a synthetic --workload only; a trace is replayed whole (use --limit)",
+                         source="--requests")
+
+
+def _prefix_cache_sweep(trace, cfg, sched, cost, *, policies, hash_blocks, physical_blocks, capacities, out, name,
+                        strict, limit, processes, workload, seed, n_requests, json_out: bool) -> None:
+    """--sweep: one replay per policy x hash block x physical block x capacity (in worker processes), written
+    under --out and printed as a table (or JSON)."""
+    from k3sim.output import human_bytes, print_json, print_kv, print_table
+    from k3sim.serving.prefix_cache_run import sweep_report
+
+    pols = [p.strip() for p in policies.split(",") if p.strip()]
+    progress, bar = _sweep_progress(not json_out)
+    grid_hash, grid_phys = _ints(hash_blocks, "--hash-blocks"), _ints(physical_blocks, "--physical-blocks")
+    grid_caps = _capacities(capacities)
+    with bar:
+        rep = sweep_report(trace, cfg, policies=pols, hash_blocks=grid_hash, physical_blocks=grid_phys,
+                           capacities=grid_caps, out_dir=out, name=name, strict=strict, limit=limit,
+                           sched=sched, cost=cost, processes=processes, workload=workload, seed=seed,
+                           n_requests=n_requests, progress=progress)
+    if json_out:
+        print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
+                    "wall_s": rep.wall_s, "rows": rep.table})
+        return
+    t = rep.table
+    print_table(f"prefix-cache sweep: {trace.name if trace else workload}",
+                ["policy", "hash", "block", "capacity", "token hit %", "request hit %", "evictions"],
+                [(r.policy, r.hash_block_tokens, r.physical_block_tokens,
+                  "unbounded" if r.capacity_bytes != r.capacity_bytes else human_bytes(r.capacity_bytes),
+                  f"{100 * r.token_hit_rate:.2f}", f"{100 * r.request_hit_rate:.2f}", r.evictions)
+                 for r in t.itertuples()])
+    print_kv("files", list(rep.files.items()))
+
+
+def _prefix_cache_replay(trace, cfg, sched, cost, *, strict, limit, workload, seed, n_requests, json_out: bool,
+                         tokens_per_s, step_overhead_s, step_scenario) -> None:
+    """One replay of the trace or workload through the cache, then its hit rates and the step clock that
+    timed it (from the options only when both line parameters were given)."""
+    from k3sim.serving.prefix_cache_run import simulate
+
+    progress, bar = _sweep_progress(not json_out, "replaying requests")
+    with bar:
+        res = simulate(trace, cfg, strict=strict, limit=limit, sched=sched, cost=cost, workload=workload,
+                       seed=seed, requests=n_requests, progress=progress)
+    step_clock = {"tokens_per_s": cost.tokens_per_s, "step_overhead_s": cost.step_overhead_s,
+                  "source": "option" if tokens_per_s is not None and step_overhead_s is not None
+                  else f"step model of {step_scenario}"}
+    _print_replay(res, trace, workload, step_clock, json_out)
+
+
+def _print_replay(res, trace, workload, step_clock: dict, json_out: bool) -> None:
+    """The replay's result: every field as JSON, or the hit rates, sizes and evictions with the first
+    malformed trace lines skipped."""
+    from k3sim.output import human_bytes, print_json, print_kv
+
+    if json_out:
+        import dataclasses
+
+        print_json({**dataclasses.asdict(res), "step_clock": step_clock})
+        return
+    print_kv(f"prefix cache: {trace.name if trace else workload} ({res.policy})", [
+        ("step clock", f"{step_clock['step_overhead_s'] * 1e3:.2f} ms + tokens / {step_clock['tokens_per_s']:,.0f} "
+                       f"tokens/s ({step_clock['source']})"),
+        ("hash / physical block", f"{res.hash_block_tokens} / {res.physical_block_tokens} tokens"),
+        ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
+        ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
+                 f"{res.num_kda_groups} groups"),
+        ("requests (rejected)", f"{res.requests:,} ({res.requests_rejected})"),
+        ("token hit rate (prompt tokens served from the cache)", f"{100 * res.token_hit_rate:.2f} %"),
+        ("request hit rate (requests reusing >= 1 cached block)", f"{100 * res.request_hit_rate:.2f} %"),
+        ("MLA-only token hit rate", f"{100 * res.mla_only_token_hit_rate:.2f} %"),
+        ("prefill tokens saved", f"{res.prefill_tokens_saved:,}"),
+        ("prefill FLOP saved", f"{res.prefill_flop_saved:.3g} ({100 * res.prefill_flop_saved_fraction:.2f} %)"),
+        ("eviction", res.eviction),
+        ("checkpoint bytes peak", human_bytes(res.checkpoint_bytes_peak)),
+        ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
+        ("trace lines skipped", res.trace_lines_skipped),
+    ])
+    for p in res.extra.get("trace_problems", [])[:5]:
+        print(f"skipped line {p['line']}: {p['reason']}")
 
 
 def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget):
@@ -244,7 +288,7 @@ def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget
     prices every step with), unless both line parameters are given as a what-if."""
     from k3sim.configs import load_model
     from k3sim.files import project_path
-    from k3sim.prefix_cache.serving import ModelStepCost, StepCost
+    from k3sim.serving.replay import ModelStepCost, StepCost
 
     if tokens_per_s is not None and step_overhead_s is not None:
         return StepCost(tokens_per_s, step_overhead_s)

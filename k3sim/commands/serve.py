@@ -118,9 +118,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid prefix cache."""
         from k3sim.errors import InputError
-        from k3sim.files import output_dir, project_path
-        from k3sim.output import human_seconds, print_json, print_kv, print_table
-        from k3sim.serving.run import ServeSetup, check_trace, request_source, simulate, sweep_rates
 
         from k3sim.configs.bounds import check_range
 
@@ -150,89 +147,132 @@ def register(app: typer.Typer) -> None:
             from k3sim.serving.report import RUN_KIND, SWEEP_KIND
 
             check_output_dir(out, kind=SWEEP_KIND if rates is not None else RUN_KIND)
-        setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
-                                         pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
-                                         slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
-                                         scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches)
-        from k3sim.commands.options import SERVE, check, serve_facts
-
-        check(SERVE, serve_facts(setup, project_path(scenario)))  # every option given changes the run
-        seed_v = setup.serving.seed
-        if trace is not None:
-            trace = project_path(trace)
-            # a single run validates the trace while it consumes it (one pass, so a pipe works), hence no request
-            # count for the progress bar; a sweep, which rereads it, validates it first
-            check_trace(trace, setup.pools[0].cache.effective_hash_block_tokens, rereads=rates is not None,
-                        limit=limit)
-            total = None
-        elif workload is not None:
-            from k3sim.workloads.synthetic import SYNTHETIC_WORKLOADS
-
-            if workload not in (*SYNTHETIC_WORKLOADS, "stream"):
-                raise InputError(f"unknown workload '{workload}' (choose {', '.join(SYNTHETIC_WORKLOADS)}, stream)",
-                                 source="--workload")
-            total = n_requests
-        else:
-            raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
-        source = request_source(trace=trace, workload=workload, n_requests=n_requests, seed=seed_v,
-                                arrival=arrival, cv=arrival_cv, limit=limit)
-        label = f"{setup.scenario_name}: {trace.name if trace is not None else workload}"
+        setup, source, label, total = _serve_setup(
+            scenario, trace=trace, workload=workload, n_requests=n_requests, arrival=arrival, arrival_cv=arrival_cv,
+            cache_policy=cache_policy, pool_bytes=pool_bytes, router=router, disaggregate=disaggregate,
+            replicas=replicas, scheduler=scheduler, pp_microbatches=pp_microbatches, slo_ttft=slo_ttft,
+            slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None)
         if rates is not None:
-            warm = source(max(rates))
-            import itertools
-
-            df = sweep_rates(setup, source, rates, processes=processes, warm=itertools.islice(warm, 300))
-            files, knee = {}, None
-            if out is not None:
-                from k3sim.serving.report import write_sweep
-
-                with output_dir(out, kind=SWEEP_KIND) as d:
-                    files, knee = write_sweep(d, df, f"{label}: rate sweep")
-            else:
-                from k3sim.serving.report import knee_rate
-
-                knee = knee_rate(df["arrival_rate"], df["throughput_requests_per_s"])
-            if json_out:
-                print_json({"knee_arrival_rate": knee, "files": files, "rows": df})
-                return
-            cols = ["arrival_rate", "throughput_requests_per_s", "goodput_requests_per_s", "ttft_p50_s",
-                    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "token_hit_rate", "wall_s"]
-            print_table(f"rate sweep: {label}", cols,
-                        [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
-                         for row in df[cols].itertuples(index=False)])
-            print(f"knee: {knee:.4g} requests/s" if knee is not None else "knee: not reached at these rates")
-            for k, v in files.items():
-                print(f"{k}: {v}")
+            _serve_rate_sweep(setup, source, label, rates, processes=processes, out=out, json_out=json_out)
             return
-        prog, tick = _progress(total)
-        try:
-            res = simulate(setup, source(arrival_rate), progress=tick)
-        finally:
-            if prog is not None:
-                prog.stop()
-        files = {}
-        if out is not None:
-            from k3sim.serving.report import write_run
+        _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
 
-            with output_dir(out, kind=RUN_KIND) as d:
-                files = write_run(d, res, label)
-        s = res.summary
-        if json_out:
-            print_json({**{k: s[k] for k in SUMMARY_KEYS}, **{k: v for k, v in s.items() if k not in SUMMARY_KEYS},
-                        "files": files})
-            return
-        print_kv(f"serve: {label}", [
-            ("requests", f"{s['requests']} (rejected {s['requests_rejected']}, preemptions {s['preemptions']})"),
-            ("TTFT p50 / p99", f"{human_seconds(s['ttft_p50_s'])} / {human_seconds(s['ttft_p99_s'])}"),
-            ("TPOT p50 / p99", f"{human_seconds(s['tpot_p50_s'])} / {human_seconds(s['tpot_p99_s'])}"),
-            ("e2e p50 / p99", f"{human_seconds(s['e2e_p50_s'])} / {human_seconds(s['e2e_p99_s'])}"),
-            ("throughput", f"{s['throughput_requests_per_s']:.4g} req/s, "
-                           f"{s['throughput_output_tokens_per_s_per_gpu']:.4g} output tokens/s/GPU"),
-            ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
-                        f"TPOT <= {s['slo_tpot_s']} s)"),
-            ("prefix-cache token hit rate", f"{100 * s['token_hit_rate']:.2f} %"),
-            ("mean in system (Little)", f"{s['mean_requests_in_system']:.4g} (error "
-                                        f"{100 * s['little_law_relative_error']:.2g} %)"),
-            ("simulated / wall", f"{s['sim_seconds']:.6g} s / {s['wall_s']:.3g} s"),
-            *[(k, v) for k, v in files.items()],
-        ])
+
+def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,
+                 router, disaggregate, replicas, scheduler, pp_microbatches, slo_ttft, slo_tpot, seed, limit,
+                 sweep: bool):
+    """The fleet and the request source the options name, checked before any request is served (every
+    option given must change the run; a trace a sweep rereads is validated first). Returns the setup, the
+    source (a function of the arrival rate), the run's label and the request count for the progress bar."""
+    from k3sim.errors import InputError
+    from k3sim.files import project_path
+    from k3sim.serving.run import ServeSetup, check_trace, request_source
+
+    setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
+                                     pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
+                                     slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
+                                     scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches)
+    from k3sim.commands.options import SERVE, check, serve_facts
+
+    check(SERVE, serve_facts(setup, project_path(scenario)))  # every option given changes the run
+    seed_v = setup.serving.seed
+    if trace is not None:
+        trace = project_path(trace)
+        # a single run validates the trace while it consumes it (one pass, so a pipe works), hence no request
+        # count for the progress bar; a sweep, which rereads it, validates it first
+        check_trace(trace, setup.pools[0].cache.effective_hash_block_tokens, rereads=sweep,
+                    limit=limit)
+        total = None
+    elif workload is not None:
+        from k3sim.workloads.synthetic import SYNTHETIC_WORKLOADS
+
+        if workload not in (*SYNTHETIC_WORKLOADS, "stream"):
+            raise InputError(f"unknown workload '{workload}' (choose {', '.join(SYNTHETIC_WORKLOADS)}, stream)",
+                             source="--workload")
+        total = n_requests
+    else:
+        raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
+    source = request_source(trace=trace, workload=workload, n_requests=n_requests, seed=seed_v,
+                            arrival=arrival, cv=arrival_cv, limit=limit)
+    label = f"{setup.scenario_name}: {trace.name if trace is not None else workload}"
+    return setup, source, label, total
+
+
+def _serve_rate_sweep(setup, source, label: str, rates: list[float], *, processes, out, json_out: bool) -> None:
+    """One run per arrival rate (in worker processes, warmed on the first requests of the fastest rate), then
+    the knee of throughput against rate: printed, and with --out written as tables and plots."""
+    import itertools
+
+    from k3sim.files import output_dir
+    from k3sim.output import print_json, print_table
+    from k3sim.serving.run import sweep_rates
+
+    warm = source(max(rates))
+    df = sweep_rates(setup, source, rates, processes=processes, warm=itertools.islice(warm, 300))
+    files, knee = {}, None
+    if out is not None:
+        from k3sim.serving.report import SWEEP_KIND, write_sweep
+
+        with output_dir(out, kind=SWEEP_KIND) as d:
+            files, knee = write_sweep(d, df, f"{label}: rate sweep")
+    else:
+        from k3sim.serving.report import knee_rate
+
+        knee = knee_rate(df["arrival_rate"], df["throughput_requests_per_s"])
+    if json_out:
+        print_json({"knee_arrival_rate": knee, "files": files, "rows": df})
+        return
+    cols = ["arrival_rate", "throughput_requests_per_s", "goodput_requests_per_s", "ttft_p50_s",
+            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "token_hit_rate", "wall_s"]
+    print_table(f"rate sweep: {label}", cols,
+                [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
+                 for row in df[cols].itertuples(index=False)])
+    print(f"knee: {knee:.4g} requests/s" if knee is not None else "knee: not reached at these rates")
+    for k, v in files.items():
+        print(f"{k}: {v}")
+
+
+def _serve_one(setup, source, label: str, arrival_rate, total, *, out, json_out: bool) -> None:
+    """One serving run (a progress bar at a terminal for long ones), with --out its per-request table, time
+    series and plots, then its summary."""
+    from k3sim.files import output_dir
+    from k3sim.serving.run import simulate
+
+    prog, tick = _progress(total)
+    try:
+        res = simulate(setup, source(arrival_rate), progress=tick)
+    finally:
+        if prog is not None:
+            prog.stop()
+    files = {}
+    if out is not None:
+        from k3sim.serving.report import RUN_KIND, write_run
+
+        with output_dir(out, kind=RUN_KIND) as d:
+            files = write_run(d, res, label)
+    _print_summary(res.summary, label, files, json_out)
+
+
+def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
+    """The run's summary: every key as JSON (the stable SUMMARY_KEYS first), or the headline figures."""
+    from k3sim.output import human_seconds, print_json, print_kv
+
+    if json_out:
+        print_json({**{k: s[k] for k in SUMMARY_KEYS}, **{k: v for k, v in s.items() if k not in SUMMARY_KEYS},
+                    "files": files})
+        return
+    print_kv(f"serve: {label}", [
+        ("requests", f"{s['requests']} (rejected {s['requests_rejected']}, preemptions {s['preemptions']})"),
+        ("TTFT p50 / p99", f"{human_seconds(s['ttft_p50_s'])} / {human_seconds(s['ttft_p99_s'])}"),
+        ("TPOT p50 / p99", f"{human_seconds(s['tpot_p50_s'])} / {human_seconds(s['tpot_p99_s'])}"),
+        ("e2e p50 / p99", f"{human_seconds(s['e2e_p50_s'])} / {human_seconds(s['e2e_p99_s'])}"),
+        ("throughput", f"{s['throughput_requests_per_s']:.4g} req/s, "
+                       f"{s['throughput_output_tokens_per_s_per_gpu']:.4g} output tokens/s/GPU"),
+        ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
+                    f"TPOT <= {s['slo_tpot_s']} s)"),
+        ("prefix-cache token hit rate", f"{100 * s['token_hit_rate']:.2f} %"),
+        ("mean in system (Little)", f"{s['mean_requests_in_system']:.4g} (error "
+                                    f"{100 * s['little_law_relative_error']:.2g} %)"),
+        ("simulated / wall", f"{s['sim_seconds']:.6g} s / {s['wall_s']:.3g} s"),
+        *[(k, v) for k, v in files.items()],
+    ])

@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
                                  "(drop --workers, or drop --scheduler to run locally)", source="--workers")
         workers = 1 if workers is None else workers
         from k3sim.files import check_output_dir, default_out, project_path, safe_name
-        from k3sim.planner.sweep import KIND
+        from k3sim.report.sweep import KIND, write_sweep
 
         scenario = project_path(scenario)  # scenarios/... works from any directory
         from k3sim.reader import probe
@@ -127,18 +127,19 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("sweep", total=None)
             progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
         try:
-            res = run_sweep(scenario, out, given=given, workers=workers, scheduler=scheduler,
+            res = run_sweep(scenario, given=given, workers=workers, scheduler=scheduler,
                             chunk_size=chunk_size, progress=progress,
                             serving_requests=SERVING_REQUESTS if requests is None else requests)
         finally:
             if progress is not None:
                 bar.stop()
+        files = write_sweep(res, out)
         df = res.table
         summary = {"scenario": name, "mode": res.mode, "points": len(df),
                    "ok": int((df["status"] == "ok").sum()), "errors": int((df["status"] == "error").sum()),
                    "fit": int(((df["status"] == "ok") & (df["fits"] == True)).sum()),  # noqa: E712
                    "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
-                   "pareto_x": res.x, "pareto_y": res.y, "out": str(out), "files": res.files}
+                   "pareto_x": res.x, "pareto_y": res.y, "out": str(out), "files": files}
         if json_out:
             print_json({**summary, "pareto": res.front})
             return
@@ -150,4 +151,4 @@ def register(app: typer.Typer) -> None:
         print_table(f"Pareto front: {res.y} up, {res.x} down", dims + [res.x, res.y],
                     [[r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in dims + [res.x, res.y]]
                      for r in res.front.to_dict(orient="records")])
-        print(f"wrote {', '.join(res.files)}")
+        print(f"wrote {', '.join(files)}")

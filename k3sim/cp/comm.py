@@ -1,8 +1,8 @@
 """Times of the communication calls a CP strategy makes, and which link they use.
 
-Every collective goes through the kernel predictor, which hands it to the one collective model
-(`k3sim.comm.collective_time`): the same call `k3sim kernel-time <op> --set bytes=.. --set gpus=..
-[--set gpus_per_node=..]` answers. The placement: the CP group's P ranks are strided by TP over
+Every collective goes through the kernel-time facade (`k3sim.predict.predict_kernel_time`), which hands
+it to the one collective model (`k3sim.comm.collective_time`): the same call `k3sim kernel-time <op>
+--set bytes=.. --set gpus=.. [--set gpus_per_node=..]` answers. The placement: the CP group's P ranks are strided by TP over
 P x TP GPUs, packed `scaleup_domain_gpus` to a node, so P / nodes of them share an NVSwitch domain
 (`gpus_per_node`). A bandwidth override (e.g. the H800's 200 GB/s NVLink on H200-measured kernels)
 goes to `collective_time` directly with `link_bandwidth`.

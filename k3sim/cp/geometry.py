@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from k3sim.configs.mla import mla_attention_head_dims
 from k3sim.errors import InputError
 
 
@@ -84,8 +85,9 @@ class CPGeometry:
 
     @property
     def mla_sdpa_head_dim(self) -> int:
-        """FLOP-equivalent single head dim for an SDPA kernel: QK^T costs d_qk, PV costs d_v per pair."""
-        return (self.mla_qk_dim + self.v_head_dim) // 2
+        """The head dim an MLA attention call is priced at (the one rule, `configs.mla`: the step model's MLA
+        prefill attention reads it too): max(d_qk, d_v) = 192 for K3, V padded to the QK dim."""
+        return mla_attention_head_dims(self).kernel_head_dim
 
     def mla_kv_elems_per_token(self, kv_form: str) -> int:
         if kv_form == "latent":

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from k3sim.cp.geometry import CPGeometry
 from k3sim.errors import InputError
-from k3sim.kernels.ops import wire_bytes  # nccl-tests bus factors: one formula for bytes and time
+from k3sim.comm.model import ring_steps
+from k3sim.kernels.ops import COLLECTIVE_OPS, wire_bytes  # nccl-tests bus factors: one formula for bytes and time
 
 # strategy -> (layer kinds it applies to, token layout, what it is)
 STRATEGIES: dict[str, tuple[frozenset[str], str, str]] = {
@@ -82,9 +83,9 @@ class Traffic:
         """Account a collective's bytes as a ring/pairwise algorithm puts them on each rank's link."""
         if P == 1:
             return
-        if c.op not in ("all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+        if c.op not in COLLECTIVE_OPS:
             raise KeyError(c.op)
-        b, m = wire_bytes(c.op, c.shard_bytes, P), (1 if c.op == "send_recv" else P - 1)
+        b, m = wire_bytes(c.op, c.shard_bytes, P), ring_steps(c.op, P)  # messages: the ring's dependent steps
         self.send_bytes += b * c.count
         self.recv_bytes += b * c.count
         self.messages += m * c.count

@@ -26,25 +26,72 @@ def measured_root(hw: Any) -> Path | None:
     return measured_dir(hw)
 
 
+# fla's KCP measured on two GPUs: validation data of the KCP model (its parts, `cp/kcp_parts.py`), not kernel
+# registry ops (`kernels.ops.PRICED_BY_CP`: one answer for KCP), so read here rather than by the kernel store
+KCP_MEASURED = {"chunk_kda_cp_fwd": ("T", "H", "gpus", "docs"), "chunk_kda_cp_fwd_bwd": ("T", "H", "gpus", "docs")}
+
+
 def load_op(root: Path | None, op: str):
     """The ok rows of `<op>` over every run directory, one per shape: a shape measured by several runs
     takes the latest run's row (the kernel store's rule, `MeasurementStore.points`), with all its
-    columns (e.g. KCP's `single_gpu_seconds`). None when nothing was measured."""
+    columns (e.g. KCP's `single_gpu_seconds`). None when nothing was measured. A registry op comes from
+    the kernel store; the KCP validation files (`KCP_MEASURED`) are read and checked here."""
     if root is None or not any(root.glob(f"*/{op}.csv")):
         return None
-    from k3sim.kernels.ops import OPS
     from k3sim.kernels.store import load_store
 
     store = load_store(root)
-    df = store.ok(op)
+    if op in KCP_MEASURED:
+        keys = list(KCP_MEASURED[op])
+        df = _read_validation(root, op, keys)
+    else:
+        from k3sim.kernels.ops import OPS
+
+        keys = list(OPS[op].params)
+        df = store.ok(op)
     if df.empty:
         return None
     order = {r: i for i, r in enumerate(store.run_order())}
-    keys = list(OPS[op].params)
     df = df.assign(_order=df["run_id"].map(order)).sort_values("_order", kind="stable")
     df = df.drop_duplicates(keys, keep="last").drop(columns="_order").reset_index(drop=True)
     df[keys] = df[keys].astype("int64")
     return df
+
+
+def _read_validation(root: Path, op: str, keys: list[str]):
+    """The ok rows of every run's `<op>.csv` (through the one measured-file reader), with `run_id`; a file
+    without the shape and timing columns, or an ok row whose shape is not positive whole numbers or whose
+    seconds are not a positive number, is refused naming the file."""
+    import io
+
+    import pandas as pd
+
+    from k3sim.errors import InputError, shorten
+    from k3sim.kernels.store import read_measured
+
+    frames = []
+    for path in sorted(Path(root).glob(f"*/{op}.csv")):
+        try:
+            df = pd.read_csv(io.BytesIO(read_measured(path, "measured CSV")))
+        except pd.errors.EmptyDataError:
+            continue
+        except (pd.errors.ParserError, UnicodeDecodeError) as err:
+            raise InputError(f"corrupt CSV ({err.__class__.__name__})", source=str(path)) from None
+        missing = [c for c in (*keys, "seconds", "status") if c not in df.columns]
+        if missing:
+            raise InputError(f"missing column(s) {', '.join(missing)}: not a {op} measurement file", source=str(path))
+        df = df[df["status"].astype(str).str.strip() == "ok"].copy()
+        for col in (*keys, "seconds"):
+            v = pd.to_numeric(df[col], errors="coerce")
+            whole = col != "seconds"
+            bad = ~(np.isfinite(v) & (v > 0)) | ((v != v.round()) if whole else False)
+            if bad.any():
+                raise InputError(f"ok row with {col}={shorten(repr(df[col][bad].iloc[0]), 30)}: a positive "
+                                 f"{'whole ' if whole else ''}number is needed; fix or mark the row failed",
+                                 source=str(path), field=col)
+            df[col] = v
+        frames.append(df.assign(run_id=path.parent.name))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, "seconds", "run_id"])
 
 
 def intra_device_check(hw: Any, root: Path | None) -> dict | None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from k3sim.configs.model import ModelConfig
 from k3sim.decode.mtp import SpecConfig
+from k3sim.kernels.ops import COLLECTIVE_OPS
 from k3sim.step import Batch, StepLayout, StepResult, forward_step
 from k3sim.step.calls import BF16, Call, StepComponent, Timer
 from k3sim.step.experts import distinct_experts
@@ -143,7 +144,7 @@ def _heads(model: ModelConfig, layout: StepLayout) -> int:
 
 
 def _comm(op: str) -> bool:
-    return op in ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+    return op in COLLECTIVE_OPS
 
 
 def _busiest(stage_s: list[float]) -> int:

@@ -31,6 +31,16 @@ MULTILINEAR_MAX_SIGMA = 0.05  # relative; noisier corners go to the noise-weight
 INTERP_DRIFT = 0.25  # drift allowed across a bracket, per octave of width x roughness (LOO-insensitive 0.1-0.5)
 
 
+def _unique(x: np.ndarray) -> np.ndarray:
+    """`np.unique` of a 1-D float array without NaN, by the same steps (sort, keep each first of equals): its
+    first call imports numpy.ma (~15 ms of a warm query's start) to ask whether the array is masked."""
+    aux = np.sort(x)
+    keep = np.empty(aux.shape, bool)
+    keep[:1] = True
+    keep[1:] = aux[1:] != aux[:-1]
+    return aux[keep]
+
+
 class ResidualGrid:
     """Points `X` (n x d, log2 of the parameters) with values `z`."""
 
@@ -42,7 +52,7 @@ class ResidualGrid:
         self.sigma = np.full(len(self.z), SIGMA_FLOOR) if sigma is None else np.asarray(sigma, float)
         self.lo = self.X.min(axis=0)
         self.hi = self.X.max(axis=0)
-        self.uniq = [np.unique(self.X[:, j]) for j in range(self.X.shape[1])]
+        self.uniq = [_unique(self.X[:, j]) for j in range(self.X.shape[1])]
         self.index = {self._key(x): i for i, x in enumerate(self.X)}
         self.k = idw_neighbours
         self._rough: np.ndarray | None = None

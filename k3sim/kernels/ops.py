@@ -173,23 +173,6 @@ def recurrent_bytes(p: Params) -> float:
     return state + p["B"] * p["T"] * p["H"] * ((3 * K + 2 * V) * BF16 + BF16)
 
 
-def kcp_flop(p: Params, factor: float = 1.0) -> float:
-    """One rank under KDA context parallelism (fla.ops.cp, contiguous split): the chunked kernel over
-    T/gpus tokens, one extra K x K transition product per token (2K^2) to carry the rank's state map,
-    and folding the gathered states of all ranks (gpus x 2K^2 V per head)."""
-    K, V = _kv(p)
-    local = kda_padded_tokens(p["T"] // p["gpus"], max(1, p["docs"] // p["gpus"]))
-    per_tok = kda_fwd_flop_per_token_head(D=K, V=V) + 2.0 * K * K
-    return factor * (local * p["H"] * per_tok + p["gpus"] * p["H"] * 2.0 * K * K * V)
-
-
-def kcp_bytes(p: Params, fwd_bwd: bool = False) -> float:
-    K, V = _kv(p)
-    local = p["T"] / p["gpus"]
-    io = kda_fwd_bwd_bytes(local, p["H"], K, V) if fwd_bwd else kda_fwd_bytes(local, p["H"], K, V)
-    return io + p["gpus"] * p["H"] * K * (K + V) * FP32  # gathered [S~ | M] summary per rank
-
-
 SDPA_FWD_BWD_FLOP_FACTOR = 3.5  # FlashAttention-2 convention: backward = 2.5 x forward
 
 
@@ -232,20 +215,10 @@ def _topk_le_e(p: Params) -> tuple[str, str] | None:
                                                      "topk of the E experts): give topk <= E")
 
 
-def _cp_check(p: Params) -> tuple[str, str] | None:
-    if p["docs"] > p["T"]:
-        return "docs", f"docs={p['docs']} exceeds T={p['T']} (a document holds a token at least): give docs <= T"
-    if p["T"] < p["gpus"]:
-        return "T", f"T={p['T']} is less than one token per GPU (gpus={p['gpus']}): give T >= gpus"
-    return None
-
-
 # fla's KDA kernels take head dims up to 256 (`chunk_delta_h.py`: "K <= 256")
 _HEAD_DIMS = {"K": ParamRange("head_dim"), "V": ParamRange("head_dim")}
 _KV_DEFAULT = {"K": KDA_HEAD_DIM, "V": KDA_HEAD_DIM}
 _HEADS = ParamRange("heads")
-_CP_RANGES = {"T": ParamRange("tokens"), "H": _HEADS, "gpus": ParamRange("parallel"), "docs": ParamRange("documents"),
-              **_HEAD_DIMS}
 _SDPA_RANGES = {"T": _DIM, "H": _HEADS, "D": ParamRange("head_dim")}
 
 
@@ -282,13 +255,6 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
            recurrent_flop, recurrent_bytes, shape_params=("H",),
            serial_steps=lambda p: float(p["T"]),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
            optional=_KV_DEFAULT),
-    OpSpec("chunk_kda_cp_fwd", "kda", ("T", "H", "gpus", "docs"),
-           _CP_RANGES,
-           kcp_flop, kcp_bytes, categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
-    OpSpec("chunk_kda_cp_fwd_bwd", "kda", ("T", "H", "gpus", "docs"),
-           _CP_RANGES,
-           lambda p: kcp_flop(p, KDA_FWD_BWD_FLOP_FACTOR), lambda p: kcp_bytes(p, True),
-           categorical=("gpus",), check=_cp_check, optional=_KV_DEFAULT),
     OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), _SDPA_RANGES,
            sdpa_flop, sdpa_bytes, eff_params={"D": 128}, shape_params=("H", "D")),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
@@ -304,11 +270,21 @@ OPS: dict[str, OpSpec] = {s.name: s for s in [
 
 FAMILIES = ("gemm", "hbm", "moe", "kda", "attention", "collective")
 
+# Measured calls that are not kernel-time ops: one answer per quantity. fla's KCP measured on two GPUs
+# (`chunk_kda_cp_fwd[_bwd].csv`) is the validation data of the KCP parts model (`k3sim.cp.kcp_parts`,
+# read by `k3sim.cp.validate.load_op`); a roofline fit of the whole call (9+ free parameters on 6 points)
+# answered differently from `k3sim cp`, which prices KCP from its parts. The store lists these files as
+# ignored; `k3sim kernel-time` refuses them with the `k3sim cp` command that answers.
+PRICED_BY_CP = {"chunk_kda_cp_fwd": "forward", "chunk_kda_cp_fwd_bwd": "forward+backward"}
+
 
 def get_op(name: str) -> OpSpec:
     try:
         return OPS[name]
     except KeyError:
+        if name in PRICED_BY_CP:
+            raise InputError(f"{name} is not a kernel op: KCP is priced from its parts by `k3sim cp --strategy "
+                             "kcp` (k3sim.cp.kcp_parts.kcp_time)", field="op") from None
         raise InputError(f"unknown op '{name}' (known: {', '.join(OPS)})", field="op") from None
 
 
@@ -365,3 +341,6 @@ def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int
     return out
 
 import k3sim.kernels.ops_decode  # noqa: E402,F401 - registers the decode-step kernels (issue 10) into OPS
+
+# The one list of collective ops: the registry's kind (every other module derives its list from this)
+COLLECTIVE_OPS: tuple[str, ...] = tuple(name for name, spec in OPS.items() if spec.kind == "collective")

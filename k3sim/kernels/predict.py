@@ -19,6 +19,7 @@ this predictor (`ProfilePredictor.op`); kernels never import comm.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -76,8 +77,6 @@ class OpPredictor:
                        zip(points.params, timers if timers is not None else ["events"] * len(points.seconds))}
         self.host = {tuple(int(v) for v in row): float(h) for row, h in
                      zip(points.params, host_s if host_s is not None else [float("nan")] * len(points.seconds))}
-        known = [h for h in self.host.values() if h == h]
-        self.host_median = float(np.median(known)) if known else float("nan")
         self.exact = {tuple(int(v) for v in row): (float(s), int(n), r)
                       for row, s, n, r in zip(points.params, points.seconds, points.rows, points.runs)}
         resid = np.log(points.seconds) - np.log(self._model(points.flop, points.nbytes, points))
@@ -90,6 +89,14 @@ class OpPredictor:
             m = (cat_vals == np.array(g, int)).all(axis=1)
             self.groups[g] = ResidualGrid(X[m], resid[m], points.sigma[m])
         self.n_points = len(points.seconds)
+
+    @functools.cached_property
+    def host_median(self) -> float:
+        """The median host time (s) over the measured shapes that recorded one; NaN when none did. Computed on
+        first use: only an eager answer for a shape without its own host time needs it, and np.median's
+        first call imports numpy.ma (~20 ms of a warm query's start)."""
+        known = [h for h in self.host.values() if h == h]
+        return float(np.median(known)) if known else float("nan")
 
     def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:
         if self.spec.kind != "collective":

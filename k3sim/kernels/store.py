@@ -414,11 +414,121 @@ def load_store(root: Path | str, hardware: Any = None, files: StoreFiles | None 
     key = (str(root), files.digest)
     if key not in _CACHE:
         _CACHE.clear() if len(_CACHE) > 16 else None
-        _CACHE[key] = _load(root, files)
+        _CACHE[key] = _load_cached(root, files, hardware)
     store = _CACHE[key]
     if hardware is not None:
-        store.check_physical(hardware)
+        _check_physical_cached(store, hardware)
     return store
+
+
+def _disk_key(root: Path, digest: str) -> str:
+    """The disk-cache key of a parsed store: its directory and the digest of every byte it was parsed from."""
+    from k3sim.kernels import cache
+
+    return cache.key("store", str(root), digest)
+
+
+def _load_cached(root: Path, files: StoreFiles, hardware: Any = None) -> MeasurementStore:
+    """The parsed store from the disk cache (`k3sim.kernels.cache`) when these exact bytes were parsed and
+    validated before, else parsed now and saved once it passed every check: its rows' ranges and, with
+    `hardware`, that profile's roofline. pandas is imported either way (the store is DataFrames); the cache
+    saves the CSV parsing and the row checks (~0.5 s of a 62-file load)."""
+    from k3sim.kernels import cache
+
+    k = _disk_key(root, files.digest)
+    plain = cache.load(k, "store")
+    store = _store_from_plain(plain, root) if plain is not None else None
+    if store is None:
+        store = _load(root, files)  # raises for a row that fails its checks: nothing is saved then
+        if hardware is not None:
+            _check_physical_cached(store, hardware)  # likewise for a row beyond the profile's roofline
+        try:
+            plain = _store_to_plain(store)
+        except TypeError:  # a value the cache does not hold (a YAML date in a provenance): no entry
+            return store
+        cache.save(k, "store", plain)
+    return store
+
+
+def _check_physical_cached(store: MeasurementStore, hw: Any) -> None:
+    """`store.check_physical(hw)`, remembered on disk per (bytes, hardware fields) once it has passed."""
+    from k3sim.kernels import cache
+    from k3sim.kernels.predict import _hw_key
+
+    hk = _hw_key(hw)
+    if hk in store._physical_ok or not store.content_digest:
+        return store.check_physical(hw)
+    k = _disk_key(store.root, store.content_digest)
+    name = "physical." + hashlib.sha256(repr(hk).encode()).hexdigest()[:32]
+    if cache.load(k, name) is True:
+        store._physical_ok.add(hk)
+        return None
+    store.check_physical(hw)  # raises for a row beyond the roofline: no marker is saved then
+    cache.save(k, name, True)
+    return None
+
+
+def _store_to_plain(store: MeasurementStore) -> Any:
+    """The store as builtins for the disk cache: per op its columns in order, numbers as raw arrays, strings
+    (pandas' string dtype, with its storage and missing-value marker) and mixed columns as lists. TypeError for
+    anything else (then the store is not cached)."""
+    import numpy as np
+    import pandas as pd
+
+    from k3sim.kernels.cache import to_plain
+
+    rows = []
+    for op, df in store.rows.items():
+        if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+            raise TypeError("only a default index is cached")
+        cols = []
+        for name in df.columns:
+            col, dt = df[name], df[name].dtype
+            if isinstance(dt, np.dtype) and dt.kind in "biuf":
+                cols.append((str(name), "numpy", col.to_numpy()))
+            elif isinstance(dt, pd.StringDtype) and (dt.na_value is np.nan or dt.na_value is pd.NA):
+                cols.append((str(name), "string", dt.storage, "nan" if dt.na_value is np.nan else "NA",
+                             [v if isinstance(v, str) else None for v in col.tolist()]))
+            elif dt == object:
+                cols.append((str(name), "object", col.tolist()))
+            else:
+                raise TypeError(f"column dtype {dt} is not cached")
+            if str(name) != name:
+                raise TypeError("only string column names are cached")
+        rows.append((op, len(df), cols))
+    return to_plain({"rows": rows, "runs": store.runs, "ignored": store.ignored, "fingerprint": store.fingerprint,
+                     "op_fingerprints": store.op_fingerprints, "content_digest": store.content_digest})
+
+
+def _store_from_plain(plain: Any, root: Path) -> MeasurementStore | None:
+    """The inverse of `_store_to_plain`; None for an entry that does not decode (it is then rebuilt)."""
+    import numpy as np
+    import pandas as pd
+
+    from k3sim.kernels.cache import from_plain
+
+    try:
+        d = from_plain(plain)
+        rows = {}
+        for op, n, cols in d["rows"]:
+            index = pd.RangeIndex(n)
+            data = {}
+            for c in cols:
+                if c[1] == "numpy":
+                    data[c[0]] = c[2]
+                elif c[1] == "string":
+                    dt = pd.StringDtype(c[2], na_value=np.nan if c[3] == "nan" else pd.NA)
+                    data[c[0]] = pd.Series(c[4], dtype=dt, index=index)
+                elif c[1] == "object":  # a Series: an object array would be inferred as strings
+                    data[c[0]] = pd.Series(c[2], dtype=object, index=index)
+                else:
+                    return None
+            rows[op] = pd.DataFrame(data, index=index)
+        return MeasurementStore(root=root, runs=d["runs"], rows=rows, ignored=d["ignored"],
+                                fingerprint=d["fingerprint"], op_fingerprints=d["op_fingerprints"],
+                                content_digest=d["content_digest"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _load(root: Path, files: StoreFiles) -> MeasurementStore:

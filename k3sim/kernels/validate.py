@@ -199,6 +199,7 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
         for _, r in shapes.iterrows():
             lines.append(f"| {r['family']} | {r['op']} | {r['count']} | {100 * r['mape']:.2f} % "
                          f"| {100 * r['max_abs_err']:.1f} % |")
+    lines += three_figures(summary, shapes)
     if loo is not None and len(loo):
         lines += ["", "## Largest errors per family", "",
                   "| family | op | shape | measured | predicted | error | spread p20-p80 | method |",
@@ -211,6 +212,28 @@ def markdown(summary, meta: dict, loo=None, shapes=None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def three_figures(summary, shapes=None) -> list[str]:
+    """Markdown lines: per op, leave-one-out, the fitted model alone and leave-shape-out side by side (which
+    to quote depends on the question: a shape between measured ones, a shape outside the grid, a layer
+    shape nobody measured)."""
+    ops = summary[summary["level"] == "op"]
+    if ops.empty:
+        return []
+    lso = {} if shapes is None or not len(shapes) else dict(zip(shapes["op"], shapes["mape"]))
+    lines = ["", "## Three figures per op", "",
+             "*Leave-one-out* predicts a measured shape from its neighbours (interpolation inside the grid); "
+             "*fitted model alone* is the same left-out shape from the refitted model without the interpolated "
+             "residual (what a shape outside the grid gets); *leave-shape-out* removes a whole layer shape (one "
+             "GEMM (N, K), one MoE expert shape, one KDA head count, one SDPA (H, D)): the figure for a new layer "
+             "shape.", "",
+             "| op | shapes | leave-one-out | fitted model alone | leave-shape-out |", "|---|---:|---:|---:|---:|"]
+    for _, r in ops.iterrows():
+        shape = f"{100 * lso[r['op']]:.1f} %" if r["op"] in lso else "-"
+        lines.append(f"| {r['op']} | {r['count']} | {100 * r['mape']:.1f} % | {100 * r['model_only_mape']:.1f} % "
+                     f"| {shape} |")
+    return lines
+
+
 def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[Path]:
     """`validation.md` (tables), `validation.csv` (LOO summary), `validation_points.csv` (every LOO
     point) and, when given, `validation_shapes.csv` (the leave-shape-out summary)."""
@@ -219,13 +242,26 @@ def write_report(loo, summary, out_dir: Path, meta: dict, shapes=None) -> list[P
     out_dir = ensure_out_dir(out_dir)
     # every file rendered before the first is written: a rendering error leaves the old report whole
     texts = {"validation.md": markdown(summary, meta, loo, shapes),
-             "validation.csv": summary.to_csv(index=False, float_format="%.6g"),
+             # the fingerprint of the data it was built from, on every row: the planner reads this table and
+             # labels it stale when the measurements changed since (planner.plan.validation_staleness)
+             "validation.csv": summary.assign(data_fingerprint=meta["fingerprint"]).to_csv(index=False,
+                                                                                          float_format="%.6g"),
              "validation_points.csv": loo.to_csv(index=False, float_format="%.6g")}
     if shapes is not None:
         texts["validation_shapes.csv"] = shapes.to_csv(index=False, float_format="%.6g")
     for name, text in texts.items():
         atomic_write_text(out_dir / name, text)
     return [out_dir / name for name in texts]
+
+
+def data_fingerprint(hw: Any) -> str:
+    """The fingerprint of the profile's measured data (`MeasurementStore.fingerprint`: every op CSV's name
+    and bytes) that `validate_profile` writes into its tables, "" for a profile without measured data."""
+    from k3sim.configs.profiles import measured_dir
+    from k3sim.kernels.store import load_store
+
+    d = measured_dir(hw)
+    return "" if d is None else load_store(d).fingerprint
 
 
 def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, Any]:

@@ -309,6 +309,42 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
     eb = [bld.op(eb_cost[j], ("EB", -1, -1, j)) for j in range(m)]
     placed = Placed(None, schedule, "bubble", ids, ef, eb)  # type: ignore[arg-type]
     # step 1-2: timeline of text + upfront encodes
+    tl, porders, pids, head = _bubble_probe(schedule, costs, encoder, up)
+    consumer = [tl.start[pids[(F, 0, j)]] for j in range(m)]
+    producer = [tl.finish[pids[(B, 0, j)]] for j in range(m)]
+    # consumers (stage-0 forwards) and producers (stage-0 backwards) run in micro-batch order on
+    # device 0, so both time lists grow with j: eligibility is a suffix / prefix found by bisection
+    pend = [j for j in range(m) if j not in up]
+    min_f = min((encoder.forward_s[j] for j in pend), default=0.0)
+    min_b = min(eb_cost, default=0.0)
+    shortest = min(min_f, min_b)
+    gaps = sorted((g_start, d, idx, g_len) for d in range(p)
+                  for idx, g_start, g_len in _gaps(tl, porders[d]) if g_len >= shortest)
+    used = [0.0] * len(gaps)
+    dev = [up.get(j, -1) for j in range(m)]
+    after: dict[tuple[int, int], list[int]] = {}
+    _bubble_forwards(placed, encoder, up, gaps, used, after, pend, consumer, dev, p, min_f)
+    sync = set(pend)
+    for j in sync:
+        dev[j] = 0
+    pend_b: list[list[int]] = [[] for _ in range(p)]
+    for j in range(m):
+        pend_b[dev[j]].append(j)
+    _bubble_backwards(placed, eb_cost, send, gaps, used, after, pend_b, producer, min_b)
+    _bubble_orders(orders, ids, ef, eb, head, after, sync, pend_b, p)
+    _link_encoder(bld, ids, ef, eb, dev, send)
+    placed.upfront = len(up)
+    placed.synchronous = sorted(sync)
+    placed.program = bld.program(orders)
+    return placed
+
+
+def _bubble_probe(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dict[int, int]):
+    """Simulate the text schedule plus the up-front encodes alone (a throw-away builder), so the gaps and
+    the consumer / producer times the greedy placement reads are those the final program starts from.
+    Returns the timeline, the probe's per-device orders and op ids, and each device's up-front encodes."""
+    p = schedule.p
+    send = encoder.send_s
     probe = _Builder(p)
     porders, pids = _text(schedule, costs, probe)
     ups = sorted(up)
@@ -325,19 +361,17 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
         porders[d] = [pef[j] for j in head[d]] + porders[d]
     tl = simulate(probe.program(porders))
     del peb
-    consumer = [tl.start[pids[(F, 0, j)]] for j in range(m)]
-    producer = [tl.finish[pids[(B, 0, j)]] for j in range(m)]
-    # consumers (stage-0 forwards) and producers (stage-0 backwards) run in micro-batch order on
-    # device 0, so both time lists grow with j: eligibility is a suffix / prefix found by bisection
-    pend = [j for j in range(m) if j not in up]
-    min_f = min((encoder.forward_s[j] for j in pend), default=0.0)
-    min_b = min(eb_cost, default=0.0)
-    shortest = min(min_f, min_b)
-    gaps = sorted((g_start, d, idx, g_len) for d in range(p)
-                  for idx, g_start, g_len in _gaps(tl, porders[d]) if g_len >= shortest)
-    used = [0.0] * len(gaps)
-    dev = [up.get(j, -1) for j in range(m)]
-    after: dict[tuple[int, int], list[int]] = {}
+    return tl, porders, pids, head
+
+
+def _bubble_forwards(placed: Placed, encoder: EncoderWork, up: dict[int, int], gaps, used, after, pend,
+                     consumer, dev, p: int, min_f: float) -> None:
+    """Step 2: put pending encodes into gaps, in time order, where they finish (plus the send to device 0)
+    before their consumer starts; placed encodes leave `pend`, what is left there runs synchronously."""
+    send = encoder.send_s
+    m = len(consumer)
+    eb_cost = list(encoder.backward_s)
+    ef = placed.enc_forward_ids
     # a device that encodes micro-batch j also runs its backward (it holds the activations), so no
     # device takes more than a balanced share of the encoder work (plus one encode): otherwise one
     # early, long gap collects many forwards whose backwards then pile up on that device
@@ -364,12 +398,13 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
                 placed.placed_forward += 1
             else:
                 i += 1
-    sync = set(pend)
-    for j in sync:
-        dev[j] = 0
-    pend_b: list[list[int]] = [[] for _ in range(p)]
-    for j in range(m):
-        pend_b[dev[j]].append(j)
+
+
+def _bubble_backwards(placed: Placed, eb_cost, send: float, gaps, used, after, pend_b, producer,
+                      min_b: float) -> None:
+    """Step 3: put each encoder backward into a gap of the device that holds its activations, opening
+    after its gradient arrives; backwards placed leave `pend_b`, the rest run after the last text op."""
+    eb = placed.enc_backward_ids
     for gi, (g_start, d, idx, g_len) in enumerate(gaps):
         mine = pend_b[d]
         lag = send if d else 0.0
@@ -386,7 +421,12 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
                 placed.placed_backward += 1
             else:
                 i += 1
-    # assemble orders: upfront first, gap placements after the op that opens the gap
+
+
+def _bubble_orders(orders, ids, ef, eb, head, after, sync, pend_b, p: int) -> None:
+    """Assemble each device's final order: its up-front encodes first, every gap placement right after
+    the op that opens the gap (the probe's op index, offset by the up-front encodes it started with),
+    synchronous encodes just before their consumer on device 0, unplaced backwards last."""
     before0 = {ids[(F, 0, j)]: ef[j] for j in sync}
     for d in range(p):
         new = [ef[j] for j in head[d]]
@@ -400,8 +440,3 @@ def _bubble(schedule: Schedule, costs: StageCosts, encoder: EncoderWork, up: dic
             new.extend(after.get((d, i + k), ()))
         new.extend(eb[j] for j in pend_b[d])
         orders[d] = new
-    _link_encoder(bld, ids, ef, eb, dev, send)
-    placed.upfront = len(up)
-    placed.synchronous = sorted(sync)
-    placed.program = bld.program(orders)
-    return placed

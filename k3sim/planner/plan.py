@@ -297,7 +297,8 @@ def _decode(res: PlanResult, inp, kt) -> None:
 
 
 def _prefix_cache(res: PlanResult, inp) -> None:
-    from k3sim.prefix_cache.run import make_config, simulate
+    from k3sim.prefix_cache.setup import make_config
+    from k3sim.serving.prefix_cache_run import simulate
 
     rows = []
     tp = inp.scenario.parallelism.tp
@@ -360,14 +361,35 @@ def _calibration(res: PlanResult, inp, kt: RecordingKernelTime) -> None:
         res.notes["calibration"] = f"no committed validation table for {inp.hw.name}"
         return
     with open(path) as f:
-        rows = [r for r in csv.DictReader(f) if r["level"] == "op" and r["op"] in used]
+        table = list(csv.DictReader(f))
+    rows = [r for r in table if r["level"] == "op" and r["op"] in used]
     res.calibration = [{"op": r["op"], "family": r["family"], "points": int(r["count"]),
                         "mape": float(r["mape"]), "p90_abs_err": float(r["p90_abs_err"]),
                         "max_abs_err": float(r["max_abs_err"]), "meets_goal": r["meets_goal"] == "True"}
                        for r in rows]
-    res.notes["calibration"] = ("leave-one-out error against the H200 measurements (reports/calibration/"
-                                "validation.csv); ops the plan called without a row are predicted from fits "
-                                "outside their measured range (see kernel calls by source)")
+    note = ("leave-one-out error against the H200 measurements (reports/calibration/validation.csv); ops the "
+            "plan called without a row are predicted from fits outside their measured range (see kernel calls "
+            "by source)")
+    stale = validation_staleness(table, inp.hw)
+    res.notes["calibration"] = f"{stale}; {note}" if stale else note
+
+
+STALE_LABEL = "stale: regenerate with scripts/reports.sh calibration"
+
+
+def validation_staleness(table: list[dict], hw: Any) -> str | None:
+    """None when the committed validation table was built from the measurements the profile holds now (its
+    `data_fingerprint` column, written by `k3sim calibrate validate`, equals the store's fingerprint); else
+    the stale label with both fingerprints. The plan goes on either way: the table is shown, labelled."""
+    from k3sim.kernels.validate import data_fingerprint
+
+    built = {r.get("data_fingerprint") or "" for r in table}
+    now = data_fingerprint(hw)
+    if built == {now}:
+        return None
+    was = next(iter(built)) if len(built) == 1 and "" not in built else "none"
+    return f"{STALE_LABEL} (the table was built from data fingerprint {was}, the measurements now have " \
+           f"{now or 'none'})"
 
 
 def _assumptions(res: PlanResult, inp) -> list[dict]:

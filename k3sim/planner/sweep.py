@@ -42,20 +42,24 @@ SERVE_COLUMNS = ["index", *SERVE_DIMS, "decode_replicas", "gpus", "status", "err
 # Serving points: a seeded synthetic chat sample per point (a modelling choice: enough requests to load the
 # fleet, few enough that a point takes seconds); `sweep(..., serving_requests=)` changes it.
 SERVING_REQUESTS = 200
-KIND = "sweep"  # the output kind of a sweep directory (k3sim.files manifest)
 
 
 @dataclass
 class SweepResult:
+    """A sweep as data; `k3sim.report.sweep.write_sweep` writes its files (the planner writes none)."""
+
+    scenario: str               # the scenario's name
     mode: str
     table: Any                  # pandas DataFrame, one row per point
+    fitting: Any                # the rows evaluated without error that fit in memory: the Pareto candidates
     front: Any                  # the Pareto rows
     x: str                      # Pareto axes: x minimised, y maximised
     y: str
+    xlabel: str                 # the axes in words (figure labels)
+    ylabel: str
     wall_s: float
     workers: int
     scheduler: str
-    files: list[str]
 
 
 # ------------------------------------------------------------------------------------------ the grid
@@ -386,16 +390,14 @@ def pareto_front(df, minimize: str, maximize: str):
     return d.loc[keep]
 
 
-def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | None] | None = None,
+def sweep(path: str | Path, *, given: dict[str, list[int] | None] | None = None,
           workers: int = 1, scheduler: str | None = None, chunk_size: int | None = None,
           kernel_key: str | None = None, progress: Callable | None = None,
           serving_requests: int = SERVING_REQUESTS) -> SweepResult:
-    """Grid -> rows -> Parquet, Pareto front listed (CSV, Markdown) and plotted; written atomically."""
+    """Grid -> rows -> the table and its Pareto front, as data (`k3sim.report.sweep.write_sweep` writes them)."""
     import pandas as pd
 
     from k3sim.planner.inputs import load
-    from k3sim.files import atomic_path, atomic_write_text, output_dir
-    from k3sim.report.figures import pareto_figure
 
     inp = load(path)
     merged = {k: v for k, v in inp.sweep.model_dump().items() if v is not None}
@@ -423,41 +425,4 @@ def sweep(path: str | Path, out: str | Path, *, given: dict[str, list[int] | Non
         xl, yl = "p99 TTFT (s)", "goodput (requests/s) per GPU"
     ok = df[(df["status"] == "ok") & (df["fits"] == True)]  # noqa: E712 (pandas mask)
     front = pareto_front(ok, x, y) if len(ok) else ok
-    out = Path(out)
-    with output_dir(out, kind=KIND):  # whole or not at all; never over files k3sim did not write
-        import json
-
-        from k3sim.output import to_jsonable
-
-        with atomic_path(out / "sweep.parquet") as tmp:
-            df.to_parquet(tmp, index=False)
-        atomic_write_text(out / "pareto.csv", front.to_csv(index=False))
-        atomic_write_text(out / "pareto.md", _front_md(inp, front, df, x, y))
-        names = ["pareto.csv", "pareto.md", "sweep.json", "sweep.parquet"]
-        if len(ok):
-            pareto_figure(ok, x, y, front, f"{inp.scenario.name}: {len(ok)} of {len(df)} layouts fit",
-                          out / "pareto.png", xl, yl)
-            names.append("pareto.png")
-        atomic_write_text(out / "sweep.json", json.dumps(to_jsonable({
-            "scenario": inp.scenario.name, "mode": inp.mode, "points": len(df), "ok": int((df["status"] == "ok").sum()),
-            "fit": len(ok), "errors": int((df["status"] == "error").sum()), "wall_s": wall, "workers": used,
-            "scheduler": label, "pareto_x": x, "pareto_y": y,
-            "pareto": front.to_dict(orient="records")}), indent=2) + "\n")
-        files = sorted(str(out / n) for n in names)
-    return SweepResult(inp.mode, df, front, x, y, wall, used, label, files)
-
-
-def _front_md(inp, front, df, x, y) -> str:
-    dims = list(TRAIN_DIMS if inp.mode == "train" else SERVE_DIMS)
-    head = dims + [x, y] + (["mfu", "memory_per_gpu_bytes"] if inp.mode == "train" else ["tpot_p99_s"])
-    lines = [f"# Sweep of {inp.scenario.name}: Pareto front ({y} up, {x} down)", "",
-             f"{len(df)} points, {int((df['status'] == 'ok').sum())} evaluated, "
-             f"{int((df['status'] == 'error').sum())} refused with their error (see sweep.parquet).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in front.itertuples():
-        vals = []
-        for h in head:
-            v = getattr(r, h)
-            vals.append(f"{v:.4g}" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    return SweepResult(inp.scenario.name, inp.mode, df, ok, front, x, y, xl, yl, wall, used, label)

@@ -48,17 +48,17 @@ def _layout(p: dict) -> str:
     return ", ".join(f"{k}={p[k]}" for k in keys if k in p and (p[k] != 1 or k in ("tp", "pp")))
 
 
-def build_context(res, fig_dir: Path) -> dict:
-    """Tables and figures of every section (figures drawn into `fig_dir`)."""
-    from k3sim.report import figures as F
+def _section(id_, title, note="", table=None, figs=(), extra=()) -> dict:
+    """One report section as the templates read it; figure paths are relative to the report directory so
+    the report can be moved or served whole."""
+    return {"id": id_, "title": title, "note": note, "table": table,
+            "figures": [{"path": f"figures/{Path(p).name}", "alt": a} for p, a in figs],
+            "extra": list(extra)}
 
-    sections: list[dict] = []
 
-    def section(id_, title, note="", table=None, figs=(), extra=()):
-        sections.append({"id": id_, "title": title, "note": note, "table": table,
-                         "figures": [{"path": f"figures/{Path(p).name}", "alt": a} for p, a in figs],
-                         "extra": list(extra)})
-
+def _summary(res) -> list[tuple[str, str]]:
+    """The headline numbers at the top of the report: the training step, then the serving SLO figures, so a
+    reader sees the answer before the sections that explain it."""
     summary: list[tuple[str, str]] = []
     t = res.training
     if t is not None:
@@ -71,127 +71,161 @@ def build_context(res, fig_dir: Path) -> dict:
             if k in res.serving:
                 v = res.serving[k]
                 summary.append((k, _fmt(k, v)))
+    return summary
 
-    # memory
+
+def _memory_sections(res, fig_dir: Path) -> list[dict]:
+    """Memory per GPU: the fitting layout's breakdown, or, when nothing fits, what the fullest GPU would
+    need, so a refused plan still shows why."""
+    from k3sim.report import figures as F
+
     mem = res.memory
     if mem is not None:
         rows = [(r.component, r.bytes) for r in mem.breakdown]
         p = F.memory_figure(rows, mem.hbm_bytes, f"{res.model} on {res.hardware}: per-GPU memory, pipeline stage "
                             f"{mem.worst_stage}", fig_dir / "memory.png")
-        section("memory", "Memory per GPU", res.verdict,
-                {"header": ["component", "bytes per GPU", "source"],
-                 "rows": [[r.component, _gb(r.bytes), r.source] for r in mem.breakdown]},
-                [(p, "memory breakdown")])
-    elif res.memory_rows:
+        return [_section("memory", "Memory per GPU", res.verdict,
+                         {"header": ["component", "bytes per GPU", "source"],
+                          "rows": [[r.component, _gb(r.bytes), r.source] for r in mem.breakdown]},
+                         [(p, "memory breakdown")])]
+    if res.memory_rows:
         rows = [(r.component, r.bytes) for r in res.memory_rows]
         p = F.memory_figure(rows, res.hw.hbm_bytes, f"{res.model} on {res.hardware}: what the fullest GPU would "
                             "need (does not fit)", fig_dir / "memory.png")
-        section("memory", "Memory per GPU", res.verdict,
-                {"header": ["component", "bytes per GPU", "source"],
-                 "rows": [[r.component, _gb(r.bytes), r.source] for r in res.memory_rows]},
-                [(p, "memory breakdown of a layout that does not fit")])
-    else:
-        section("memory", "Memory per GPU", res.verdict)
+        return [_section("memory", "Memory per GPU", res.verdict,
+                         {"header": ["component", "bytes per GPU", "source"],
+                          "rows": [[r.component, _gb(r.bytes), r.source] for r in res.memory_rows]},
+                         [(p, "memory breakdown of a layout that does not fit")])]
+    return [_section("memory", "Memory per GPU", res.verdict)]
 
-    # step / serving breakdown
-    if t is not None:
-        rows = [(r.component, r.seconds) for r in t.breakdown]
-        p = F.breakdown_figure(rows, f"training step {t.step_time_s:.3g} s ({res.model}, {_layout(res.parallelism)})",
-                               fig_dir / "step_breakdown.png")
-        section("step", "Training step-time breakdown", res.notes.get("step", ""),
-                {"header": ["component", "seconds", "share", "source"],
-                 "rows": [[r.component, f"{r.seconds:.4g}", f"{100 * r.seconds / t.step_time_s:.1f} %", r.source]
-                          for r in t.breakdown]},
-                [(p, "step time breakdown")],
-                [f"Pipeline: {t.pipeline_source}."])
-    if res.mode == "serve":
-        srv = res.serving
-        if srv:
-            keys = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
-                    "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
-                    "token_hit_rate", "slo_ttft_s", "slo_tpot_s", "sim_seconds"]
-            rows = [[k, _fmt(k, srv[k])] for k in keys if k in srv]
-            figs = []
-            if res.serving_frame is not None and len(res.serving_frame):
-                from k3sim.serving.report import plot_latency_cdfs
 
-                p = fig_dir / "serving_latency.png"
-                plot_latency_cdfs(res.serving_frame, p, f"{res.scenario}: latency CDFs (serving sample)")
-                figs.append((p, "serving latency CDFs"))
-            section("serving", "Serving latency and goodput", res.notes.get("serving", ""),
-                    {"header": ["quantity", "value"], "rows": rows}, figs)
-        else:
-            section("serving", "Serving latency and goodput", res.notes.get("serving", "not available"))
+def _step_sections(res, fig_dir: Path) -> list[dict]:
+    """Training step-time breakdown, each component with its share and the source of its number."""
+    from k3sim.report import figures as F
 
-    # decode roofline
-    if res.decode is not None:
-        from k3sim.decode.sweep import roofline_plot
+    t = res.training
+    if t is None:
+        return []
+    rows = [(r.component, r.seconds) for r in t.breakdown]
+    p = F.breakdown_figure(rows, f"training step {t.step_time_s:.3g} s ({res.model}, {_layout(res.parallelism)})",
+                           fig_dir / "step_breakdown.png")
+    return [_section("step", "Training step-time breakdown", res.notes.get("step", ""),
+                     {"header": ["component", "seconds", "share", "source"],
+                      "rows": [[r.component, f"{r.seconds:.4g}", f"{100 * r.seconds / t.step_time_s:.1f} %", r.source]
+                               for r in t.breakdown]},
+                     [(p, "step time breakdown")],
+                     [f"Pipeline: {t.pipeline_source}."])]
 
-        p = fig_dir / "decode_roofline.png"
-        lay = res.decode_layout
-        roofline_plot(res.decode, res.hw, p, f"{res.model} decode at {lay['context_tokens']} tokens, TP{lay['tp']} "
-                                             f"PP{lay['pp']} EP{lay['ep']} on {res.hardware}")
-        df = res.decode
-        section("decode", "Decode roofline", res.notes.get("decode", "k3sim.decode (step model, CUDA-graph convention)"),
-                {"header": ["batch", "TPOT", "tokens/s per GPU", "roofline", "fits memory"],
-                 "rows": [[int(r.batch), _s(r.tpot_s), f"{r.tokens_per_s_per_gpu:,.1f}", r.roofline, str(r.fits_memory)]
-                          for r in df.itertuples()]},
-                [(p, "decode roofline")])
-    elif "decode" in res.notes:
-        section("decode", "Decode roofline", res.notes["decode"])
 
-    # prefix cache
-    if res.prefix_cache is not None:
-        p = F.prefix_cache_figure(res.prefix_cache, f"{res.model}: prefix-cache hit rate by policy",
-                                  fig_dir / "prefix_cache.png")
-        section("prefix_cache", "Prefix-cache hit rate", res.notes.get("prefix_cache", ""),
-                {"header": ["policy", "hash block", "physical block", "token hit rate", "request hit rate", "note"],
-                 "rows": [[r["policy"], r.get("hash_block_tokens", ""), r.get("physical_block_tokens", ""),
-                           f"{r['token_hit_rate']:.3f}" if "token_hit_rate" in r else "",
-                           f"{r['request_hit_rate']:.3f}" if "request_hit_rate" in r else "", r.get("note", "")]
-                          for r in res.prefix_cache]},
-                [(p, "prefix cache hit rate")])
-    elif "prefix_cache" in res.notes:
-        section("prefix_cache", "Prefix-cache hit rate", res.notes["prefix_cache"])
+def _serving_sections(res, fig_dir: Path) -> list[dict]:
+    """Serving latency and goodput (serve mode only); the note says why when the serving run is missing."""
+    if res.mode != "serve":
+        return []
+    srv = res.serving
+    if not srv:
+        return [_section("serving", "Serving latency and goodput", res.notes.get("serving", "not available"))]
+    keys = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
+            "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
+            "token_hit_rate", "slo_ttft_s", "slo_tpot_s", "sim_seconds"]
+    rows = [[k, _fmt(k, srv[k])] for k in keys if k in srv]
+    figs = []
+    if res.serving_frame is not None and len(res.serving_frame):
+        from k3sim.serving.report import plot_latency_cdfs
 
-    # CP crossover
-    if not res.cp_rows and "cp" in res.notes:
-        section("cp", "Context parallelism crossover", res.notes["cp"])
-    if res.cp_rows:
-        from k3sim.configs.dtypes import bytes_per_element
-        from k3sim.cp.sweep import plot_crossover
+        p = fig_dir / "serving_latency.png"
+        plot_latency_cdfs(res.serving_frame, p, f"{res.scenario}: latency CDFs (serving sample)")
+        figs.append((p, "serving latency CDFs"))
+    return [_section("serving", "Serving latency and goodput", res.notes.get("serving", ""),
+                     {"header": ["quantity", "value"], "rows": rows}, figs)]
 
-        p = fig_dir / "cp_crossover.png"
-        plot_crossover(res.cp_rows, res.cp_degree, res.cp_geometry, p, bytes_per_element("fp32"))
-        rows = [[k.upper(), f"{c['a']} / {c['b']}", f"{c['seq_len']:,.0f}", c["faster_above"]]
-                for k, cs in (res.cp_crossovers or {}).items() for c in cs]
-        section("cp", f"Context parallelism crossover (P={res.cp_degree})", res.notes.get("cp", ""),
-                {"header": ["layer", "strategies", "crossover length (tokens)", "faster above"], "rows": rows} if rows else None,
-                [(p, "CP crossover")],
-                [] if rows else ["No crossover within the lengths swept: one strategy wins throughout."])
 
-    # pipeline Gantt
+def _decode_sections(res, fig_dir: Path) -> list[dict]:
+    """Decode roofline by batch; only the note when the decode sweep was skipped, so the reader learns why."""
+    if res.decode is None:
+        return [_section("decode", "Decode roofline", res.notes["decode"])] if "decode" in res.notes else []
+    from k3sim.decode.sweep import roofline_plot
+
+    p = fig_dir / "decode_roofline.png"
+    lay = res.decode_layout
+    roofline_plot(res.decode, res.hw, p, f"{res.model} decode at {lay['context_tokens']} tokens, TP{lay['tp']} "
+                                         f"PP{lay['pp']} EP{lay['ep']} on {res.hardware}")
+    df = res.decode
+    return [_section("decode", "Decode roofline", res.notes.get("decode", "k3sim.decode (step model, CUDA-graph convention)"),
+                     {"header": ["batch", "TPOT", "tokens/s per GPU", "roofline", "fits memory"],
+                      "rows": [[int(r.batch), _s(r.tpot_s), f"{r.tokens_per_s_per_gpu:,.1f}", r.roofline, str(r.fits_memory)]
+                               for r in df.itertuples()]},
+                     [(p, "decode roofline")])]
+
+
+def _prefix_cache_sections(res, fig_dir: Path) -> list[dict]:
+    """Prefix-cache hit rate by policy; only the note when the cache study was skipped."""
+    from k3sim.report import figures as F
+
+    if res.prefix_cache is None:
+        return [_section("prefix_cache", "Prefix-cache hit rate", res.notes["prefix_cache"])] \
+            if "prefix_cache" in res.notes else []
+    p = F.prefix_cache_figure(res.prefix_cache, f"{res.model}: prefix-cache hit rate by policy",
+                              fig_dir / "prefix_cache.png")
+    return [_section("prefix_cache", "Prefix-cache hit rate", res.notes.get("prefix_cache", ""),
+                     {"header": ["policy", "hash block", "physical block", "token hit rate", "request hit rate", "note"],
+                      "rows": [[r["policy"], r.get("hash_block_tokens", ""), r.get("physical_block_tokens", ""),
+                                f"{r['token_hit_rate']:.3f}" if "token_hit_rate" in r else "",
+                                f"{r['request_hit_rate']:.3f}" if "request_hit_rate" in r else "", r.get("note", "")]
+                               for r in res.prefix_cache]},
+                     [(p, "prefix cache hit rate")])]
+
+
+def _cp_sections(res, fig_dir: Path) -> list[dict]:
+    """Context-parallel strategy crossover lengths; says so when one strategy wins at every length swept."""
+    if not res.cp_rows:
+        return [_section("cp", "Context parallelism crossover", res.notes["cp"])] if "cp" in res.notes else []
+    from k3sim.configs.dtypes import bytes_per_element
+    from k3sim.cp.sweep import plot_crossover
+
+    p = fig_dir / "cp_crossover.png"
+    plot_crossover(res.cp_rows, res.cp_degree, res.cp_geometry, p, bytes_per_element("fp32"))
+    rows = [[k.upper(), f"{c['a']} / {c['b']}", f"{c['seq_len']:,.0f}", c["faster_above"]]
+            for k, cs in (res.cp_crossovers or {}).items() for c in cs]
+    return [_section("cp", f"Context parallelism crossover (P={res.cp_degree})", res.notes.get("cp", ""),
+                     {"header": ["layer", "strategies", "crossover length (tokens)", "faster above"], "rows": rows} if rows else None,
+                     [(p, "CP crossover")],
+                     [] if rows else ["No crossover within the lengths swept: one strategy wins throughout."])]
+
+
+def _pipeline_sections(res, fig_dir: Path) -> list[dict]:
+    """Pipeline Gantt chart when the step came from the event simulation; the closed form has no timeline."""
+    from k3sim.report import figures as F
+
+    t = res.training
     tl = getattr(getattr(t, "pipeline", None), "timeline", None) if t is not None else None
-    if tl is not None:
-        p = F.gantt_figure(tl, f"{_layout(res.parallelism)}: {t.num_micro_batches} micro-batches "
-                               f"({t.pipeline_source})", fig_dir / "pipeline_gantt.png")
-        section("pipeline", "Pipeline schedule (Gantt)", f"bubble ratio {t.bubble_ratio:.3f}; step {_s(t.step_time_s)}",
-                None, [(p, "pipeline Gantt chart")])
-    else:
-        section("pipeline", "Pipeline schedule (Gantt)", res.notes.get("pipeline", "closed form used: no timeline"))
+    if tl is None:
+        return [_section("pipeline", "Pipeline schedule (Gantt)", res.notes.get("pipeline", "closed form used: no timeline"))]
+    p = F.gantt_figure(tl, f"{_layout(res.parallelism)}: {t.num_micro_batches} micro-batches "
+                           f"({t.pipeline_source})", fig_dir / "pipeline_gantt.png")
+    return [_section("pipeline", "Pipeline schedule (Gantt)", f"bubble ratio {t.bubble_ratio:.3f}; step {_s(t.step_time_s)}",
+                     None, [(p, "pipeline Gantt chart")])]
 
-    # calibration
-    section("calibration", "Calibration error of the kernels used", res.notes.get("calibration", ""),
-            {"header": ["op", "points", "MAPE", "p90 |err|", "max |err|", "meets 5 % goal"],
-             "rows": [[c["op"], c["points"], f"{100 * c['mape']:.1f} %", f"{100 * c['p90_abs_err']:.1f} %",
-                       f"{100 * c['max_abs_err']:.1f} %", str(c["meets_goal"])] for c in res.calibration]}
-            if res.calibration else None,
-            extra=["Kernel calls by source: " + "; ".join(f"{k['op']} {k['source']} x{k['calls']}"
-                                                          for k in res.kernel_calls)] if res.kernel_calls else [])
-    section("assumptions", "Assumptions and their sources", "",
-            {"header": ["assumption", "source"], "rows": [[a["assumption"], a["source"]] for a in res.assumptions]})
+
+def _trust_sections(res) -> list[dict]:
+    """Calibration error of the kernels the plan used and the assumptions behind it: what to trust."""
+    return [_section("calibration", "Calibration error of the kernels used", res.notes.get("calibration", ""),
+                     {"header": ["op", "points", "MAPE", "p90 |err|", "max |err|", "meets 5 % goal"],
+                      "rows": [[c["op"], c["points"], f"{100 * c['mape']:.1f} %", f"{100 * c['p90_abs_err']:.1f} %",
+                                f"{100 * c['max_abs_err']:.1f} %", str(c["meets_goal"])] for c in res.calibration]}
+                     if res.calibration else None,
+                     extra=["Kernel calls by source: " + "; ".join(f"{k['op']} {k['source']} x{k['calls']}"
+                                                                   for k in res.kernel_calls)] if res.kernel_calls else []),
+            _section("assumptions", "Assumptions and their sources", "",
+                     {"header": ["assumption", "source"], "rows": [[a["assumption"], a["source"]] for a in res.assumptions]})]
+
+
+def build_context(res, fig_dir: Path) -> dict:
+    """Tables and figures of every section (figures drawn into `fig_dir`), in report order."""
+    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _serving_sections(res, fig_dir)
+                + _decode_sections(res, fig_dir) + _prefix_cache_sections(res, fig_dir) + _cp_sections(res, fig_dir)
+                + _pipeline_sections(res, fig_dir) + _trust_sections(res))
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in res.timings_s.items())
-    return {"r": res, "layout": _layout(res.parallelism), "summary": summary, "sections": sections,
+    return {"r": res, "layout": _layout(res.parallelism), "summary": _summary(res), "sections": sections,
             "timings": timings}
 
 

@@ -214,7 +214,7 @@ def default_physical_block(model, hash_block: int, tp: int, policy: str) -> int:
 
 def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
     from k3sim.prefix_cache.config import config_from_model
-    from k3sim.prefix_cache.run import _named_options
+    from k3sim.prefix_cache.setup import named_options
 
     e = sv.engine
     pb = e.physical_block_tokens or default_physical_block(model, e.hash_block_tokens, par.tp, e.cache_policy)
@@ -228,7 +228,7 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
         cap = pool_capacity_bytes(model, hw, par, per_gpu, context_tokens=ctx,
                                   prefill_chunk_tokens=e.token_budget, workspace_fraction=scn.workload.workspace_fraction,
                                   source=src)
-    with _named_options(_CACHE_OPTIONS):
+    with named_options(_CACHE_OPTIONS):
         cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp)
     pages = cfg.num_pages
     if pages is not None and pages < cfg.min_pages_one_request():
@@ -381,11 +381,11 @@ def check_trace(trace: str | Path, hash_block_tokens: int, *, rereads: bool = Fa
     A single run validates the trace while it consumes it (`request_source`), in one pass, so a pipe works.
     `rereads` (a rate sweep replays the trace once per rate): a pipe is refused, and a file, read several
     times anyway, is validated here first, so a bad line stops the sweep before any simulation."""
-    from k3sim.prefix_cache.run import _check_trace_granularity
+    from k3sim.prefix_cache.setup import check_trace_granularity
     from k3sim.reader import probe
     from k3sim.workloads.mooncake import read_mooncake
 
-    _check_trace_granularity(hash_block_tokens, "serving.engine.hash_block_tokens")
+    check_trace_granularity(hash_block_tokens, "serving.engine.hash_block_tokens")
     info = probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
     if not rereads:
         return

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from k3sim.configs.model import ModelConfig
+from k3sim.kernels.ops import COLLECTIVE_OPS
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, StepComponent, Timer
 from k3sim.step.layers import (embedding_calls, layer_calls, layer_signature, lm_head_calls,
@@ -32,7 +33,7 @@ def category(component: str, op: str) -> str:
     for prefix, cat in CATEGORY.items():
         if component.startswith(prefix):
             return cat
-    if op in ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+    if op in COLLECTIVE_OPS:
         return "communication"
     if op.startswith("gemm"):
         return "dense weights (GEMMs)"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from k3sim.configs.mla import mla_attention_head_dims
 from k3sim.configs.model import ModelConfig
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call
@@ -150,7 +151,8 @@ def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[
         # causal attention of `chunk` queries over prefix + chunk keys: c (p + c/2) query-key pairs, the
         # pairs of a causal square of side sqrt(c (2p + c)) (FLOP-equivalent shape of the measured op)
         side = _c(math.sqrt(chunk * (2 * prefix + chunk)))
-        yield Call("mla_prefill_attention", "sdpa_causal_fwd", {"T": side, "H": _c(h), "D": qk})
+        yield Call("mla_prefill_attention", "sdpa_causal_fwd",
+                   {"T": side, "H": _c(h), "D": mla_attention_head_dims(mla).kernel_head_dim})
     if batch.num_decode:
         Bt = batch.decode_tokens
         # per-head batched products, as GEMMs of equal FLOP and weight bytes

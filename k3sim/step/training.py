@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from k3sim.configs.model import ModelConfig
+from k3sim.kernels.ops import COLLECTIVE_OPS
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, Timer
 from k3sim.step.glue import GlueCalibration, is_glue, load_glue
 from k3sim.step.layers import embedding_calls, layer_calls, layer_signature, lm_head_calls
 from k3sim.step.layout import StepLayout
 
-COLLECTIVES = ("all_reduce", "custom_all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVES = COLLECTIVE_OPS  # the registry's collective kind: costed by the training step model, not here
 SMALL_OP_BACKWARD_FACTOR = 2.0  # modelling choice, see the module docstring
 
 

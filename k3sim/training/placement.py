@@ -1,4 +1,4 @@
-"""Where each parallel group's GPUs sit, and the time of a collective on the link that placement gives.
+"""Where each parallel group's GPUs sit, and so which link its collectives and pipeline hops take.
 
 Rank order is Megatron-Core's default `tp-cp-ep-dp-pp` (megatron/core/parallel_state.py, `order`): TP is
 innermost (consecutive GPUs), then CP, then DP; PP outermost. Experts fold EP over the tp*cp*dp ranks of a

@@ -25,8 +25,9 @@ def test_json_keys_and_values():
         assert key in out
     assert 0 < out["token_hit_rate"] < 1 and out["requests"] == 300 and out["capacity_bytes"] == 64e9
     # the CLI is glue: its numbers are exactly the package's replay of the same configuration
-    from k3sim.prefix_cache.run import make_config, simulate
-    from k3sim.prefix_cache.serving import StepCost
+    from k3sim.prefix_cache.setup import make_config
+    from k3sim.serving.prefix_cache_run import simulate
+    from k3sim.serving.replay import StepCost
 
     # the step clock is derived from the default scenario's step model unless given; the CLI reports it
     clock = out["step_clock"]
@@ -41,12 +42,12 @@ def test_json_keys_and_values():
 
 def test_step_clock_is_the_step_models_line_unless_given():
     from k3sim.configs import load_model
-    from k3sim.prefix_cache.serving import ModelStepCost
+    from k3sim.serving.replay import ModelStepCost
 
     d = json.loads(run_cli("prefix-cache", "--trace", CONV, "--policy", "decoupled", "--capacity-bytes", "64e9",
                            "--limit", "20", "--json").stdout)["step_clock"]
     msc = ModelStepCost.from_scenario(ROOT / "scenarios/default.yaml", load_model(ROOT / "models/kimi-k3.yaml"))
-    from k3sim.prefix_cache.serving import StepCost
+    from k3sim.serving.replay import StepCost
 
     clock = StepCost(d["tokens_per_s"], d["step_overhead_s"])
     # the line gives the step model's one-token decode step and its full-budget (8192) prefill step exactly
@@ -61,7 +62,8 @@ def test_table_output_unbounded_coarse():
     proc = run_cli("prefix-cache", "--trace", CONV, "--policy", "coarse")
     assert proc.returncode == 0, proc.stderr
     assert "token hit rate" in proc.stdout and "unbounded" in proc.stdout
-    from k3sim.prefix_cache.run import make_config, simulate
+    from k3sim.prefix_cache.setup import make_config
+    from k3sim.serving.prefix_cache_run import simulate
 
     ref = simulate(CONV, make_config(ROOT / "models/kimi-k3.yaml", "coarse", 512, 6144, None))
     assert 0 < ref.token_hit_rate < 0.1  # 6144-token blocks: only the few long shared prefixes hit

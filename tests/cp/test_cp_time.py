@@ -69,10 +69,11 @@ def test_zigzag_beats_contiguous_ring_on_causal_work():
     ct = ring_layer(x_(65536, 8, mla_kv="expanded"), "ring").fwd.compute_s
     zz = ring_layer(x_(65536, 8, mla_kv="expanded"), "zigzag-ring").fwd.compute_s
     assert 1.7 < ct / zz < 2.0
-    # by hand, c = L/2 = 4096, seconds per pair 4 H D / SDPA_FLOPS (H = 96, D = (192 + 128) / 2 = 160):
+    # by hand, c = L/2 = 4096, seconds per pair 4 H D / SDPA_FLOPS (H = 96, D = max(192, 128) = 192, V padded to
+    # the QK dim: the one MLA head-dim rule, k3sim.configs.mla):
     # contiguous  = diagonal L(L+1)/2 + 7 full L^2 blocks = 30c^2 + c pairs;
     # zigzag      = step 0: 2 diagonals c(c+1)/2 + 1 full c^2, each of 7 later steps 2c^2 = 16c^2 + c pairs
-    c, pair_s = 4096, 4 * 96 * 160 / SDPA_FLOPS
+    c, pair_s = 4096, 4 * 96 * 192 / SDPA_FLOPS
     assert ct == pytest.approx((30 * c * c + c) * pair_s, rel=1e-12)
     assert zz == pytest.approx((16 * c * c + c) * pair_s, rel=1e-12)
 

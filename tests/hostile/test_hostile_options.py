@@ -56,7 +56,7 @@ def test_a_billion_synthetic_requests_are_refused_at_once(capsys):
     t0 = time.perf_counter()
     assert_one_line(*run_main(capsys, "prefix-cache", "--workload", "chat", "--requests", "1000000000"),
                     "--requests:", "100,000", "stream")
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 30  # a hang guard (it grew to GBs before), not a speed test
 
 
 def test_a_huge_output_length_in_a_trace_is_refused_by_line(tmp_path, capsys):
@@ -69,7 +69,7 @@ def test_a_huge_output_length_in_a_trace_is_refused_by_line(tmp_path, capsys):
                     str(trace), "line 1", "output_length 1,000,000,000,000,000 exceeds 16,777,216 tokens")
     # without --strict the line is skipped, and a trace with no valid request is still an error
     assert_one_line(*run_main(capsys, "prefix-cache", "--trace", trace), "no valid request", "output_length")
-    assert time.perf_counter() - t0 < 3.0
+    assert time.perf_counter() - t0 < 30  # a hang guard (it ran past 60 s before), not a speed test
 
 
 def test_a_sweep_with_no_runnable_point_exits_2_and_writes_nothing(tmp_path, capsys):

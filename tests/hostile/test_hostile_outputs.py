@@ -38,7 +38,7 @@ COMMANDS = {
                          "serve-sweep-rate", ("k3sim.serving.run", "sweep_rates")),
     "cp-sweep": (["cp", "--sweep"], "cp-sweep", ("k3sim.cp.sweep", "sweep")),
     "prefix-cache-sweep": (["prefix-cache", "--workload", "chat", "--requests", "20", "--sweep"],
-                           "prefix-cache-sweep", ("k3sim.prefix_cache.run", "sweep_report")),
+                           "prefix-cache-sweep", ("k3sim.serving.prefix_cache_run", "sweep_report")),
     "decode-sweep-batch": (["decode", "--model", KL_MODEL, "--tp", "1", "--pp", "1", "--ep", "1", "--sweep-batch"],
                            "decode-sweep-batch", ("k3sim.decode.sweep", "sweep_batches")),
     "calibrate-validate": (["calibrate", "validate"], "calibrate-validate", ("k3sim.kernels.validate",

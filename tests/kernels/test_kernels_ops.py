@@ -72,7 +72,7 @@ def test_wire_bytes_bus_factors(op, n, factor):
 
 def test_every_contract_op_is_registered():
     contract = ["gemm_bf16", "gemm_fp8", "hbm_copy", "hbm_read", "moe_grouped_bf16", "chunk_kda_fwd",
-                "chunk_kda_fwd_bwd", "recurrent_kda_decode", "chunk_kda_cp_fwd", "chunk_kda_cp_fwd_bwd",
+                "chunk_kda_fwd_bwd", "recurrent_kda_decode",
                 "sdpa_causal_fwd", "sdpa_causal_fwd_bwd", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
                 "send_recv", "custom_all_reduce",
                 # decode-step kernels (issue 10, kernels/ops_decode.py)
@@ -107,22 +107,9 @@ def test_bad_op_and_cross_checks():
     assert validate_params(OPS["gemm_bf16"], dict(M="64", N=7168.0, K="2048")) == dict(M=64, N=7168, K=2048)
 
 
-def test_kda_decode_and_cp_counts():
-    """Hand-computed from the formulas' docstrings, D = 128, chunk 64."""
+def test_kda_decode_counts():
+    """Hand-computed from the formulas' docstrings, D = 128."""
     D = 128
     dec = dict(B=4, T=2, H=8)
     assert OPS["recurrent_kda_decode"].flop(dec) == 7 * D * D * 4 * 2 * 8
     assert OPS["recurrent_kda_decode"].bytes(dec) == 4 * 8 * D * D * 4 * 2 + 4 * 2 * 8 * (5 * D * 2 + 2)
-    # KCP, 2 GPUs, one document of 8192 tokens: each rank runs 4096 tokens (64 whole chunks) with one extra
-    # D x D transition product per token, then folds 2 gathered states (2 x 2 D^3 per head)
-    cp = dict(T=8192, H=16, gpus=2, docs=1)
-    per_tok = kda_fwd_flop_per_token_head() + 2 * D * D
-    assert OPS["chunk_kda_cp_fwd"].flop(cp) == pytest.approx(4096 * 16 * per_tok + 2 * 16 * 2 * D ** 3)
-    assert OPS["chunk_kda_cp_fwd_bwd"].flop(cp) == pytest.approx(3 * OPS["chunk_kda_cp_fwd"].flop(cp))
-    fwd_io = 4096 * 16 * (4 * D * 2 + 2 + D * 2) + 16 * D * D * 4
-    assert OPS["chunk_kda_cp_fwd"].bytes(cp) == pytest.approx(fwd_io + 2 * 2 * 16 * D * D * 4)
-    # 8 documents of 1000 tokens over 2 GPUs: 4 per rank, each padded to 1024 tokens
-    ragged = dict(T=8000, H=1, gpus=2, docs=8)
-    assert OPS["chunk_kda_cp_fwd"].flop(ragged) == pytest.approx(4 * 1024 * per_tok + 2 * 2 * D ** 3)
-    with pytest.raises(InputError, match="docs=9 exceeds T=8"):
-        validate_params(OPS["chunk_kda_cp_fwd"], dict(T=8, H=1, gpus=2, docs=9))

@@ -31,9 +31,17 @@ QUERIES = [
 EXACT = ("gemm_bf16", dict(M=64, N=7168, K=2048), "graph")
 
 
+def fresh() -> None:
+    """Forget every in-process memo (the profile predictors and the parsed stores), as a new process would."""
+    from k3sim.kernels import store
+
+    clear_cache()
+    store._CACHE.clear()
+
+
 def answers(hw, queries=QUERIES) -> list[tuple]:
     """Every query's answer from a fresh predictor, floats as their exact bits."""
-    clear_cache()
+    fresh()
     out = []
     for op, p, conv in queries:
         kt = predict_kernel_time(op, p, hw, convention=conv)
@@ -42,7 +50,7 @@ def answers(hw, queries=QUERIES) -> list[tuple]:
 
 
 def parsed(hw) -> bool:
-    """Whether the profile's predictor parsed the store (a cache miss) rather than reading the cache."""
+    """Whether the profile's predictor was built from the store (a miss of its entries) rather than from them."""
     return profile_predictor(hw)._store is not None
 
 
@@ -58,7 +66,7 @@ def profile(tmp_path, monkeypatch):
     write_run(root, "run1", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS, "all_gather": COLL_POINTS},
               wiggle=0.03)
     yield hardware(root), root, tmp_path / "cache"
-    clear_cache()
+    fresh()
 
 
 def no_cache(monkeypatch, tmp_path) -> None:
@@ -102,7 +110,7 @@ def test_hit_on_the_committed_h200_data_is_exact(monkeypatch, tmp_path):
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     assert answers(hw, queries) == want and parsed(hw)
     assert answers(hw, queries) == want and not parsed(hw)
-    clear_cache()
+    fresh()
 
 
 def test_same_size_same_mtime_edit_rebuilds(profile):
@@ -118,7 +126,7 @@ def test_same_size_same_mtime_edit_rebuilds(profile):
     path.write_text(text.replace(line, line.replace(cell, digit + cell[1:], 1), 1))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-    clear_cache()
+    fresh()
     kt = predict_kernel_time(*EXACT[:2], hw)
     assert parsed(hw) and kt.seconds == float(digit + cell[1:])
     assert answers(hw) != before
@@ -238,7 +246,7 @@ def test_invalid_row_is_refused_although_a_cache_exists(profile, edit, match):
     cells[3] = edit(cells[3])
     path.write_text(good.replace(line, ",".join(cells), 1))
     n = len(entries(cdir))
-    clear_cache()
+    fresh()
     with pytest.raises(InputError, match=re.escape(match) if "'" in match else match):
         predict_kernel_time(*EXACT[:2], hw)
     assert len(entries(cdir)) == n
@@ -254,12 +262,17 @@ def test_edited_fit_file_rebuilds(profile):
     hw, root, _ = profile
     fp = fit_profile(load_store(root), hw)
     write_fitted(root / FITTED_NAME, fp)
-    q = [("hbm_copy", dict(bytes=2 ** 38), "graph")]
-    first = answers(hw, q)
+    shape = dict(bytes=2 ** 38)
+
+    def model_s() -> float:
+        fresh()
+        return profile_predictor(hw).op("hbm_copy").model_seconds(shape)[0]
+
+    first = model_s()
+    assert model_s() == first and not parsed(hw)  # warm
     fp.ops["hbm_copy"].roofline.eff_bytes *= 0.5
     write_fitted(root / FITTED_NAME, fp)
-    second = answers(hw, q)
-    assert parsed(hw) and float.fromhex(second[0][2]) > 1.5 * float.fromhex(first[0][2])
+    assert model_s() == pytest.approx(2 * first, rel=0.01) and parsed(hw)
 
 
 def test_cache_location(monkeypatch, tmp_path):
@@ -273,3 +286,48 @@ def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache.cache_dir() == tmp_path / "home" / ".cache" / "k3sim"
+
+
+def test_parsed_store_hit_is_identical(tmp_path, monkeypatch):
+    """The parsed store (k3sim.kernels.store) from the cache: every frame, dtype (numbers, pandas strings, a
+    mixed column) and derived table equals a fresh parse's."""
+    import pandas as pd
+
+    from k3sim.kernels import store as st
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    root = tmp_path / "m"
+    write_run(root, "a", {"gemm_bf16": GEMM_POINTS, "hbm_copy": HBM_POINTS, "all_gather": COLL_POINTS})
+    write_run(root, "b", {"gemm_bf16": GEMM_POINTS[:5]}, failed=False, wiggle=0.2)  # error column all empty
+    (root / "b" / "notes.csv").write_text("x\n1\n")
+    st._CACHE.clear()
+    new = st.load_store(root)
+    st._CACHE.clear()
+    hit = st.load_store(root)
+    assert hit is not new and entries(tmp_path / "cache")
+    assert new.rows["gemm_bf16"]["error"].dtype == object  # strings in run a, nothing in run b
+    for op in new.rows:
+        pd.testing.assert_frame_equal(hit.rows[op], new.rows[op], check_exact=True)
+        assert [type(hit.rows[op][c].array) for c in hit.rows[op]] == [type(new.rows[op][c].array)
+                                                                        for c in new.rows[op]]
+        for conv in ("graph", "eager"):
+            pd.testing.assert_frame_equal(hit.points(op, conv), new.points(op, conv), check_exact=True)
+    assert (hit.runs, hit.ignored, hit.ops(), hit.fingerprint, hit.op_fingerprints, hit.run_order()) == \
+        (new.runs, new.ignored, new.ops(), new.fingerprint, new.op_fingerprints, new.run_order())
+    st._CACHE.clear()
+
+
+def test_physical_check_is_per_hardware_although_the_store_is_cached(profile):
+    """A store cached (and checked) for one profile is still held to another profile's roofline: a GPU with a
+    hundredth of the bandwidth and peak makes the synthetic rows unphysical."""
+    from types import SimpleNamespace
+
+    hw, _, _ = profile
+    answers(hw)
+    slow = SimpleNamespace(**{**vars(hw), "name": "slowgpu",
+                              "hbm_bandwidth_bytes_per_s": hw.hbm_bandwidth_bytes_per_s / 100,
+                              "peak_flops_per_s": {k: v / 100 for k, v in hw.peak_flops_per_s.items()}})
+    fresh()
+    with pytest.raises(InputError, match="faster than the datasheet roofline of profile 'slowgpu'"):
+        predict_kernel_time(*EXACT[:2], slow)
+    assert answers(hw)  # the first profile still answers from its entries

@@ -14,6 +14,7 @@ from conftest_helpers import kl_train  # noqa: E402
 from k3sim.errors import InputError  # noqa: E402
 from k3sim.planner.inputs import load  # noqa: E402
 from k3sim.planner.sweep import grid, pareto_front, run_points, sweep  # noqa: E402
+from k3sim.report.sweep import write_sweep  # noqa: E402
 
 
 def test_grid_fills_cluster_and_keeps_global_batch(tmp_path):
@@ -69,7 +70,9 @@ def test_same_rows_serial_processes_and_dask_cluster(tmp_path):
 def test_sweep_writes_parquet_and_front(tmp_path):
     path = kl_train(tmp_path)
     out = tmp_path / "out"
-    res = sweep(path, out, given={"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1]})
+    res = sweep(path, given={"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1]})
+    assert not out.exists()  # the planner computes; the report writes
+    write_sweep(res, out)
     back = pd.read_parquet(out / "sweep.parquet")
     assert len(back) == 4 and set(back["status"]) == {"ok"}
     assert (out / "pareto.png").stat().st_size > 0 and (out / "pareto.md").read_text().startswith("# Sweep")

@@ -77,8 +77,8 @@ def test_flop_aware_replay_reports_flop_saved_and_bad_options_exit_2():
 def test_flop_aware_replay_keeps_every_invariant():
     """A tight pool under flop-aware eviction: cache.check (refcounts, index, the chain links both ways)
     after every step, and no consistency-rule failure."""
-    from k3sim.prefix_cache.run import make_config
-    from k3sim.prefix_cache.serving import replay
+    from k3sim.prefix_cache.setup import make_config
+    from k3sim.serving.replay import replay
     from k3sim.workloads import read_mooncake
 
     cfg = make_config(ROOT / "models" / "kimi-k3.yaml", "decoupled", 512, 6144, 20e9, eviction="flop-aware",

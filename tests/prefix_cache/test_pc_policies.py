@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from k3sim.prefix_cache.config import CacheConfig
-from k3sim.prefix_cache.serving import SchedulerConfig, StepCost, replay
+from k3sim.serving.replay import SchedulerConfig, StepCost, replay
 from k3sim.workloads import multi_turn_chat, rag_shared_documents, read_mooncake
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"

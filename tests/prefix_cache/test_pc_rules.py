@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from k3sim.prefix_cache.cache import HybridPrefixCache, ReqState
-from k3sim.prefix_cache.serving import replay
+from k3sim.serving.replay import replay
 from k3sim.workloads import read_mooncake
 from helpers_pc import serve, tiny_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from k3sim.errors import InputError
-from k3sim.prefix_cache.serving import ModelStepCost, StepCost
+from k3sim.serving.replay import ModelStepCost, StepCost
 
 
 def _cost(fn) -> ModelStepCost:

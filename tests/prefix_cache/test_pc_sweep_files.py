@@ -7,7 +7,7 @@ import pytest
 
 from k3sim.prefix_cache import plots
 from k3sim.prefix_cache.config import CacheConfig
-from k3sim.prefix_cache.run import sweep_report
+from k3sim.serving.prefix_cache_run import sweep_report
 
 MLA_B, KDA_B = 27648, 449372160
 
@@ -60,7 +60,7 @@ def test_progress_is_reported_once_per_configuration_and_names_drop_trace_suffix
 
 def test_a_single_replay_reports_progress_while_streaming():
     """A long replay shows progress on stderr; the counts come from here, and the last call gives the total."""
-    from k3sim.prefix_cache.run import simulate
+    from k3sim.serving.prefix_cache_run import simulate
 
     seen = []
     trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "conversation_head300.jsonl"

@@ -45,7 +45,7 @@ def test_bad_sections(scenario):
 def test_replay_gets_the_real_contexts_from_a_model_cost():
     """The prefix-cache replay hands a model cost each step's decode context sum and (chunk, prefix) pairs."""
     from k3sim.prefix_cache.config import CacheConfig
-    from k3sim.prefix_cache.serving import SchedulerConfig, replay
+    from k3sim.serving.replay import SchedulerConfig, replay
     from k3sim.workloads.request import TraceRequest
 
     seen = []

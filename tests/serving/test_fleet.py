@@ -104,7 +104,7 @@ def test_prefix_aware_router_follows_the_cached_prefix(scenario):
 def test_unbounded_hit_rate_equals_the_prefix_cache_replay(scenario):
     """Same trace, same cache geometry, unbounded pool: the serving engine's token hit rate is the prefix-cache
     command's (the cached content depends on which prompts came before, not on the step times)."""
-    from k3sim.prefix_cache.serving import replay
+    from k3sim.serving.replay import replay
     from k3sim.workloads.mooncake import read_mooncake
 
     setup = ServeSetup.from_scenario(scenario({"engine": {"pool_bytes": "unbounded"}}))

@@ -1,4 +1,5 @@
-"""simpy serving loop: arrivals from trace timestamps, scheduling steps with a token budget, chunked prefill,
+"""The single-replica prefix-cache replay (what `k3sim prefix-cache` runs), a serving loop and so serving's:
+simpy arrivals from trace timestamps, scheduling steps with a token budget, chunked prefill,
 decode, completion. In-flight requests pin pages, copies land one step later, eviction races happen.
 
 Step durations come from an injected cost. `ModelStepCost` takes every step's time from the step-cost model of a

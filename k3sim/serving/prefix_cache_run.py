@@ -1,71 +1,37 @@
-"""Entry points the CLI calls: one replay of a trace file, or a sweep that writes a table and plots."""
+"""What `k3sim prefix-cache` runs: one replay of a trace file or a synthetic workload through the cache
+(`simulate`), or a sweep of cache configurations on several processes that writes a table and plots
+(`sweep_report`, `run_sweep`).
+
+The trace is parsed once in the parent and inherited by forked workers (`k3sim.procs.ProcessPool`: they
+ignore Ctrl-C and SIGTERM, the parent stops them); each worker replays whole configurations (the replay
+itself is sequential: steps depend on the previous step).
+"""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from k3sim.errors import DoesNotFit, InputError
 from k3sim.files import atomic_write_text, output_dir, safe_name
-from k3sim.prefix_cache.config import POLICIES, CacheConfig, config_from_model
-from k3sim.prefix_cache.serving import ReplayResult, SchedulerConfig, StepCost, replay
-from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS, TraceStats, read_mooncake
+from k3sim.prefix_cache.config import POLICIES, CacheConfig
+from k3sim.prefix_cache.setup import SWEEP_OPTIONS, check_trace_granularity, grid, named_options
+from k3sim.procs import ProcessPool, worker_count
+from k3sim.serving.replay import ReplayResult, SchedulerConfig, StepCost, replay
+from k3sim.workloads.mooncake import TraceStats, read_mooncake
+from k3sim.workloads.request import TraceRequest
 
-
-def _check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block") -> None:
-    if hash_block_tokens % MOONCAKE_BLOCK_TOKENS:
-        raise InputError(
-            f"{hash_block_tokens} is not a multiple of the trace's {MOONCAKE_BLOCK_TOKENS}-token hash ids "
-            "(a Mooncake id does not say where inside its block two prompts diverge)", source=source)
+_REQUESTS: list[TraceRequest] = []  # set in the parent before forking
 
 
 def _check_some_requests(trace: str | Path, stats: TraceStats) -> None:
+    """A trace with no valid request is refused, naming its first problem."""
     if stats.requests == 0:
         first = f"; first: line {stats.problems[0][0]}: {stats.problems[0][1]}" if stats.problems else ""
         raise InputError(f"no valid request in the trace ({stats.skipped} malformed lines skipped{first})",
                          source=str(trace))
-
-
-# the CLI option behind each CacheConfig field, so that a bad value is named as the user typed it
-_OPTIONS = {"policy": "--policy", "hash_block_tokens": "--hash-block", "physical_block_tokens": "--physical-block",
-            "capacity_bytes": "--capacity-bytes", "num_kda_groups": "--kda-groups",
-            "retention_interval_tokens": "--retention-interval", "eviction": "--eviction",
-            "eviction_alpha": "--eviction-alpha"}
-_SWEEP_OPTIONS = {**_OPTIONS, "policy": "--policies", "hash_block_tokens": "--hash-blocks",
-                  "physical_block_tokens": "--physical-blocks", "capacity_bytes": "--capacities"}
-
-
-@contextmanager
-def _named_options(options: dict[str, str]):
-    """Re-raise a CacheConfig `InputError` (which names only its field) with the CLI option of that field."""
-    try:
-        yield
-    except InputError as err:
-        if err.source is None and err.field in options:
-            raise type(err)(err.reason, source=options[err.field], field=err.field) from None
-        raise
-
-
-def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, physical_block_tokens: int,
-                capacity_bytes: float | None, num_kda_groups: int | None = None,
-                retention_interval_tokens: int = 0, tp: int = 1, *, eviction: str = "lru",
-                eviction_alpha: float | None = None) -> CacheConfig:
-    from k3sim.configs import load_model
-
-    model = load_model(str(model_path))
-    kw: dict = {"num_kda_groups": num_kda_groups} if num_kda_groups is not None else {}
-    if retention_interval_tokens:
-        kw["retention_interval_tokens"] = retention_interval_tokens
-    if eviction_alpha is not None:
-        if eviction != "flop-aware":
-            raise InputError("applies to --eviction flop-aware only", source="--eviction-alpha")
-        kw["eviction_alpha"] = eviction_alpha
-    kw["eviction"] = eviction
-    with _named_options(_OPTIONS):
-        return config_from_model(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp=tp,
-                                 **kw)
 
 
 def _counted(requests, progress, total: int | None, every: int = 256):
@@ -98,7 +64,7 @@ def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False
         return res
     if trace is None:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
-    _check_trace_granularity(cfg.effective_hash_block_tokens,
+    check_trace_granularity(cfg.effective_hash_block_tokens,
                              "--physical-block" if cfg.policy == "coarse" else "--hash-block")
     stats = TraceStats()
     res = replay(_counted(read_mooncake(trace, strict=strict, stats=stats, limit=limit), progress, limit),
@@ -153,7 +119,6 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     import time
 
     from k3sim.prefix_cache.plots import plot_capacity, plot_granularity
-    from k3sim.prefix_cache.sweep import grid, run_sweep
 
     for opt, values in (("--policies", policies), ("--hash-blocks", hash_blocks),
                         ("--physical-blocks", physical_blocks), ("--capacities", capacities)):
@@ -178,10 +143,10 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         name = name or f"synthetic_{workload}"
     elif trace is not None:
         for hb in hash_blocks:
-            _check_trace_granularity(hb, "--hash-blocks")
+            check_trace_granularity(hb, "--hash-blocks")
         if "coarse" in policies:  # coarse hashes whole physical blocks
             for pb in physical_blocks:
-                _check_trace_granularity(pb, "--physical-blocks")
+                check_trace_granularity(pb, "--physical-blocks")
         requests = list(read_mooncake(trace, strict=strict, stats=stats, limit=limit))
         _check_some_requests(trace, stats)
         label = Path(trace).name
@@ -189,7 +154,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
                                  field="file name (the sweep's file prefix; or give --name)")
     else:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
-    with _named_options(_SWEEP_OPTIONS):
+    with named_options(SWEEP_OPTIONS):
         configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
     if not configs:
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
@@ -223,3 +188,56 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
         plot_granularity(replayed, Path(files["granularity_plot"]), f"{label}: token hit rate vs granularity")
         plot_capacity(replayed, Path(files["capacity_plot"]), label, pb, hb)
     return SweepReport(df, files, stats.skipped, time.perf_counter() - t0)
+
+
+def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int, dict]:
+    i, cfg, sched, cost = args
+    n_pages = cfg.num_pages
+    if n_pages is not None and n_pages < cfg.min_pages_one_request():
+        return i, {"policy": cfg.policy, "hash_block_tokens": cfg.effective_hash_block_tokens,
+                   "physical_block_tokens": cfg.physical_block_tokens, "capacity_bytes": cfg.capacity_bytes,
+                   "note": "capacity below one request"}
+    res = replay(_REQUESTS, cfg, sched, cost)
+    row = dataclasses.asdict(res)
+    row.pop("extra", None)
+    return i, row
+
+
+def run_sweep(
+    requests: Sequence[TraceRequest],
+    configs: Sequence[CacheConfig],
+    sched: SchedulerConfig = SchedulerConfig(),
+    cost: StepCost = StepCost(),
+    processes: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+):
+    """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`, on `processes`
+    workers (default one per core; never more than configurations).
+
+    `progress(done, total)` is called after each configuration (the CLI draws a bar on stderr with it)."""
+    import pandas as pd
+
+    global _REQUESTS
+    _REQUESTS = list(requests)
+    processes = worker_count(processes, len(configs))
+    # slowest first so the last worker does not finish alone: small blocks and coarse policies cost most
+    order = sorted(range(len(configs)), key=lambda i: (configs[i].physical_block_tokens, configs[i].policy != "coarse"))
+    tasks = [(i, configs[i], sched, cost) for i in order]
+    rows: list[dict | None] = [None] * len(configs)
+    done = 0
+
+    def record(i: int, row: dict) -> None:
+        nonlocal done
+        rows[i] = row
+        done += 1
+        if progress is not None:
+            progress(done, len(tasks))
+
+    if processes <= 1:
+        for t in tasks:
+            record(*_one(t))
+    else:
+        with ProcessPool(processes) as pool:  # Ctrl-C, SIGTERM or an error: the workers are killed on the way out
+            for i, row in pool.imap_unordered(_one, tasks):
+                record(i, row)
+    return pd.DataFrame(rows)
