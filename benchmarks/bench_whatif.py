@@ -9,7 +9,9 @@ untimed run of every query first compiles the .pyc files (into a directory of th
 PYTHONDONTWRITEBYTECODE says), so neither column pays for compiling. The heavy
 imports column names which of pandas, scipy and matplotlib a warm run imported (`python -X importtime`).
 `--root` runs another checkout (e.g. an unpacked `git archive` of an older commit) for a before/after table.
-The load average is printed with the table: on a shared machine the medians move with it.
+The load average is printed with the table: on a shared machine the medians move with it. The start-up floor
+line times what every query pays before k3sim's own code: the interpreter, typer, a one-option typer command
+(pydantic: typer coerces options through it), and that plus numpy.
 """
 
 from __future__ import annotations
@@ -69,6 +71,40 @@ def heavy_imports(args: list[str], root: Path, cache: str) -> list[str]:
     return [h for h in HEAVY if h in names]
 
 
+# The start-up floor a query stands on, each in a fresh process: the interpreter; typer; a one-option typer
+# command (typer 0.29 coerces every option through a pydantic TypeAdapter, so this imports pydantic too);
+# the same plus numpy, which every kernel-time answer needs.
+FLOOR_APP = """import typer
+app = typer.Typer(add_completion=False)
+@app.command()
+def main(model: str = typer.Option(..., "--model"), as_json: bool = typer.Option(False, "--json")):
+    {body}
+app()
+"""
+FLOOR = {"python -c pass": ["-c", "pass"], "import typer": ["-c", "import typer"],
+         "typer command": [FLOOR_APP.format(body="pass"), "--model", "x"],
+         "typer command + numpy": [FLOOR_APP.format(body="import numpy"), "--model", "x"]}
+
+
+def floor(repeat: int, tmp: Path) -> dict:
+    """Median wall seconds of each `FLOOR` process (a script body is written to a file and run)."""
+    out = {}
+    for name, args in FLOOR.items():
+        if args[0] != "-c":
+            script = tmp / f"floor-{len(out)}.py"
+            script.write_text(args[0])
+            args = [str(script), *args[1:]]
+        times = []
+        for _ in range(repeat + 1):  # the first compiles
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                           check=True, timeout=120)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times[1:])
+    return out
+
+
 def bench(root: Path, repeat: int) -> dict:
     """Per query: cold and warm medians (s), every run's time, and the heavy imports of a warm run."""
     out = {}
@@ -84,6 +120,7 @@ def bench(root: Path, repeat: int) -> dict:
             out[name] = {"cold_median_s": statistics.median(cold), "warm_median_s": statistics.median(warm),
                          "cold_s": cold, "warm_s": warm, "heavy_imports_warm": heavy_imports(args, root, warm_dir),
                          "goal_warm_s": GOALS[name][0], "goal_cold_s": GOALS[name][1]}
+        out["floor"] = floor(repeat, Path(tmp))
     return out
 
 
@@ -99,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     results = bench(a.root.resolve(), a.repeat)
     doc = {"root": str(a.root.resolve()), "python": sys.version.split()[0], "cpus": os.cpu_count(),
            "repeat": a.repeat, "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "queries": results}
+           "floor_median_s": results.pop("floor"), "queries": results}
     if a.json:
         print(json.dumps(doc, indent=2))
         return
@@ -111,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         goal = f"{r['goal_cold_s']:g}/{r['goal_warm_s']:g}"
         print(f"{name:12s} {r['cold_median_s']:8.3f} {r['warm_median_s']:8.3f}  {goal:>14s}  "
               f"{', '.join(r['heavy_imports_warm']) or '-'}")
+    print("start-up floor (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in doc["floor_median_s"].items()))
 
 
 if __name__ == "__main__":

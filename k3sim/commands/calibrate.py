@@ -35,6 +35,14 @@ def register(app: typer.Typer) -> None:
     cal = typer.Typer(help="Measure kernels on a GPU, fit the kernel-time models, validate them.",
                       no_args_is_help=True)
     app.add_typer(cal, name="calibrate")
+    _register_run(cal)
+    _register_fit(cal)
+    _register_validate(cal)
+
+
+def _register_run(cal: typer.Typer) -> None:
+    """`calibrate run`: the GPU measurement harness; its option checks run before the harness is imported,
+    so they answer on a machine without PyTorch or a GPU."""
 
     @cal.command("run")
     def run(
@@ -79,6 +87,10 @@ def register(app: typer.Typer) -> None:
         else:
             print_kv("calibration run", [("run directory", run_dir)])
 
+
+def _register_fit(cal: typer.Typer) -> None:
+    """`calibrate fit`: fit every measured op of a profile and write the parameters."""
+
     @cal.command("fit")
     def fit(
         hardware: str = typer.Option("h200", "--hardware", help="Profile name or path."),
@@ -114,6 +126,10 @@ def register(app: typer.Typer) -> None:
                                  for n, ab in sorted(f.alpha_beta.items()))
             rows.append([op, f.points_used, f"{100 * f.rms_log_error:.1f} %", what])
         print_table(f"fitted {fp.profile} -> {path}", ["op", "points", "rms log err", "parameters"], rows)
+
+
+def _register_validate(cal: typer.Typer) -> None:
+    """`calibrate validate`: leave-one-out and leave-shape-out error of the fits, written as a report."""
 
     @cal.command("validate")
     def validate(

@@ -92,9 +92,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."""
         from k3sim.configs import load_hardware, load_model
-        from k3sim.cp import (DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, check_state_dtype, cp_step, default_state_dtype,
-                              geometry_from_model)
-        from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
+        from k3sim.cp import check_state_dtype, default_state_dtype, geometry_from_model
 
         from k3sim.configs import Parallelism, check_layout
         from k3sim.configs.bounds import check_range
@@ -123,56 +121,84 @@ def register(app: typer.Typer) -> None:
         sdt = default_state_dtype(m) if state_dtype is None else state_dtype
         check_state_dtype(sdt)
         if do_sweep:
-            from k3sim.cp.report import write_report
-
-            if docs is not None or doc_mean is not None:
-                raise InputError("--sweep models one document per sequence; drop --docs / --doc-mean-tokens",
-                                 source="--sweep")
-            ignored = [o for o, v in (("--seq-len", seq_len), ("--strategy", strategy),
-                                      ("--mla-strategy", mla_strategy), ("--mla-kv", mla_kv)) if v is not None]
-            if ignored:
-                raise InputError(f"--sweep covers every strategy and the lengths of --seq-lens; drop {', '.join(ignored)}",
-                                 source="--sweep")
-
-            grid_s, grid_p = parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps")
-            _check_a_point_runs(g, hw, grid_s, grid_p, sdt)
-            res = write_report(g, hw, grid_s, grid_p, out, state_dtype=sdt, focus_cp=cp_degree)
-            if as_json:
-                print_json(res)
-                return
-            print_table("fastest strategy per layer kind (changes with S)", ["P", "layer", "fastest", "from S"],
-                        [(w["cp"], w["layer"], w["fastest"], f"{w['from_seq_len']:,}") for w in res["winners"]])
-            print_kv("written", [(k, v) for k, v in res["files"].items()])
+            _cp_sweep(g, hw, sdt, out, seq_lens=seq_lens, cps=cps, cp_degree=cp_degree, seq_len=seq_len,
+                      strategy=strategy, mla_strategy=mla_strategy, mla_kv=mla_kv, docs=docs, doc_mean=doc_mean,
+                      as_json=as_json)
             return
-        S = parse_tokens("1048576" if seq_len is None else seq_len, "--seq-len")
-        lengths = None
-        if doc_mean is not None:
-            from k3sim.cp.docs import sample_doc_lengths
+        _cp_one(g, hw, sdt, seq_len=seq_len, cp_degree=cp_degree, strategy=strategy, mla_strategy=mla_strategy,
+                mla_kv=mla_kv, docs=docs, doc_mean=doc_mean, seed=seed, as_json=as_json)
 
-            lengths = sample_doc_lengths(S, doc_mean, seed)
-        try:
-            r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
-                        DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
-                        mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
-        except InputError as err:
-            # a kernel's range (T tokens per rank, docs) reached through an option: name the option
-            option = KERNEL_FIELD_OPTIONS.get(err.field or "")
-            if option is None or (err.source or "").startswith("--"):
-                raise
-            raise InputError(f"{err.reason} (reached from {option} {S if option == '--seq-len' else docs} "
-                             f"with --cp {cp_degree})", source=option) from None
-        if as_json:
-            print_json(r)
-            return
-        print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", [
-            ("KDA strategy / MLA strategy", f"{r.kda_strategy} / {r.mla_strategy} ({r.mla_kv})"),
-            ("KDA layer: fwd bytes received per rank", human_bytes(r.kda_layer_recv_bytes_per_rank)),
-            ("  of which state fragments", human_bytes(r.kda_layer_state_recv_bytes_per_rank)),
-            ("MLA layer: fwd bytes received per rank", human_bytes(r.mla_layer_recv_bytes_per_rank)),
-            ("KDA layer fwd+bwd", human_seconds(r.kda_layer_time_s)),
-            ("MLA layer fwd+bwd", human_seconds(r.mla_layer_time_s)),
-            (f"step attention ({r.num_kda_layers} KDA + {r.num_mla_layers} MLA)", human_seconds(r.step_attention_time_s)),
-        ])
-        print_table("breakdown per layer", ["layer", "phase", "component", "time", "source"],
-                    [(b["layer"], b["phase"], b["component"], human_seconds(b["seconds_per_layer"]), b["source"])
-                     for b in r.breakdown])
+
+def _cp_sweep(g, hw, sdt: str, out, *, seq_lens, cps, cp_degree, seq_len, strategy, mla_strategy, mla_kv, docs,
+              doc_mean, as_json: bool) -> None:
+    """--sweep: every strategy over the S x P grid, written to --out (table, crossover plot, summary); the
+    single-point options it would ignore are refused, and a grid whose every point is skipped too."""
+    from k3sim.cp.report import write_report
+    from k3sim.output import print_json, print_kv, print_table
+
+    if docs is not None or doc_mean is not None:
+        raise InputError("--sweep models one document per sequence; drop --docs / --doc-mean-tokens",
+                         source="--sweep")
+    ignored = [o for o, v in (("--seq-len", seq_len), ("--strategy", strategy),
+                              ("--mla-strategy", mla_strategy), ("--mla-kv", mla_kv)) if v is not None]
+    if ignored:
+        raise InputError(f"--sweep covers every strategy and the lengths of --seq-lens; drop {', '.join(ignored)}",
+                         source="--sweep")
+
+    grid_s, grid_p = parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps")
+    _check_a_point_runs(g, hw, grid_s, grid_p, sdt)
+    res = write_report(g, hw, grid_s, grid_p, out, state_dtype=sdt, focus_cp=cp_degree)
+    if as_json:
+        print_json(res)
+        return
+    print_table("fastest strategy per layer kind (changes with S)", ["P", "layer", "fastest", "from S"],
+                [(w["cp"], w["layer"], w["fastest"], f"{w['from_seq_len']:,}") for w in res["winners"]])
+    print_kv("written", [(k, v) for k, v in res["files"].items()])
+
+
+def _cp_one(g, hw, sdt: str, *, seq_len, cp_degree, strategy, mla_strategy, mla_kv, docs, doc_mean, seed,
+            as_json: bool) -> None:
+    """One (S, P) point: the strategies' traffic and attention time of one step; a kernel range reached
+    through --seq-len or --docs is reported against that option."""
+    from k3sim.cp import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, cp_step
+    from k3sim.output import print_json
+
+    S = parse_tokens("1048576" if seq_len is None else seq_len, "--seq-len")
+    lengths = None
+    if doc_mean is not None:
+        from k3sim.cp.docs import sample_doc_lengths
+
+        lengths = sample_doc_lengths(S, doc_mean, seed)
+    try:
+        r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
+                    DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
+                    mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
+    except InputError as err:
+        # a kernel's range (T tokens per rank, docs) reached through an option: name the option
+        option = KERNEL_FIELD_OPTIONS.get(err.field or "")
+        if option is None or (err.source or "").startswith("--"):
+            raise
+        raise InputError(f"{err.reason} (reached from {option} {S if option == '--seq-len' else docs} "
+                         f"with --cp {cp_degree})", source=option) from None
+    if as_json:
+        print_json(r)
+        return
+    _print_step(r, S)
+
+
+def _print_step(r, S: int) -> None:
+    """The step's bytes and times per layer kind, then the per-layer breakdown with each number's source."""
+    from k3sim.output import human_bytes, human_seconds, print_kv, print_table
+
+    print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", [
+        ("KDA strategy / MLA strategy", f"{r.kda_strategy} / {r.mla_strategy} ({r.mla_kv})"),
+        ("KDA layer: fwd bytes received per rank", human_bytes(r.kda_layer_recv_bytes_per_rank)),
+        ("  of which state fragments", human_bytes(r.kda_layer_state_recv_bytes_per_rank)),
+        ("MLA layer: fwd bytes received per rank", human_bytes(r.mla_layer_recv_bytes_per_rank)),
+        ("KDA layer fwd+bwd", human_seconds(r.kda_layer_time_s)),
+        ("MLA layer fwd+bwd", human_seconds(r.mla_layer_time_s)),
+        (f"step attention ({r.num_kda_layers} KDA + {r.num_mla_layers} MLA)", human_seconds(r.step_attention_time_s)),
+    ])
+    print_table("breakdown per layer", ["layer", "phase", "component", "time", "source"],
+                [(b["layer"], b["phase"], b["component"], human_seconds(b["seconds_per_layer"]), b["source"])
+                 for b in r.breakdown])

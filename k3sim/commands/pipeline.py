@@ -40,7 +40,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
         """Simulate a pipeline schedule: step time, bubble ratio, idle per stage, encoder hidden share."""
-        from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
         from k3sim.pipeline import LayoutSpec, parse_uniform_costs, simulate_layout
 
         from k3sim.errors import InputError
@@ -76,41 +75,58 @@ def register(app: typer.Typer) -> None:
 
             m, hw = load_model(model), load_hardware(hardware)
         res = simulate_layout(spec, m, hw, keep_timeline=bool(gantt or trace))
-        files = {}
-        if gantt:
-            from k3sim.pipeline.trace import write_gantt
+        files = _write_files(res, gantt, trace, schedule=schedule, stages=stages, virtual=virtual,
+                             microbatches=microbatches)
+        if trace and str(trace) == "-":
+            return  # stdout carries the trace alone
+        _print_result(res, files, as_json, schedule=schedule, stages=stages, virtual=virtual,
+                      microbatches=microbatches)
 
-            files["gantt"] = str(write_gantt(res.timeline, gantt, title=(
-                f"{schedule} p={stages} v={virtual} m={microbatches}, encoder {res.encoder_policy}: "
-                f"step {res.step_time_s:.4g} s, bubble {res.bubble_ratio:.3f}")))
-        if trace:
-            from k3sim.pipeline.trace import write_perfetto
 
-            files["trace"] = str(write_perfetto(res.timeline, trace))
-            if str(trace) == "-":
-                return  # stdout carries the trace alone
-        out = res.to_json()
-        out["files"] = files
-        if as_json:
-            print_json(out)
-            return
-        share = res.encoder_hidden_share
-        print_kv(f"{schedule}: p={stages}, v={virtual}, m={microbatches}, encoder {res.encoder_policy}", [
-            ("step time", human_seconds(res.step_time_s)),
-            ("text-only step time", human_seconds(res.text_step_time_s)),
-            ("bubble ratio (bubble / ideal)", f"{res.bubble_ratio:.4f} (text only {res.text_bubble_ratio:.4f})"),
-            ("encoder hidden share", "-" if share is None else f"{share:.1%}"),
-            ("costs", res.costs_source),
-        ] + [(k, v) for k, v in files.items()])
-        print_table("per stage", ["stage", "busy", "idle", "encoder", "peak in-flight", "planner in-flight",
-                                  "activations"],
-                    [(s.device, human_seconds(s.busy_s), human_seconds(s.idle_s), human_seconds(s.encoder_busy_s),
-                      f"{s.peak_in_flight:g}", f"{s.planner_in_flight:g}",
-                      "-" if s.peak_activation_bytes is None else human_bytes(s.peak_activation_bytes))
-                     for s in res.stage])
-        a = res.extra.get("attn_res")
-        if a:
-            print_kv("AttnRes hand-off per micro-batch (forward; backward the same)", [
-                ("resend all blocks", human_bytes(a["resend_all_bytes_per_microbatch"])),
-                ("cache-based", human_bytes(a["cached_bytes_per_microbatch"])),
-                ("saved", human_bytes(a["saved_bytes_per_microbatch"]))])
+def _write_files(res, gantt, trace, *, schedule: str, stages: int, virtual: int, microbatches: int) -> dict:
+    """The Gantt chart and the Perfetto trace the options ask for; returns what was written, by kind."""
+    files = {}
+    if gantt:
+        from k3sim.pipeline.trace import write_gantt
+
+        files["gantt"] = str(write_gantt(res.timeline, gantt, title=(
+            f"{schedule} p={stages} v={virtual} m={microbatches}, encoder {res.encoder_policy}: "
+            f"step {res.step_time_s:.4g} s, bubble {res.bubble_ratio:.3f}")))
+    if trace:
+        from k3sim.pipeline.trace import write_perfetto
+
+        files["trace"] = str(write_perfetto(res.timeline, trace))
+    return files
+
+
+def _print_result(res, files: dict, as_json: bool, *, schedule: str, stages: int, virtual: int,
+                  microbatches: int) -> None:
+    """The layout's step time, bubble and encoder hiding, then per stage busy / idle / in-flight and the
+    AttnRes hand-off saving (or all of it as JSON)."""
+    from k3sim.output import human_bytes, human_seconds, print_json, print_kv, print_table
+
+    out = res.to_json()
+    out["files"] = files
+    if as_json:
+        print_json(out)
+        return
+    share = res.encoder_hidden_share
+    print_kv(f"{schedule}: p={stages}, v={virtual}, m={microbatches}, encoder {res.encoder_policy}", [
+        ("step time", human_seconds(res.step_time_s)),
+        ("text-only step time", human_seconds(res.text_step_time_s)),
+        ("bubble ratio (bubble / ideal)", f"{res.bubble_ratio:.4f} (text only {res.text_bubble_ratio:.4f})"),
+        ("encoder hidden share", "-" if share is None else f"{share:.1%}"),
+        ("costs", res.costs_source),
+    ] + [(k, v) for k, v in files.items()])
+    print_table("per stage", ["stage", "busy", "idle", "encoder", "peak in-flight", "planner in-flight",
+                              "activations"],
+                [(s.device, human_seconds(s.busy_s), human_seconds(s.idle_s), human_seconds(s.encoder_busy_s),
+                  f"{s.peak_in_flight:g}", f"{s.planner_in_flight:g}",
+                  "-" if s.peak_activation_bytes is None else human_bytes(s.peak_activation_bytes))
+                 for s in res.stage])
+    a = res.extra.get("attn_res")
+    if a:
+        print_kv("AttnRes hand-off per micro-batch (forward; backward the same)", [
+            ("resend all blocks", human_bytes(a["resend_all_bytes_per_microbatch"])),
+            ("cache-based", human_bytes(a["cached_bytes_per_microbatch"])),
+            ("saved", human_bytes(a["saved_bytes_per_microbatch"]))])

@@ -72,13 +72,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sweep layouts of a scenario; Pareto front of tokens/s per GPU vs step time (serving: goodput per GPU
         vs p99 TTFT over batch limits and P:D splits)."""
-        import sys
-
         from k3sim.errors import InputError
-        from k3sim.output import print_json, print_table
         from k3sim.planner.inputs import load
-        from k3sim.planner.sweep import SERVING_REQUESTS
-        from k3sim.planner.sweep import sweep as run_sweep
 
         given = {"tp": int_list(tp, "--tp"), "pp": int_list(pp, "--pp"),
                  "virtual_stages": int_list(virtual, "--virtual"), "ep": int_list(ep, "--ep"),
@@ -117,38 +112,58 @@ def register(app: typer.Typer) -> None:
         if out is None:
             out = default_out(safe_name(name, source=str(scenario), field="name") + "-sweep")
         check_output_dir(out, kind=KIND)  # refused before the grid runs
-        progress = None
-        if not json_out and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import Progress
-
-            bar = Progress(console=Console(stderr=True), transient=True)
-            bar.start()
-            task = bar.add_task("sweep", total=None)
-            progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
-        try:
-            res = run_sweep(scenario, given=given, workers=workers, scheduler=scheduler,
-                            chunk_size=chunk_size, progress=progress,
-                            serving_requests=SERVING_REQUESTS if requests is None else requests)
-        finally:
-            if progress is not None:
-                bar.stop()
+        res = _run_grid(scenario, given, workers=workers, scheduler=scheduler, chunk_size=chunk_size,
+                        requests=requests, json_out=json_out)
         files = write_sweep(res, out)
-        df = res.table
-        summary = {"scenario": name, "mode": res.mode, "points": len(df),
-                   "ok": int((df["status"] == "ok").sum()), "errors": int((df["status"] == "error").sum()),
-                   "fit": int(((df["status"] == "ok") & (df["fits"] == True)).sum()),  # noqa: E712
-                   "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
-                   "pareto_x": res.x, "pareto_y": res.y, "out": str(out), "files": files}
-        if json_out:
-            print_json({**summary, "pareto": res.front})
-            return
-        dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "max_batch",
-                            "prefill_replicas", "decode_replicas")
-                if c in res.front.columns]
-        print(f"{summary['points']} points ({summary['ok']} evaluated, {summary['errors']} refused, "
-              f"{summary['fit']} fit) in {res.wall_s:.2f} s on {res.scheduler} ({res.workers} worker(s))")
-        print_table(f"Pareto front: {res.y} up, {res.x} down", dims + [res.x, res.y],
-                    [[r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in dims + [res.x, res.y]]
-                     for r in res.front.to_dict(orient="records")])
-        print(f"wrote {', '.join(files)}")
+        _print_sweep(res, name, out, files, json_out)
+
+
+def _run_grid(scenario: Path, given: dict, *, workers: int, scheduler, chunk_size, requests, json_out: bool):
+    """Evaluate the grid (local processes or the Dask cluster) with a progress bar on stderr at a terminal;
+    the bar is stopped however the run ends, so an error or Ctrl-C leaves a clean terminal."""
+    import sys
+
+    from k3sim.planner.sweep import SERVING_REQUESTS
+    from k3sim.planner.sweep import sweep as run_sweep
+
+    progress = None
+    if not json_out and sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import Progress
+
+        bar = Progress(console=Console(stderr=True), transient=True)
+        bar.start()
+        task = bar.add_task("sweep", total=None)
+        progress = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+    try:
+        res = run_sweep(scenario, given=given, workers=workers, scheduler=scheduler,
+                        chunk_size=chunk_size, progress=progress,
+                        serving_requests=SERVING_REQUESTS if requests is None else requests)
+    finally:
+        if progress is not None:
+            bar.stop()
+    return res
+
+
+def _print_sweep(res, name: str, out: Path, files, json_out: bool) -> None:
+    """Counts of points evaluated / refused / fitting and the Pareto front (or all of it as JSON)."""
+    from k3sim.output import print_json, print_table
+
+    df = res.table
+    summary = {"scenario": name, "mode": res.mode, "points": len(df),
+               "ok": int((df["status"] == "ok").sum()), "errors": int((df["status"] == "error").sum()),
+               "fit": int(((df["status"] == "ok") & (df["fits"] == True)).sum()),  # noqa: E712
+               "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
+               "pareto_x": res.x, "pareto_y": res.y, "out": str(out), "files": files}
+    if json_out:
+        print_json({**summary, "pareto": res.front})
+        return
+    dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "max_batch",
+                        "prefill_replicas", "decode_replicas")
+            if c in res.front.columns]
+    print(f"{summary['points']} points ({summary['ok']} evaluated, {summary['errors']} refused, "
+          f"{summary['fit']} fit) in {res.wall_s:.2f} s on {res.scheduler} ({res.workers} worker(s))")
+    print_table(f"Pareto front: {res.y} up, {res.x} down", dims + [res.x, res.y],
+                [[r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in dims + [res.x, res.y]]
+                 for r in res.front.to_dict(orient="records")])
+    print(f"wrote {', '.join(files)}")

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from k3sim import reader
-from k3sim.configs.hardware import HardwareProfile
 from k3sim.errors import InputError, shorten
 
-# The model, HF and scenario schemas are imported by the loaders that need them: a kernel-time query loads a
-# hardware profile only, and building the parallel/serving/planning schemas costs ~60 ms of pydantic.
+# Each schema is imported by the loader that needs it: a kernel-time query loads a hardware profile only,
+# model-info a model only, and building the parallel/serving/planning schemas costs ~60 ms of pydantic.
 if TYPE_CHECKING:
+    from k3sim.configs.hardware import HardwareProfile
     from k3sim.configs.model import ModelConfig
     from k3sim.configs.parallel import Scenario
 
@@ -76,9 +76,9 @@ def read_mapping(path: str | Path, *, what: str = "config file", max_bytes: int 
 
 
 def _schema_fields() -> set[str]:
-    from k3sim.configs import model, parallel
+    from k3sim.configs import hardware, model, parallel
 
-    classes = [HardwareProfile, model.ModelConfig, model.KDAConfig, model.MLAConfig, model.MoEConfig,
+    classes = [hardware.HardwareProfile, model.ModelConfig, model.KDAConfig, model.MLAConfig, model.MoEConfig,
                model.VisionConfig, parallel.Parallelism, parallel.Cluster, parallel.Workload, parallel.Scenario]
     return {name for c in classes for name in c.model_fields}
 
@@ -172,6 +172,8 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     A `calibration_dir` that names a missing directory is an error here, wherever the profile is used: a
     typo would otherwise silently turn measured kernel times into datasheet ones."""
     path = hardware_path(name_or_path)
+    from k3sim.configs.hardware import HardwareProfile
+
     hw = validate(HardwareProfile, read_mapping(path, what="hardware profile"), str(path))
     if hw.calibration_dir:
         from k3sim.configs.profiles import measured_dir, uncalibrated_reason

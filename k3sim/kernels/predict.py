@@ -204,7 +204,8 @@ class ProfilePredictor:
         self._key = cache.key("profile", str(Path(self.dir).resolve()), self._files.digest, fit_digest,
                               repr(_hw_key(self.hw)))
         index = cache.load(self._key, "index")
-        if index is None:
+        if not (isinstance(index, dict) and isinstance(index.get("ops"), list)
+                and all(isinstance(op, str) for op in index["ops"])):
             store = self.store  # parsed, rows checked, rows beyond the datasheet roofline refused
             _ = self.fitted  # parsed and checked
             index = {"ops": list(store.ops())}
@@ -248,7 +249,10 @@ class ProfilePredictor:
             parts = _op_from_entry(entry) if entry is not None else None
             if parts is None:
                 parts = self._op_parts(spec, convention)
-                cache.save(self._key, f"op.{name}.{convention}", _op_entry(*parts))
+                try:
+                    cache.save(self._key, f"op.{name}.{convention}", _op_entry(*parts))
+                except TypeError:  # a value the cache does not hold: answered, not saved
+                    pass
             pts, fit, note, timers, host = parts
             self._ops[(name, convention)] = OpPredictor(spec, pts, fit, self.hw, note, timers, host)
         return self._ops[(name, convention)]
@@ -384,7 +388,7 @@ def _op_from_entry(entry: Any) -> tuple | None:
         f["roofline"] = None if f["roofline"] is None else RooflineFit(**f["roofline"])
         f["alpha_beta"] = {n: AlphaBetaFit(**ab) for n, ab in f["alpha_beta"]}
         return PointSet(**e["points"]), OpFit(**f), e["note"], e["timers"], e["host"]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         return None
 
 

@@ -179,6 +179,195 @@ class ReplayResult:
 CostFn = Callable[[int, int], float]
 
 
+class _Replay:
+    """One replay's state (the simpy clock, the cache, the waiting queue, the running batch and the counters the
+    summary reads), so that each phase of a scheduling step is a named method over the same state."""
+
+    def __init__(self, env, cfg: CacheConfig, sched: SchedulerConfig, cost: CostFn, check_every: int,
+                 record_requests: bool):
+        self.env, self.cfg, self.sched, self.cost = env, cfg, sched, cost
+        self.check_every, self.record_requests = check_every, record_requests
+        self.cache = HybridPrefixCache(cfg)
+        self.B_h = cfg.effective_hash_block_tokens
+        self.waiting: deque[tuple[TraceRequest, list[int]]] = deque()
+        self.running: list[ReqState] = []
+        self.per_request: list[tuple[int, int]] = []
+        self.next_arrival_s = math.inf
+        self.arrivals_done = False
+        self.wake_event = None
+        self.rejected = self.input_tokens = self.steps = self.peak_pages = 0
+
+    def wake(self) -> None:
+        """Resume an idle scheduler (a request arrived, or the trace ended)."""
+        ev = self.wake_event
+        if ev is not None and not ev.triggered:
+            ev.succeed()
+
+    def arrivals(self, requests: Iterable[TraceRequest]):
+        """simpy process: each request joins the waiting queue at its trace timestamp, with its prefix keys."""
+        env = self.env
+        for req in requests:
+            if req.arrival_s > env.now:
+                self.next_arrival_s = req.arrival_s
+                yield env.timeout(req.arrival_s - env.now)
+            self.waiting.append((req, prefix_keys(req, self.B_h)))
+            self.wake()
+        self.next_arrival_s = math.inf
+        self.arrivals_done = True
+        self.wake()
+
+    def scheduler(self):
+        """simpy process, the serving loop: each pass is one step (or a batched decode-only stretch): decodes
+        first, then chunked prefill of the running requests, then admission, priced by the cost and recorded."""
+        while True:
+            if not self.running and not self.waiting:
+                if self.arrivals_done:
+                    return
+                self.wake_event = self.env.event()
+                yield self.wake_event
+                continue
+            decoders = [rs for rs in self.running if rs.computed >= rs.L]
+            chunks: list[tuple[int, int]] = []  # (tokens, cached prefix) of each prefill chunk of this step
+            budget = self._continue_prefills(self.sched.token_budget - len(decoders), len(decoders), chunks)
+            self._admit(budget, chunks)
+            pf = sum(n for n, _ in chunks)
+            prefilling = len(self.running) - len(decoders)
+            if pf == 0 and not decoders:
+                if not self.waiting:
+                    continue  # every waiting request was rejected (larger than the pool): wait for the next arrival
+                # nothing runs, so nothing holds pages: admission refusing now would refuse forever
+                raise RuntimeError("scheduler stalled: the head request cannot be admitted into an idle pool")
+            n_steps = self._decode_stretch(decoders, chunks) if pf == 0 and not prefilling else 1
+            yield self.env.timeout(_step_time(self.cost, decoders, chunks, pf, n_steps))
+            self._record_step(n_steps)
+            self._advance(n_steps)
+
+    def _prefill(self, rs: ReqState, budget: int, chunks: list) -> int:
+        """Schedule the next prefill chunk of `rs` within `budget`; the chunk joins `chunks` with its cached
+        prefix (what the step cost prices). Returns its tokens."""
+        before = rs.computed
+        n = self.cache.schedule_prefill(rs, budget)
+        if n:
+            chunks.append((n, before))
+        return n
+
+    def _continue_prefills(self, budget: int, num_decoders: int, chunks: list) -> int:
+        """The running requests still in prefill take their next chunks, in batch order; returns the budget left."""
+        if len(self.running) > num_decoders:
+            for rs in self.running:
+                if rs.computed < rs.L and budget > 0:
+                    budget -= self._prefill(rs, budget, chunks)
+        return budget
+
+    def _admit(self, budget: int, chunks: list) -> None:
+        """Admission, in arrival order, while the step has budget and the batch room: the cache matches the
+        prefix and pins pages, or says WAIT (no pages now: stop, keeping the order) or REJECT (larger than the
+        pool: dropped and counted). An admitted request starts its prefill in this step."""
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < self.sched.max_running:
+            req, keys = waiting[0]
+            rs = self.cache.admit(keys, req.input_tokens, req.output_tokens, req.arrival_s)
+            if rs is WAIT:
+                break
+            waiting.popleft()
+            if rs is REJECT:
+                self.rejected += 1
+                continue
+            self.input_tokens += req.input_tokens
+            if self.record_requests:
+                self.per_request.append((req.input_tokens, rs.hit_hb * self.B_h))
+            self.running.append(rs)
+            budget -= self._prefill(rs, budget, chunks)
+
+    def _decode_stretch(self, decoders: list, chunks: list) -> int:
+        """Steps of a decode-only stretch taken as one timeout: up to the next completion, or the next arrival
+        when none waits (nothing else can change the cache in between)."""
+        rem = min(rs.O - rs.generated for rs in decoders)
+        if not self.waiting:
+            dt1 = _step_time(self.cost, decoders, chunks, 0)
+            nxt = self.next_arrival_s
+            rem = min(rem, max(1, math.ceil((nxt - self.env.now) / dt1))) if nxt < math.inf else rem
+        return max(1, rem)
+
+    def _record_step(self, n_steps: int) -> None:
+        """Close the step in the cache (copies land, pins settle) and record it: step count, the invariant check
+        every `check_every` steps, and the pool's peak occupancy."""
+        cache = self.cache
+        cache.end_step(n_steps)
+        self.steps += n_steps
+        if self.check_every and self.steps % self.check_every < n_steps:
+            cache.check()
+        pool_pages = cache.pool.num_pages - (len(cache.pool.empty) if self.cfg.capacity_bytes is None else 0)
+        if pool_pages > self.peak_pages:
+            self.peak_pages = pool_pages
+
+    def _advance(self, n_steps: int) -> None:
+        """Requests past their prefill generate tokens (the last prefill forward yields the first one, a decode
+        step one each), grow their KV pages as needed, and leave the batch, releasing pages, when done."""
+        still = []
+        B_p = self.cfg.physical_block_tokens
+        for rs in self.running:
+            if rs.computed >= rs.L:
+                rs.generated += n_steps if rs.generated else 1
+                if rs.L + rs.generated > len(rs.blocks) * B_p and len(rs.blocks) < rs.total_blocks:
+                    self.cache.grow_decode(rs, 0)
+                if rs.generated >= rs.O:
+                    self.cache.release(rs)
+                    continue
+            still.append(rs)
+        self.running[:] = still
+
+    def summary(self, wall_s: float, keep_cache: bool) -> ReplayResult:
+        """The result: the configuration, the counts and hit rates over the admitted requests, the cache's
+        statistics, and what was asked to be kept (`per_request`, `cache`) in `extra`."""
+        cfg, cache = self.cfg, self.cache
+        s = cache.stats
+        n = s.requests_admitted
+        extra: dict = {"per_request": self.per_request} if self.record_requests else {}
+        if keep_cache:
+            extra["cache"] = cache
+        inp = self.input_tokens
+        return ReplayResult(
+            policy=cfg.policy,
+            hash_block_tokens=cfg.effective_hash_block_tokens,
+            physical_block_tokens=cfg.physical_block_tokens,
+            capacity_bytes=cfg.capacity_bytes,
+            page_bytes=cfg.page_bytes,
+            kda_pages_per_group_state=cfg.pages_per_group_state,
+            num_kda_groups=cfg.groups,
+            requests=n,
+            requests_rejected=self.rejected,
+            input_tokens=inp,
+            prefill_tokens_saved=s.hit_tokens,
+            token_hit_rate=s.hit_tokens / inp if inp else 0.0,
+            request_hit_rate=s.requests_with_hit / n if n else 0.0,
+            mla_only_token_hit_rate=s.mla_match_tokens / inp if inp else 0.0,
+            checkpoint_bytes_peak=s.checkpoint_pages_peak * cfg.page_bytes,
+            pool_bytes_peak=self.peak_pages * cfg.page_bytes,
+            evictions=cache.pool.evictions,
+            evicted_kv_pages=cache.pool.evictions_by_kind[1],
+            evicted_kda_pages=cache.pool.evictions_by_kind[2],
+            checkpoints_written=s.checkpoints_written,
+            checkpoints_skipped=s.checkpoints_skipped,
+            checkpoints_recycled=s.checkpoints_recycled,
+            checkpoints_evicted=s.checkpoints_evicted,
+            lookups=s.lookups,
+            lookup_probes=s.lookup_probes,
+            stale_reads=s.stale_reads,
+            fenced_lookups=s.fenced_lookups,
+            evicted_hits=s.evicted_hits,
+            partial_restores=s.partial_restores,
+            steps=self.steps,
+            simulated_s=self.env.now,
+            wall_s=wall_s,
+            eviction=cfg.eviction,
+            prefill_flop_saved=s.prefill_flop_saved,
+            prefill_flop_saved_fraction=(s.prefill_flop_saved / s.prefill_flop_requested
+                                         if s.prefill_flop_requested else 0.0),
+            extra=extra,
+        )
+
+
 def replay(
     requests: Iterable[TraceRequest],
     cfg: CacheConfig,
@@ -195,156 +384,11 @@ def replay(
 
     cfg.check_capacity()
     t0 = time.perf_counter()
-    env = simpy.Environment()
-    cache = HybridPrefixCache(cfg)
-    B_h = cfg.effective_hash_block_tokens
-    waiting: deque[tuple[TraceRequest, list[int]]] = deque()
-    running: list[ReqState] = []
-    per_request: list[tuple[int, int]] = []
-    st = {"next": math.inf, "done": False, "wake": None, "rejected": 0, "input": 0, "steps": 0, "peak": 0}
-
-    def wake() -> None:
-        ev = st["wake"]
-        if ev is not None and not ev.triggered:
-            ev.succeed()
-
-    def arrivals():
-        for req in requests:
-            if req.arrival_s > env.now:
-                st["next"] = req.arrival_s
-                yield env.timeout(req.arrival_s - env.now)
-            waiting.append((req, prefix_keys(req, B_h)))
-            wake()
-        st["next"] = math.inf
-        st["done"] = True
-        wake()
-
-    def scheduler():
-        budget0, max_running = sched.token_budget, sched.max_running
-        while True:
-            if not running and not waiting:
-                if st["done"]:
-                    return
-                st["wake"] = env.event()
-                yield st["wake"]
-                continue
-            decoders = [rs for rs in running if rs.computed >= rs.L]
-            budget = budget0 - len(decoders)
-            pf = 0
-            chunks: list[tuple[int, int]] = []  # (tokens, cached prefix) of each prefill chunk of this step
-            prefilling = len(running) - len(decoders)
-            if prefilling:
-                for rs in running:
-                    if rs.computed < rs.L and budget > 0:
-                        before = rs.computed
-                        n = cache.schedule_prefill(rs, budget)
-                        budget -= n
-                        pf += n
-                        if n:
-                            chunks.append((n, before))
-            while waiting and budget > 0 and len(running) < max_running:
-                req, keys = waiting[0]
-                rs = cache.admit(keys, req.input_tokens, req.output_tokens, req.arrival_s)
-                if rs is WAIT:
-                    break
-                waiting.popleft()
-                if rs is REJECT:
-                    st["rejected"] += 1
-                    continue
-                st["input"] += req.input_tokens
-                if record_requests:
-                    per_request.append((req.input_tokens, rs.hit_hb * B_h))
-                running.append(rs)
-                prefilling += 1
-                before = rs.computed
-                n = cache.schedule_prefill(rs, budget)
-                budget -= n
-                pf += n
-                if n:
-                    chunks.append((n, before))
-            dec = len(decoders)
-            if pf == 0 and dec == 0:
-                if not waiting:
-                    continue  # every waiting request was rejected (larger than the pool): wait for the next arrival
-                # nothing runs, so nothing holds pages: admission refusing now would refuse forever
-                raise RuntimeError("scheduler stalled: the head request cannot be admitted into an idle pool")
-            n_steps = 1
-            if pf == 0 and not prefilling:  # decode only: jump to the next completion or arrival
-                rem = min(rs.O - rs.generated for rs in decoders)
-                if not waiting:
-                    dt1 = _step_time(cost, decoders, chunks, 0)
-                    rem = min(rem, max(1, math.ceil((st["next"] - env.now) / dt1))) if st["next"] < math.inf else rem
-                n_steps = max(1, rem)
-            yield env.timeout(_step_time(cost, decoders, chunks, pf, n_steps))
-            cache.end_step(n_steps)
-            st["steps"] += n_steps
-            if check_every and st["steps"] % check_every < n_steps:
-                cache.check()
-            pool_pages = cache.pool.num_pages - (len(cache.pool.empty) if cfg.capacity_bytes is None else 0)
-            if pool_pages > st["peak"]:
-                st["peak"] = pool_pages
-            still = []
-            B_p = cfg.physical_block_tokens
-            for rs in running:
-                if rs.computed >= rs.L:
-                    # the last prefill forward yields the first output token; decode steps one token each
-                    rs.generated += n_steps if rs.generated else 1
-                    if rs.L + rs.generated > len(rs.blocks) * B_p and len(rs.blocks) < rs.total_blocks:
-                        cache.grow_decode(rs, 0)
-                    if rs.generated >= rs.O:
-                        cache.release(rs)
-                        continue
-                still.append(rs)
-            running[:] = still
-
-    env.process(arrivals())
-    env.process(scheduler())
-    env.run()
-    cache.end_step()
+    run = _Replay(simpy.Environment(), cfg, sched, cost, check_every, record_requests)
+    run.env.process(run.arrivals(requests))
+    run.env.process(run.scheduler())
+    run.env.run()
+    run.cache.end_step()
     if check_every:
-        cache.check()
-    s = cache.stats
-    n = s.requests_admitted
-    extra: dict = {"per_request": per_request} if record_requests else {}
-    if keep_cache:
-        extra["cache"] = cache
-    inp = st["input"]
-    return ReplayResult(
-        policy=cfg.policy,
-        hash_block_tokens=cfg.effective_hash_block_tokens,
-        physical_block_tokens=cfg.physical_block_tokens,
-        capacity_bytes=cfg.capacity_bytes,
-        page_bytes=cfg.page_bytes,
-        kda_pages_per_group_state=cfg.pages_per_group_state,
-        num_kda_groups=cfg.groups,
-        requests=n,
-        requests_rejected=st["rejected"],
-        input_tokens=inp,
-        prefill_tokens_saved=s.hit_tokens,
-        token_hit_rate=s.hit_tokens / inp if inp else 0.0,
-        request_hit_rate=s.requests_with_hit / n if n else 0.0,
-        mla_only_token_hit_rate=s.mla_match_tokens / inp if inp else 0.0,
-        checkpoint_bytes_peak=s.checkpoint_pages_peak * cfg.page_bytes,
-        pool_bytes_peak=st["peak"] * cfg.page_bytes,
-        evictions=cache.pool.evictions,
-        evicted_kv_pages=cache.pool.evictions_by_kind[1],
-        evicted_kda_pages=cache.pool.evictions_by_kind[2],
-        checkpoints_written=s.checkpoints_written,
-        checkpoints_skipped=s.checkpoints_skipped,
-        checkpoints_recycled=s.checkpoints_recycled,
-        checkpoints_evicted=s.checkpoints_evicted,
-        lookups=s.lookups,
-        lookup_probes=s.lookup_probes,
-        stale_reads=s.stale_reads,
-        fenced_lookups=s.fenced_lookups,
-        evicted_hits=s.evicted_hits,
-        partial_restores=s.partial_restores,
-        steps=st["steps"],
-        simulated_s=env.now,
-        wall_s=time.perf_counter() - t0,
-        eviction=cfg.eviction,
-        prefill_flop_saved=s.prefill_flop_saved,
-        prefill_flop_saved_fraction=(s.prefill_flop_saved / s.prefill_flop_requested
-                                     if s.prefill_flop_requested else 0.0),
-        extra=extra,
-    )
+        run.cache.check()
+    return run.summary(time.perf_counter() - t0, keep_cache)

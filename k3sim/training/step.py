@@ -282,15 +282,44 @@ def _kind_of(row) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the model
-def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: int = 1,
-               num_micro_batches: int | None = None, activation_checkpointing: bool = True,
-               workspace_fraction: float = 0.10, options: TrainOptions | None = None,
-               kernel_time: Callable | None = None, layer_costs: Callable | None = None,
-               context: TrainingContext | None = None, source: str | None = None,
-               with_memory: bool = True) -> TrainStepResult:
-    """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout."""
+@dataclass(frozen=True)
+class _MicroBatch:
+    """The token counts of one micro-batch that every part of the step prices, computed once so that the
+    parts agree on them."""
 
-    opts = options or TrainOptions()   # a pydantic schema: its ranges were checked when it was built
+    seq_len: int
+    size: int            # sequences per micro-batch
+    count: int           # micro-batches per step
+    recompute: int       # 1 under full activation checkpointing: each layer's forward runs again before its backward
+    tokens: int          # tokens of one micro-batch
+    tokens_rank: int     # ... on one CP rank (one TP group)
+    sp_tokens: float     # ... the sequence-parallel shard on one TP rank
+
+    @classmethod
+    def of(cls, par: Parallelism, seq_len: int, size: int, count: int, checkpointing: bool) -> "_MicroBatch":
+        tokens = size * seq_len
+        tokens_rank = tokens // par.cp
+        return cls(seq_len, size, count, 1 if checkpointing else 0, tokens, tokens_rank, tokens_rank / par.tp)
+
+
+@dataclass
+class _EpCost:
+    """What EP adds to one MoE layer of one micro-batch's forward (the backward and the recompute repeat the
+    all-to-alls), kept together because the stages and the breakdown both read it."""
+
+    imbalance: float = 1.0       # max/mean routed tokens of the busiest EP rank
+    layer_fwd_s: float = 0.0     # exposed dispatch + combine all-to-alls, stretched by the imbalance
+    expert_fwd_s: float = 0.0    # routed-expert GEMMs: the compute the imbalance stretches
+    fold_fix_fwd_s: float = 0.0  # expert compute the step package's layer costs miss when EP folds TP groups
+    prefetch_s: float = 0.0      # MoonEP: all-to-all of the redundant experts' weights, per layer
+    source: str = ""
+    imbalance_source: str = ""
+
+
+def _check_step(model, hw, par: Parallelism, seq_len: int, num_micro_batches: int | None, opts: TrainOptions,
+                source: str | None) -> int:
+    """Refuse a layout or step shape the model cannot price before any cost is computed; the micro-batch count
+    (default: one per virtual pipeline stage, the fewest that fill the pipeline)."""
     from k3sim.configs.parallel import check_layout
 
     check_layout(model, par, mode="train", source=source, hardware=hw)  # the one layout check (configs/parallel.py)
@@ -302,59 +331,65 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     if par.virtual_stages > 1 and m % par.pp:
         raise InputError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp={par.pp}",
                          source=source, field="num_micro_batches")
-    ctx = context or TrainingContext(model, hw, kernel_time, layer_costs)
-    coll, g = ctx.coll, groups(par)
-    d = model.hidden_size
-    tokens_mb = micro_batch_size * seq_len                     # tokens of one micro-batch
-    tokens_rank = tokens_mb // par.cp                           # ... on one CP rank (one TP group)
-    sp_tokens = tokens_rank / par.tp                            # sequence-parallel shard
-    recompute = 1 if activation_checkpointing else 0
-    rows_src: dict[str, str] = {}
+    return m
 
-    # TP: one AG + one RS per sublayer, each of the SP shard (nccl-tests per-rank shard bytes).
-    t_ag, src_ag, link_tp = coll.time("all_gather", sp_tokens * d * BF16, g["tp"])
-    t_rs, src_rs, _ = coll.time("reduce_scatter", sp_tokens * d * BF16, g["tp"])
-    tp_layer_fwd = SUBLAYERS_PER_LAYER * (t_ag + t_rs) * (1 - opts.tp_overlap)
-    rows_src["tp"] = f"all_gather {src_ag} + reduce_scatter {src_rs} over tp={par.tp} ({link_tp})"
 
-    # EP: dispatch + combine of the latent tokens, x imbalance.
-    moe = model.moe
-    imb = 1.0
-    ep_layer_fwd = expert_fwd = 0.0
+def _tp_comm(coll: Collectives, g: dict, par: Parallelism, mb: _MicroBatch, d: int,
+             opts: TrainOptions) -> tuple[float, str]:
+    """Exposed TP seconds of one layer's forward, with their source: sequence parallelism opens each sublayer
+    with an all-gather and closes it with a reduce-scatter of the SP shard (nccl-tests per-rank shard bytes),
+    less what `tp_overlap` hides. The stages repeat it for the backward and the recompute."""
+    t_ag, src_ag, link_tp = coll.time("all_gather", mb.sp_tokens * d * BF16, g["tp"])
+    t_rs, src_rs, _ = coll.time("reduce_scatter", mb.sp_tokens * d * BF16, g["tp"])
+    return (SUBLAYERS_PER_LAYER * (t_ag + t_rs) * (1 - opts.tp_overlap),
+            f"all_gather {src_ag} + reduce_scatter {src_rs} over tp={par.tp} ({link_tp})")
+
+
+def _ep_comm(ctx: TrainingContext, model, par: Parallelism, g: dict, mb: _MicroBatch, opts: TrainOptions) -> _EpCost:
+    """EP per MoE layer forward: dispatch + combine of the latent tokens, stretched by the routing imbalance,
+    which also stretches the routed-expert GEMMs; MoonEP's redundant experts add their weights' prefetch.
+    Apart from the stages because it depends on the layout only, not on which layers a stage holds."""
+    moe, coll = model.moe, ctx.coll
+    ep = _EpCost()
     # Training folds EP over the stage's ranks: an EP group wider than TP gathers the tokens of ep/tp TP
     # groups (data-parallel or CP ranks), so each rank's experts see tokens x k / tp pairs. The step
     # package's layer costs assume the tokens of one TP group (k / ep pairs each): add the difference.
     fold = max(1, par.ep // par.tp)
-    fold_fix_f = 0.0
     if moe is not None and fold > 1:
-        e_true, _ = ctx.expert_compute(par.tp, par.ep, tokens_rank, fold)
-        e_step, _ = ctx.expert_compute(par.tp, par.ep, tokens_rank, 1)
-        fold_fix_f = e_true - e_step
-    prefetch_s = 0.0
-    if moe is not None and par.ep > 1:
-        width = moe.latent_width or d
-        a2a_bytes = sp_tokens * moe.num_active_experts * width * BF16
-        t_a2a, src_a2a, link_ep = coll.time("all_to_all", a2a_bytes, g["ep"])
-        im = ep_imbalance(moe.num_routed_experts, par.ep, moe.num_active_experts,
-                          int(round(sp_tokens * par.ep)), skew=opts.routing_skew,
-                          redundant_per_rank=opts.redundant_experts, seed=opts.seed)
-        imb = im.max_over_mean
-        ep_layer_fwd = 2 * t_a2a * imb * (1 - opts.ep_overlap)
-        expert_fwd, src_exp = ctx.expert_compute(par.tp, par.ep, tokens_rank, fold)
-        rows_src["imbalance"] = f"{im.describe()}; routed-expert GEMMs: {src_exp}"
-        rows_src["ep"] = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"
-        if opts.redundant_experts:
-            from k3sim.memory.params import routed_expert_params
+        e_true, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold)
+        e_step, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, 1)
+        ep.fold_fix_fwd_s = e_true - e_step
+    if moe is None or par.ep <= 1:
+        return ep
+    width = moe.latent_width or model.hidden_size
+    a2a_bytes = mb.sp_tokens * moe.num_active_experts * width * BF16
+    t_a2a, src_a2a, link_ep = coll.time("all_to_all", a2a_bytes, g["ep"])
+    im = ep_imbalance(moe.num_routed_experts, par.ep, moe.num_active_experts,
+                      int(round(mb.sp_tokens * par.ep)), skew=opts.routing_skew,
+                      redundant_per_rank=opts.redundant_experts, seed=opts.seed)
+    imb = ep.imbalance = im.max_over_mean
+    ep.layer_fwd_s = 2 * t_a2a * imb * (1 - opts.ep_overlap)
+    ep.expert_fwd_s, src_exp = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold)
+    ep.imbalance_source = f"{im.describe()}; routed-expert GEMMs: {src_exp}"
+    ep.source = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"
+    if opts.redundant_experts:
+        from k3sim.memory.params import routed_expert_params
 
-            # bf16 weights of the redundant experts, fetched from their home ranks once per micro-batch
-            wbytes = opts.redundant_experts * routed_expert_params(model) * BF16
-            prefetch_s, src_pf, _ = coll.time("all_to_all", wbytes, g["ep"])
-            rows_src["ep"] += f"; MoonEP prefetch {wbytes:.3g} B/layer ({src_pf}), overlapped with the layer"
-    # CP: per sequence of the micro-batch.
-    cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}
+        # bf16 weights of the redundant experts, fetched from their home ranks once per micro-batch
+        wbytes = opts.redundant_experts * routed_expert_params(model) * BF16
+        ep.prefetch_s, src_pf, _ = coll.time("all_to_all", wbytes, g["ep"])
+        ep.source += f"; MoonEP prefetch {wbytes:.3g} B/layer ({src_pf}), overlapped with the layer"
+    return ep
 
+
+def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue: str, tp_layer_fwd: float,
+                   ep: _EpCost, cp: dict) -> list[StageCost]:
+    """Per pipeline rank, one micro-batch: the compute of its layers (with the EP fold correction and the
+    recompute) and the exposed TP, EP and CP seconds of those layers, forward and backward apart, because the
+    pipeline schedule takes each stage's forward and backward separately."""
+    recompute, fold_fix_f = mb.recompute, ep.fold_fix_fwd_s
     stages = []
-    for r, (layers, agg) in enumerate(ctx.stage_sums(par, tokens_mb, seq_len, opts.moe_glue)):
+    for r, (layers, agg) in enumerate(ctx.stage_sums(par, mb.tokens, mb.seq_len, glue)):
         F, B, Rf = agg["forward_s"], agg["backward_s"], agg["layer_forward_s"]
         n, n_moe = len(layers), agg["moe"]
         F += fold_fix_f * n_moe
@@ -365,14 +400,14 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         comm_b["tp"] = n * tp_layer_fwd * (1 + recompute)
         imb_extra = 0.0
         if par.ep > 1 and n_moe:
-            pf = sum(max(0.0, prefetch_s - t) for t in agg["moe_layer_compute_s"]) if prefetch_s else 0.0
-            comm_f["ep"] = n_moe * ep_layer_fwd + pf
-            comm_b["ep"] = n_moe * ep_layer_fwd * (1 + recompute)
+            pf = sum(max(0.0, ep.prefetch_s - t) for t in agg["moe_layer_compute_s"]) if ep.prefetch_s else 0.0
+            comm_f["ep"] = n_moe * ep.layer_fwd_s + pf
+            comm_b["ep"] = n_moe * ep.layer_fwd_s * (1 + recompute)
             # busiest rank: fwd, bwd (2x fwd: input + weight grads), recompute
-            imb_extra = n_moe * (imb - 1.0) * expert_fwd * (1 + 2 + recompute)
+            imb_extra = n_moe * (ep.imbalance - 1.0) * ep.expert_fwd_s * (1 + 2 + recompute)
         for kind, ov in cp.items():
-            f_cp = micro_batch_size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
-            b_cp = micro_batch_size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
+            f_cp = mb.size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
+            b_cp = mb.size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
             comm_f["cp"] += agg[kind] * f_cp
             comm_b["cp"] += agg[kind] * (b_cp + recompute * f_cp)
         R = recompute * (Rf + fold_fix_f * n_moe)
@@ -381,36 +416,41 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
         st.comm_fwd = sum(comm_f.values())
         st.comm_bwd = sum(comm_b.values())
         stages.append(st)
+    return stages
 
-    # PP sends: hidden shard + AttnRes blocks produced in the sending chunk (cache-based transport).
-    t_hop, pp_src = 0.0, "none"
-    if par.pp > 1:
-        chunk_layers = math.ceil(model.num_layers / (par.pp * par.virtual_stages))
-        blocks = math.ceil(chunk_layers / model.attn_res_block_size) if model.attn_res_block_size else 0
-        hop_bytes = micro_batch_size * seq_len / par.cp / par.tp * d * BF16 * (1 + blocks)
-        # the mean hop (the engine takes one send time): hops inside a domain on NVLink, the rest on NICs
-        links = pp_hop_links(par, hw)
-        times = {lk: coll.p2p(hop_bytes, lk) for lk in set(links)}
-        t_hop = sum(times[lk][0] for lk in links) / len(links)
-        out = links.count("scale-out")
-        how = "; ".join(f"{lk}: {times[lk][1]}" for lk in sorted(times))
-        pp_src = (f"send_recv of {hop_bytes:.3g} B per hop (hidden + {blocks} AttnRes block(s), SP shard), "
-                  f"{out} of {len(links)} hops scale-out, mean hop; {how}")
-    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
-                         virtual_stages=par.virtual_stages, micro_batches=m, send_s=t_hop,
-                         use_engine=opts.use_pipeline_engine)
-    crit = max(stages, key=lambda s: s.per_micro_batch_s)
-    pp_exposed = pipe.p2p_s
 
-    # DP (ZeRO-1): grad reduce-scatter + param all-gather per stage, beyond the overlap window.
-    from k3sim.memory.plan import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+def _pp_sends(model, hw, par: Parallelism, coll: Collectives, mb: _MicroBatch) -> tuple[float, str]:
+    """Seconds of one stage-to-stage send and its source: the hidden shard plus the AttnRes blocks produced in
+    the sending chunk (cache-based transport), at the mean hop (the pipeline engine takes one send time):
+    hops inside a scale-up domain on NVLink, the rest on NICs."""
+    if par.pp <= 1:
+        return 0.0, "none"
+    d = model.hidden_size
+    chunk_layers = math.ceil(model.num_layers / (par.pp * par.virtual_stages))
+    blocks = math.ceil(chunk_layers / model.attn_res_block_size) if model.attn_res_block_size else 0
+    hop_bytes = mb.size * mb.seq_len / par.cp / par.tp * d * BF16 * (1 + blocks)
+    links = pp_hop_links(par, hw)
+    times = {lk: coll.p2p(hop_bytes, lk) for lk in set(links)}
+    t_hop = sum(times[lk][0] for lk in links) / len(links)
+    out = links.count("scale-out")
+    how = "; ".join(f"{lk}: {times[lk][1]}" for lk in sorted(times))
+    return t_hop, (f"send_recv of {hop_bytes:.3g} B per hop (hidden + {blocks} AttnRes block(s), SP shard), "
+                   f"{out} of {len(links)} hops scale-out, mean hop; {how}")
 
-    dp_exposed, dp_src, opt_s, opt_src = 0.0, "none", 0.0, "none"
-    zero = par.zero_stage
+
+def _dp_exposure(ctx: TrainingContext, par: Parallelism, g: dict, stages: list[StageCost], m: int) -> tuple[float, str]:
+    """Exposed DP seconds and their source, on the stage where they are largest: the gradient reduction
+    (all-reduce without ZeRO, reduce-scatter with it) and the parameter all-gather, each beyond the
+    micro-batch backward / forward it overlaps (Megatron overlap_grad_reduce / overlap_param_gather); ZeRO-3
+    gathers the weights again for every micro-batch's forward and backward."""
+    from k3sim.memory.plan import GRAD_BYTES, WEIGHT_BYTES
+
+    coll, zero = ctx.coll, par.zero_stage
+    gd, ge = g["dp"], g["edp"]
+    dp_exposed, dp_src = 0.0, "none"
     for st, (dense, routed) in zip(stages, ctx.rank_params(par)):
         dense_rank = dense / par.tp
         routed_rank = routed / par.ep
-        gd, ge = g["dp"], g["edp"]
         if zero == 0:
             t_grad = coll.time("all_reduce", dense_rank * GRAD_BYTES, gd)[0] + \
                 coll.time("all_reduce", routed_rank * GRAD_BYTES, ge)[0]
@@ -428,60 +468,118 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
             dp_src = (f"grads {'all-reduce' if zero == 0 else 'reduce-scatter'} {t_grad:.3g} s + params all-gather "
                       f"{t_par:.3g} s over dp x cp={gd.gpus} (non-expert) and {ge.gpus} (expert) ranks, "
                       f"overlapped with one micro-batch's backward / forward (stage {st.stage})")
+    return dp_exposed, dp_src
+
+
+def _optimizer_step(ctx: TrainingContext, par: Parallelism, g: dict) -> tuple[float, str]:
+    """Seconds of the optimizer update on the slowest pipeline rank and their source: it streams the rank's
+    shard of weights, grads and Adam states through HBM once (ZeRO >= 1 shards them over DP)."""
+    from k3sim.memory.plan import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+
+    zero = par.zero_stage
+    gd, ge = g["dp"], g["edp"]
+    opt_s, opt_src = 0.0, "none"
+    for dense, routed in ctx.rank_params(par):
+        dense_rank = dense / par.tp
+        routed_rank = routed / par.ep
         shard = (dense_rank / (gd.gpus if zero >= 1 else 1) + routed_rank / (ge.gpus if zero >= 1 else 1))
-        t_opt, src_o = coll.kernel("hbm_copy", bytes=max(1, shard * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)))
+        t_opt, src_o = ctx.coll.kernel("hbm_copy", bytes=max(1, shard * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)))
         if t_opt >= opt_s:
             opt_s, opt_src = t_opt, f"hbm_copy of the optimizer shard's weights, grads, Adam states ({src_o})"
+    return opt_s, opt_src
 
-    step = pipe.step_time_s + dp_exposed + opt_s
+
+def _breakdown(m: int, crit: StageCost, tp_src: str, ep: _EpCost, cp: dict, pipe, pp_src: str,
+               dp: tuple[float, str], opt: tuple[float, str]) -> list[Row]:
+    """The step's rows, the per-stage ones from the critical (slowest) pipeline rank times the micro-batches,
+    in the order a reader adds them up: compute, EP imbalance, exposed TP / EP / CP, bubble, PP sends, DP,
+    optimizer. Zero rows are dropped except the bubble and the optimizer, which a reader looks for."""
+    (dp_exposed, dp_src), (opt_s, opt_src) = dp, opt
     breakdown = [
         Row("compute: forward", m * crit.forward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
         Row("compute: backward", m * crit.backward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
         Row("compute: recompute (activation checkpointing)", m * crit.recompute_s, "forward again before backward"),
     ]
     if crit.imbalance_s:
-        breakdown.append(Row("compute: EP imbalance (busiest rank)", m * crit.imbalance_s,
-                             rows_src.get("imbalance", ""), "ep"))
+        breakdown.append(Row("compute: EP imbalance (busiest rank)", m * crit.imbalance_s, ep.imbalance_source, "ep"))
     labels = {"tp": "exposed comm: TP all-gather + reduce-scatter (SP)", "ep": "exposed comm: EP all-to-all",
               "cp": "CP: attention to other ranks' keys, scheme compute, exposed comm", "pp": "", "dp": ""}
     cp_src = ", ".join(f"{k.upper()} {v['scheme']} ({v['link']})" for k, v in cp.items()) or "none"
-    rows_src["cp"] = (f"k3sim.cp: {cp_src}; beyond the local tokens' own attention (in the layer costs): "
-                      "MLA attention against the other ranks' keys, KCP pre-process and fold, exposed communication")
+    rows_src = {"tp": tp_src, "ep": ep.source,
+                "cp": (f"k3sim.cp: {cp_src}; beyond the local tokens' own attention (in the layer costs): "
+                       "MLA attention against the other ranks' keys, KCP pre-process and fold, exposed communication")}
     for k in ("tp", "ep", "cp"):
         if crit.comm_s.get(k):
-            breakdown.append(Row(labels[k], m * crit.comm_s[k], rows_src.get(k, ""), k))
+            breakdown.append(Row(labels[k], m * crit.comm_s[k], rows_src[k], k))
     breakdown.append(Row("pipeline bubble", pipe.bubble_s, pipe.source, "bubble"))
-    if pp_exposed:
-        breakdown.append(Row("exposed comm: PP sends", pp_exposed, f"{pp_src}; {pipe.source}", "pp"))
+    if pipe.p2p_s:
+        breakdown.append(Row("exposed comm: PP sends", pipe.p2p_s, f"{pp_src}; {pipe.source}", "pp"))
     if dp_exposed:
         breakdown.append(Row("exposed comm: DP grad reduce-scatter / param all-gather", dp_exposed, dp_src, "dp"))
     breakdown.append(Row("optimizer step", opt_s, opt_src, "optimizer"))
-    breakdown = [r for r in breakdown if r.seconds or r.kind in ("bubble", "optimizer")]
+    return [r for r in breakdown if r.seconds or r.kind in ("bubble", "optimizer")]
 
+
+def _totals(breakdown: list[Row]) -> tuple[dict[str, float], float]:
+    """Exposed communication per kind and the compute seconds, summed from the breakdown so that they add up
+    to the rows a reader sees."""
     exposed = {k: 0.0 for k in COMM_KINDS}
     for r in breakdown:
         if r.kind in exposed and not r.component.startswith("compute"):
             exposed[r.kind] += r.seconds
-    compute = sum(r.seconds for r in breakdown if r.component.startswith("compute"))
+    return exposed, sum(r.seconds for r in breakdown if r.component.startswith("compute"))
+
+
+def _memory_plan(model, hw, par: Parallelism, mb: _MicroBatch, activation_checkpointing: bool,
+                 workspace_fraction: float, source: str | None) -> tuple[Any, bool, str]:
+    """(plan, fits, verdict) from `k3sim.memory.plan.train_plan`: memory is never re-derived here."""
+    from k3sim.memory.plan import train_plan
+
+    memory = train_plan(model, hw, par, mb.seq_len, micro_batch_size=mb.size,
+                        activation_checkpointing=activation_checkpointing, num_micro_batches=mb.count,
+                        workspace_fraction=workspace_fraction, source=source, allow_overflow=True)
+    return memory, memory.fits, memory_verdict(memory)
+
+
+def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: int = 1,
+               num_micro_batches: int | None = None, activation_checkpointing: bool = True,
+               workspace_fraction: float = 0.10, options: TrainOptions | None = None,
+               kernel_time: Callable | None = None, layer_costs: Callable | None = None,
+               context: TrainingContext | None = None, source: str | None = None,
+               with_memory: bool = True) -> TrainStepResult:
+    """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout, built from the parts the
+    module docstring lists, in its order: per-layer TP, EP and CP; the stages; the PP schedule over them with
+    its sends; DP and the optimizer; the breakdown of the slowest stage."""
+    opts = options or TrainOptions()   # a pydantic schema: its ranges were checked when it was built
+    m = _check_step(model, hw, par, seq_len, num_micro_batches, opts, source)
+    ctx = context or TrainingContext(model, hw, kernel_time, layer_costs)
+    g = groups(par)
+    mb = _MicroBatch.of(par, seq_len, micro_batch_size, m, activation_checkpointing)
+    tp_layer_fwd, tp_src = _tp_comm(ctx.coll, g, par, mb, model.hidden_size, opts)
+    ep = _ep_comm(ctx, model, par, g, mb, opts)
+    cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}  # per sequence
+    stages = _stage_compute(ctx, par, mb, opts.moe_glue, tp_layer_fwd, ep, cp)
+    t_hop, pp_src = _pp_sends(model, hw, par, ctx.coll, mb)
+    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
+                         virtual_stages=par.virtual_stages, micro_batches=m, send_s=t_hop,
+                         use_engine=opts.use_pipeline_engine)
+    crit = max(stages, key=lambda s: s.per_micro_batch_s)
+    dp, opt = _dp_exposure(ctx, par, g, stages, m), _optimizer_step(ctx, par, g)
+    step = pipe.step_time_s + dp[0] + opt[0]
+    breakdown = _breakdown(m, crit, tp_src, ep, cp, pipe, pp_src, dp, opt)
+    exposed, compute = _totals(breakdown)
     tokens_step = m * micro_batch_size * seq_len * par.dp
     flop = tokens_step * ctx.model_flop_per_token(seq_len)
     peak = float(hw.peak_flops_per_s.get("bf16", 0.0)) * par.gpus
-    memory, fits, verdict = None, True, ""
-    if with_memory:
-        from k3sim.memory.plan import train_plan
-
-        memory = train_plan(model, hw, par, seq_len, micro_batch_size=micro_batch_size,
-                            activation_checkpointing=activation_checkpointing, num_micro_batches=m,
-                            workspace_fraction=workspace_fraction, source=source, allow_overflow=True)
-        fits = memory.fits
-        verdict = memory_verdict(memory)
+    memory, fits, verdict = (_memory_plan(model, hw, par, mb, activation_checkpointing, workspace_fraction, source)
+                             if with_memory else (None, True, ""))
     return TrainStepResult(
         model=model.name, hardware=hw.name, parallelism=par.model_dump(), gpus=par.gpus, seq_len_tokens=seq_len,
         micro_batch_size=micro_batch_size, num_micro_batches=m, tokens_per_step=tokens_step, step_time_s=step,
         tokens_per_s=tokens_step / step, tokens_per_s_per_gpu=tokens_step / step / par.gpus,
         model_flop_per_step=flop, mfu=flop / (step * peak) if peak else 0.0, compute_s=compute,
-        exposed_comm_s=exposed, bubble_s=pipe.bubble_s, bubble_ratio=pipe.bubble_ratio, optimizer_s=opt_s,
-        fits=fits, verdict=verdict, memory=memory, ep_imbalance=imb, pipeline_source=pipe.source,
+        exposed_comm_s=exposed, bubble_s=pipe.bubble_s, bubble_ratio=pipe.bubble_ratio, optimizer_s=opt[0],
+        fits=fits, verdict=verdict, memory=memory, ep_imbalance=ep.imbalance, pipeline_source=pipe.source,
         breakdown=breakdown,
         stages=[{"stage": s.stage, "layers": s.layers, "forward_s": s.forward_s, "backward_s": s.backward_s,
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,

@@ -62,7 +62,8 @@ def test_every_example_parses(page, line):
 
     ctx = typer.main.get_group(app).make_context("k3sim", shlex.split(line.split(" #exit")[0])[1:])
     while hasattr(ctx.command, "resolve_command"):  # a group: `k3sim`, `calibrate`, `check`
-        rest = [*getattr(ctx, "protected_args", []), *ctx.args]
+        protected = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", None) or []
+        rest = [*protected, *ctx.args]  # the subcommand name, then its arguments
         assert rest, f"{page}: {line!r} names no command"
         name, command, args = ctx.command.resolve_command(ctx, rest)
         ctx = command.make_context(name, args, parent=ctx)

@@ -281,11 +281,14 @@ def test_an_interrupted_plan_leaves_the_previous_report_and_no_staging(sig, code
     (out / "README.md").write_text("mine")
     mark_output(out, kind="plan", files=["report.md"])
     before = _snapshot(out)
-    proc = spawn("plan", KL_SCENARIO, "--out", out, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a long serving sample: a minute of work after the directory opens, so the signal lands mid-plan
+    proc = spawn("plan", KL_SCENARIO, "--serving-requests", "50000", "--out", out, cwd=tmp_path,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not [p for p in out.iterdir() if p.name.startswith(".k3sim-staging")] and proc.poll() is None:
         assert time.monotonic() < deadline, "plan never opened its output directory"
         time.sleep(0.05)
+    assert proc.poll() is None, "plan ended before it could be interrupted"
     os.killpg(proc.pid, signal.Signals(sig))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
