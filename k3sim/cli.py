@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 code, line, stdout_text, broken = _run(argv)
                 procs.settle()  # inside the try: a signal arriving here is still caught just below
+                stop = procs.received()
+                if stop is not None and code == 0:  # its exception was swallowed (a finaliser): still a stop
+                    code, line, stdout_text, broken = stop.exit_code, stop.line, None, False
             except (Interrupted, Terminated) as stop:  # arrived after the command's own handling
                 procs.settle()
                 code, line, stdout_text, broken = stop.exit_code, stop.line, None, False

@@ -64,12 +64,23 @@ _RAISES = {signal.SIGINT: Interrupted, signal.SIGTERM: Terminated}
 _stopping = False  # set by the first signal: the cleanup it starts must not be interrupted again
 
 
+_received: int | None = None  # the first signal of the command, kept even if its exception was swallowed
+
+
 def _raise_for(signum, frame):  # noqa: ARG001 - signal handler signature
-    global _stopping
+    global _stopping, _received
     if _stopping:
         return  # a second Ctrl-C or SIGTERM while the first one's cleanup runs: already stopping
     _stopping = True
+    _received = signum
     raise _RAISES[signum]()
+
+
+def received() -> type[BaseException] | None:
+    """The exception of the first signal the command received, or None. A handler's exception raised while
+    Python runs a finaliser or a C callback is printed as "ignored" and lost; the CLI still ends with that
+    signal's exit code (`cli.main`), so a swallowed Ctrl-C never reads as success."""
+    return None if _received is None else _RAISES[_received]
 
 
 @contextmanager
@@ -78,8 +89,8 @@ def raising_signals(*, restore: bool = True) -> Iterator[None]:
 
     `restore`: put the previous handlers back afterwards (main() inside another program, e.g. pytest); without
     it the handlers stay, settled (`settle`), so a signal during the interpreter's shutdown changes nothing."""
-    global _stopping
-    _stopping = False
+    global _stopping, _received
+    _stopping, _received = False, None
     previous = {s: signal.signal(s, _raise_for) for s in _SIGNALS}
     try:
         yield

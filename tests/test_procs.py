@@ -191,3 +191,18 @@ def test_the_backstop_finds_an_orphan_whose_parent_was_killed_first():
             time.sleep(0.01)
         assert orphan in procs.children(os.getpid())  # re-parented here, not to init
     assert not procs.alive(orphan)
+
+
+def test_a_signal_whose_exception_was_swallowed_still_ends_the_command_with_its_code():
+    """A handler's exception raised inside a finaliser is printed as "ignored" and lost; the first signal is
+    remembered so the CLI does not report success (a plan once ran to exit 0 after SIGTERM)."""
+    with procs.raising_signals():
+        class Finaliser:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler runs here and its Terminated is swallowed by __del__
+
+        Finaliser()
+        assert procs.received() is procs.Terminated
+    with procs.raising_signals():
+        assert procs.received() is None  # each command starts clean
