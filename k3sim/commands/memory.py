@@ -226,6 +226,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
         """Per-GPU memory: weights, KV cache, KDA state (serve) or grads, optimizer, activations (train)."""
+        from k3sim.commands.options import MEMORY, check
+
+        check(MEMORY)  # every option given changes the result (k3sim.commands.options)
         layout = dict(tp=tp, pp=pp, ep=ep, cp=cp, dp=dp, virtual_stages=virtual_stages, zero_stage=zero_stage)
         plan = build_plan(str(model), hardware, mode, layout, context=context, micro_batch=micro_batch,
                           recompute=recompute, prefill_chunk=prefill_chunk,

@@ -158,13 +158,12 @@ def check(rules: Iterable[Rule], derived: dict[str, Any] | None = None, *, given
 def serve_facts(setup: Any, scenario_path: Any) -> dict[str, Any]:
     """What the serve rules read from the built fleet: engines the router chooses among (the front pool:
     mixed or prefill replicas, times pp engines each with `pp_microbatches`), the deepest pipeline, and
-    whether the scenario file itself sets `serving.router_load_cap`."""
-    from k3sim.configs.loaders import load_scenario
-
+    whether the scenario file itself sets `serving.router_load_cap` (from the setup: the scenario is read once,
+    it may be a pipe)."""
     front = setup.pools[0]
     pp = front.parallelism.pp
     engines = pp if setup.serving.engine.pp_microbatches and pp > 1 else 1
-    sv = load_scenario(scenario_path).serving
+    sv = setup.file_serving
     return {"front_engines": front.replicas * engines, "max_pp": max(p.parallelism.pp for p in setup.pools),
             "load_cap_set": sv is not None and "router_load_cap" in sv.model_fields_set}
 
@@ -278,6 +277,20 @@ CP: list[Rule] = [
     requires("--seed", "--doc-mean-tokens", why="seeds the sampled document lengths of --doc-mean-tokens",
              fix="add --doc-mean-tokens MEAN, or remove --seed"),
 ]
+
+def _zero_shards(f: Facts) -> bool:
+    """ZeRO shards over the data-parallel group (dp x cp for dense weights, tp x cp x dp / ep for experts:
+    memory/plan.py); with one rank in both there is nothing to shard."""
+    tp, cp, dp, ep = (f.value(o) or 1 for o in ("--tp", "--cp", "--dp", "--ep"))
+    return dp * cp > 1 or tp * cp * dp // ep > 1
+
+
+MEMORY: list[Rule] = [
+    only_when("--zero-stage", _zero_shards,
+              why="shards optimizer state, gradients or weights over data-parallel ranks, and this layout has one",
+              fix="raise --dp (or --cp), or remove --zero-stage"),
+]
+
 
 DECODE: list[Rule] = [
     not_with("--batch", "--sweep-batch", why="is the batch of one decode step; --sweep-batch runs its own batches",

@@ -45,6 +45,7 @@ class ServeSetup:
     pools: list[PoolSpec]
     gpus_per_node: int = 8
     source: str | None = None
+    file_serving: object = None  # the scenario file's own serving section, before the overrides
 
     @property
     def gpus(self) -> int:
@@ -149,7 +150,7 @@ class ServeSetup:
                 par = pc.parallelism or scn.parallelism
                 check_layout(model, par, mode="serve", source=src, hardware=hw)
                 pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
-        return ServeSetup(model, hw, scn.name, sv, pools, gpn, src)
+        return ServeSetup(model, hw, scn.name, sv, pools, gpn, src, scn.serving)
 
 
 def _first_error(err) -> str:

@@ -253,3 +253,18 @@ def test_the_plan_refuses_a_knob_idle_in_its_layout_while_a_sweep_varies_it(tmp_
     with pytest.raises(InputError, match="parallelism.cp=1"):
         load(path, own_layout=True)
     assert load(path).training.kda_cp == "lasp2"
+
+
+@pytest.mark.parametrize("layout, refused", [
+    (("--tp", "8", "--ep", "8", "--dp", "1"), True),    # one rank in the dense and the expert DP groups
+    (("--tp", "8", "--ep", "8", "--dp", "4"), False),   # dense weights shard over 4
+    (("--tp", "8", "--ep", "1", "--dp", "1"), False),   # experts shard over the 8 TP ranks (tp x dp / ep)
+])
+def test_memory_zero_stage_without_a_data_parallel_group_is_refused(capsys, layout, refused):
+    argv = ("memory", "--model", "models/kimi-k3.yaml", "--hardware", "h200", "--mode", "train", "--pp", "16",
+            *layout, "--context", "32768", "--zero-stage", "1", "--json")
+    code, out, err = run_main(capsys, *argv)
+    if refused:
+        assert_one_line(code, out, err, "--zero-stage", "remove --zero-stage")
+    else:
+        assert "--zero-stage:" not in err  # it may not fit, but the option is not the complaint

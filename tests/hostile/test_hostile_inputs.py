@@ -223,6 +223,17 @@ def test_a_plan_of_a_scenario_from_a_fifo_reads_it_once(tmp_path):
     assert got["requests"] > 0 and {k: got[k] for k in keys} == {k: want[k] for k in keys}
 
 
+def test_a_serve_of_a_scenario_from_a_fifo_reads_it_once(tmp_path):
+    """Was: the option rules read the scenario again for its router settings and waited on the FIFO."""
+    scenario = _absolute_scenario(tmp_path, "kimi-linear-48b-h200.yaml")
+    fifo, writer = _fifo_with_writer(tmp_path, str(scenario))
+    try:
+        proc = _k3sim("serve", "--scenario", fifo, "--workload", "chat", "--requests", "5", "--json")
+    finally:
+        _stop(writer)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["requests"] == 5, proc.stderr
+
+
 def test_a_sweep_refuses_a_scenario_it_would_read_in_every_task(tmp_path):
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)  # no writer: a reader that opened it would wait forever
