@@ -281,8 +281,8 @@ CP: list[Rule] = [
 def _zero_shards(f: Facts) -> bool:
     """ZeRO shards over the data-parallel group (dp x cp for dense weights, tp x cp x dp / ep for experts:
     memory/plan.py); with one rank in both there is nothing to shard."""
-    if f.value("--zero-stage") not in (0, 1, 2, 3):
-        return True  # not a stage at all: the schema's range check says so
+    if f.value("--zero-stage") not in (0, 1, 2, 3) or f.value("--mode") != "train":
+        return True  # not a stage at all, or a serve plan: the schema's range and mode checks say so
     tp, cp, dp, ep = (f.value(o) or 1 for o in ("--tp", "--cp", "--dp", "--ep"))
     return dp * cp > 1 or tp * cp * dp // ep > 1
 
