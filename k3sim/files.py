@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
 import unicodedata
@@ -44,6 +43,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from k3sim.errors import InputError
+from k3sim.procs import signals_blocked  # the one signal mask: files move with SIGINT/SIGTERM held
 
 MANIFEST_NAME = ".k3sim-manifest.json"
 STAGING_PREFIX = ".k3sim-staging-"
@@ -309,7 +309,7 @@ def output_dir(path: str | Path, *, kind: str = "output", source: str = "--out",
     created = [p for p in (out, *out.parents) if not os.path.lexists(p)]  # deepest first
     stage = staged = None
     try:
-        with _signals_held():  # an interrupt lands before the directories exist or once they are tracked
+        with signals_blocked():  # an interrupt lands before the directories exist or once they are tracked
             try:
                 out.mkdir(parents=True, exist_ok=True)
                 stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
@@ -320,7 +320,7 @@ def output_dir(path: str | Path, *, kind: str = "output", source: str = "--out",
             _OPEN.append(staged)
         yield out
         _OPEN.remove(staged)
-        with _signals_held():
+        with signals_blocked():
             try:
                 _commit(staged, manifest, source)
             finally:
@@ -328,7 +328,7 @@ def output_dir(path: str | Path, *, kind: str = "output", source: str = "--out",
     finally:
         if staged in _OPEN:
             _OPEN.remove(staged)
-        with _signals_held():  # a second Ctrl-C must not cut the clean-up short
+        with signals_blocked():  # a second Ctrl-C must not cut the clean-up short
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
             if not os.path.lexists(out / MANIFEST_NAME):  # nothing committed: no new empty directories left
@@ -342,22 +342,6 @@ def _remove_empty(dirs: list[Path]) -> None:
             d.rmdir()
         except OSError:
             break
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while the files move into place (a few renames), so an interrupt lands
-    before or after the move, never half-way; the held signal is delivered when the block ends."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, OSError, ValueError):  # pragma: no cover - no POSIX signal masks
-        old = None
-    try:
-        yield
-    finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _unchanged(new: Path, old: Path) -> bool:

@@ -278,6 +278,7 @@ CP: list[Rule] = [
              fix="add --doc-mean-tokens MEAN, or remove --seed"),
 ]
 
+
 def _zero_shards(f: Facts) -> bool:
     """ZeRO shards over the data-parallel group (dp x cp for dense weights, tp x cp x dp / ep for experts:
     memory/plan.py); with one rank in both there is nothing to shard."""
