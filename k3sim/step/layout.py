@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 EXPERT_KERNELS = ("auto", "mxfp4_token", "grouped_bf16", "grouped_fp8")
 CONVENTIONS = ("graph", "eager")
+# Expert-parallel all-to-all kernels (k3sim.comm.ep): DeepEP's normal (hierarchical, prefill/training) and
+# low-latency (direct RDMA, decode) kernels, or NCCL's all_to_all; "auto" = low_latency for a decode-only
+# batch, normal otherwise (SGLang's `--moe-a2a-backend deepep --deepep-mode auto`).
+EP_KERNELS = ("auto", "normal", "low_latency", "nccl")
+DISPATCH_DTYPES = ("auto", "fp8", "bf16")  # auto: fp8 where the profile has FP8 tensor cores
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,12 @@ class StepLayout:
     replicated_down_proj: MLA's q_a/kv_a and LatentMoE's down/up projections whole on every TP rank
     (vLLM's ReplicatedLinear: no gather, more weight bytes) instead of sharded with their all-gather /
     reduce-scatter (K3's design, MISSION sec. 4, and the memory planner's placement).
+    ep_kernel / dispatch_dtype: the expert-parallel all-to-all (`EP_KERNELS`, `DISPATCH_DTYPES`; combine is
+    always bf16, as DeepEP's). redundant_experts: extra expert slots spread over the EP ranks (EPLB), so EP
+    need not divide the routed experts. max_nodes_per_token: node-limited routing (DeepSeek-V3: 4), None =
+    unlimited. tbo: two-batch overlap (two micro-batches, one's compute against the other's all-to-all).
+    routing_zipf / routing_seed: the routing distribution the expert load and all-to-all bytes are drawn
+    from (0 = uniform; Zipf exponent over a seeded ranking of the experts).
     """
 
     tp: int = 1
@@ -38,6 +49,13 @@ class StepLayout:
     gpus_per_node: int = 8
     fuse_router: bool = True
     replicated_down_proj: bool = False
+    ep_kernel: str = "auto"
+    dispatch_dtype: str = "auto"
+    redundant_experts: int = 0
+    max_nodes_per_token: int | None = None
+    tbo: bool = False
+    routing_zipf: float = 0.0
+    routing_seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep", "attention_dp", "gpus_per_node"):
@@ -48,6 +66,10 @@ class StepLayout:
             raise ValueError(f"expert_kernel must be one of {', '.join(EXPERT_KERNELS)}")
         if self.convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}")
+        if self.ep_kernel not in EP_KERNELS:
+            raise ValueError(f"ep_kernel must be one of {', '.join(EP_KERNELS)}")
+        if self.dispatch_dtype not in DISPATCH_DTYPES:
+            raise ValueError(f"dispatch_dtype must be one of {', '.join(DISPATCH_DTYPES)}")
 
     @property
     def stage_gpus(self) -> int:
