@@ -148,6 +148,7 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
         fail("parallelism.virtual_stages", "virtual stages interleave a training pipeline schedule (1F1B); a "
              "serving replica runs its stages in sequence, so it has no effect in mode serve; remove it")
     par = parallelism
+    _check_serving_at_scale(par, mode, cluster, hardware, fail)
     if hardware is not None and par.tp > int(hardware.scaleup_domain_gpus):
         domain = int(hardware.scaleup_domain_gpus)
         fail("parallelism.tp", f"tp={par.tp} does not fit in the {domain}-GPU NVLink domain of "
@@ -166,6 +167,36 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     elif par.tp > node:
         fail("parallelism.tp", f"tp={par.tp} does not fit in a node of {node} GPUs "
              f"(cluster.gpus_per_node; at most {node})")
+
+
+SERVE_ONLY = ("ep_kernel", "dispatch_dtype", "max_nodes_per_token", "tbo", "routing_zipf")
+
+
+def _check_serving_at_scale(par: Parallelism, mode, cluster, hardware, fail) -> None:
+    """The serving-at-scale fields (DeepEP kernels, node-limited routing, TBO): what the step model of serving
+    reads. Training has its own (training.redundant_experts per rank, training.routing_skew), so these are
+    refused in mode train; node-limited routing needs an EP group spanning more nodes than the limit; FP8
+    dispatch needs FP8 on the profile."""
+    if mode == "train":
+        for name in SERVE_ONLY + ("redundant_experts",):
+            if name in par.model_fields_set:
+                alt = {"redundant_experts": " (training.redundant_experts gives MoonEP slots per rank)",
+                       "routing_zipf": " (training.routing_skew is training's)"}.get(name, "")
+                fail(f"parallelism.{name}", f"{name} is a serving step setting and has no effect in mode train"
+                     f"{alt}; remove it")
+    node = cluster.gpus_per_node if cluster is not None else (
+        int(hardware.scaleup_domain_gpus) if hardware is not None else None)
+    if par.max_nodes_per_token is not None:
+        nodes = max(1, -(-par.ep // node)) if node else None
+        if par.ep <= 1 or par.dp <= 1:
+            fail("parallelism.max_nodes_per_token", "node-limited routing applies to the expert all-to-all of "
+                 "an attention-DP layout (dp > 1, ep > 1); remove it or set dp and ep")
+        if nodes is not None and par.max_nodes_per_token > nodes:
+            fail("parallelism.max_nodes_per_token", f"max_nodes_per_token={par.max_nodes_per_token} exceeds the "
+                 f"{nodes} node(s) of the ep={par.ep} group ({node} GPUs per node); at most {nodes}")
+    if par.dispatch_dtype == "fp8" and hardware is not None and "fp8" not in (hardware.peak_flops_per_s or {}):
+        fail("parallelism.dispatch_dtype", f"FP8 dispatch needs FP8 on the GPU; profile '{hardware.name}' has "
+             "no fp8 peak: use bf16 (or auto)")
 
 
 # The sections a scenario holds (serving.py and planning.py build on Parallelism, in configs/parallelism.py)

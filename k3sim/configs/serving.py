@@ -97,9 +97,22 @@ class ServingConfig(BaseModel):
                                                                      "loaded one (refused with another router)")
     disaggregation: Optional[DisaggregationConfig] = None
     # modelling choices (interactive chat): first token within 2 s, at least 10 tokens/s per user
+    # MTP speculative decoding (DeepSeek-V3 sec. 2.2, K3's MTP module): drafts per step and the per-draft
+    # acceptance rate (no default: a modelling input the user owns; DeepSeek-V3 reports 85-90 % for the
+    # second token, arXiv 2412.19437 sec. 5.4.3)
+    mtp: bounded_int("decode_tokens", lo=0) = Field(0, description="MTP draft tokens per decode step (0 off)")
+    acceptance: Optional[bounded_float("fraction")] = Field(None, description="per-draft acceptance rate")
     slo_ttft_s: Seconds = 2.0
     slo_tpot_s: Seconds = 0.1
     seed: bounded_int("seed") = 0
+
+    @model_validator(mode="after")
+    def _mtp(self) -> "ServingConfig":
+        if self.mtp and self.acceptance is None:
+            raise ValueError(f"mtp={self.mtp} needs an acceptance rate (serving.acceptance in [0, 1])")
+        if not self.mtp and self.acceptance is not None:
+            raise ValueError("acceptance has no effect without mtp >= 1 (serving.mtp); remove it or set mtp")
+        return self
 
     @model_validator(mode="after")
     def _split(self) -> "ServingConfig":

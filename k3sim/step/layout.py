@@ -84,7 +84,17 @@ class StepLayout:
         """The memory planner's view of this layout (attention DP is its `dp`)."""
         from k3sim.configs.parallel import Parallelism
 
-        return Parallelism(tp=self.tp, pp=self.pp, ep=self.ep, dp=self.attention_dp)
+        return Parallelism(tp=self.tp, pp=self.pp, ep=self.ep, dp=self.attention_dp,
+                           redundant_experts=self.redundant_experts)
+
+    @classmethod
+    def from_parallelism(cls, par, *, gpus_per_node: int = 8, **kw) -> "StepLayout":
+        """The serving step layout of a scenario's `Parallelism` (its dp is attention DP; the schema spells
+        the low-latency kernel with a hyphen, as the CLI does). `kw`: kernel choices (expert_kernel, ...)."""
+        return cls(tp=par.tp, pp=par.pp, ep=par.ep, attention_dp=par.dp, gpus_per_node=gpus_per_node,
+                   ep_kernel=par.ep_kernel.replace("-", "_"), dispatch_dtype=par.dispatch_dtype,
+                   redundant_experts=par.redundant_experts, max_nodes_per_token=par.max_nodes_per_token,
+                   tbo=par.tbo, routing_zipf=par.routing_zipf, **kw)
 
     def stage_layers(self, num_layers: int) -> list[list[int]]:
         """0-based layers of each pipeline stage, split as the memory planner splits them."""
