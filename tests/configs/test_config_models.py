@@ -6,7 +6,7 @@ import pytest
 
 from k3sim.configs import ModelConfig, load_model
 
-MODELS = ["kimi-k3", "kimi-linear-48b", "kimi-k2"]
+MODELS = ["kimi-k3", "kimi-linear-48b", "kimi-k2", "deepseek-v3"]
 
 
 def test_k3_layer_pattern(root):
@@ -59,7 +59,19 @@ def test_model_config_in_code_has_defaults():
     assert m.mla.kv_cache_dtype == "bf16"
 
 
-@pytest.mark.parametrize("name, limit", [("kimi-k3", 1_048_576), ("kimi-k2", 131_072),
+def test_deepseek_v3_published_totals(root):
+    """DeepSeek-V3 (arXiv 2412.19437 sec. 4.2): 671B total, 37B activated per token, within 3 %; 61 MLA
+    layers of which the first 3 are dense."""
+    from k3sim.memory.params import count_params
+
+    m = load_model(root / "models/deepseek-v3.yaml")
+    assert (m.num_mla_layers, m.num_kda_layers, m.num_moe_layers) == (61, 0, 58)
+    report = count_params(m)
+    total, active = report.total_params, report.active_params
+    assert abs(total / 671e9 - 1) < 0.03 and abs(active / 37e9 - 1) < 0.03
+
+
+@pytest.mark.parametrize("name, limit", [("kimi-k3", 1_048_576), ("kimi-k2", 131_072), ("deepseek-v3", 163_840),
                                          ("kimi-linear-48b", 1_048_576)])
 def test_hf_max_position_embeddings_is_the_context_limit(root, name, limit):
     """config.json's max_position_embeddings (K3 nested in text_config) becomes max_context_tokens, and it
