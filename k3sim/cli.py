@@ -132,6 +132,30 @@ def _guard_std_streams() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
 
+# Library settings a command line sets for itself unless the caller chose (environment variables, read when the
+# library loads):
+# - no pydantic plugin (observability hooks found through package entry points): k3sim's schemas report to
+#   none, and finding them scans the metadata of every installed distribution (~10 ms of each query);
+# - one OpenBLAS thread: numpy's OpenBLAS starts its thread pool when numpy is imported, 50-90 ms of a 0.3 s
+#   query on a 2-core machine, and k3sim's linear algebra is least squares over tens of points (the answers
+#   are the same bits either way; tests/test_cli_env.py compares them). OpenBLAS also reads GOTO_NUM_THREADS
+#   and OMP_NUM_THREADS: any of the three set by the caller is left to decide.
+PYDANTIC_PLUGINS_ENV = "PYDANTIC_DISABLE_PLUGINS"  # pydantic's documented switch ("__all__": every plugin)
+BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _start_up_env() -> list[str]:
+    """Set the settings above that the caller left unset (OpenBLAS only while numpy is not loaded yet: it reads
+    them once); the names set."""
+    wanted = {PYDANTIC_PLUGINS_ENV: "__all__"}
+    if "numpy" not in sys.modules and not any(name in os.environ for name in BLAS_THREADS_ENV):
+        wanted[BLAS_THREADS_ENV[0]] = "1"
+    set_now = [name for name in wanted if name not in os.environ]
+    for name in set_now:
+        os.environ[name] = wanted[name]
+    return set_now
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: the CLI contract of the module docstring, for every registered command.
 
@@ -147,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     saved_filters = warnings.filters[:]  # restored below: main() may run inside another program (tests)
     if not sys.warnoptions:
         warnings.simplefilter("ignore")
+    set_env = _start_up_env()
     try:
         with procs.raising_signals(restore=argv is not None):
             try:
@@ -168,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
                 _silence_stdout()
     finally:
         warnings.filters[:] = saved_filters
+        if argv is not None:  # inside another program: its environment as it was
+            for name in set_env:
+                os.environ.pop(name, None)
     if argv is None:
         # The process ends now. Objects moved to the permanent generation are not traversed by the collections
         # the interpreter runs while it tears its modules down: with pandas, numpy and dask loaded those took

@@ -45,16 +45,22 @@ def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "
         raise InputError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}",
                          field="convention")
     spec = get_op(op)
+    if spec.kind == "ep":  # EP dispatch / combine: the DeepEP-class all-to-all model (k3sim.comm.ep)
+        return _ep(op, validate_params(spec, params), predictor, convention)
+    if spec.kind == "published":  # a deployed stack's kernel from its published figures (k3sim.kernels.published)
+        return _published(op, spec, validate_params(spec, params), predictor, convention)
     if spec.kind != "collective":
         return predictor.predict(op, params, convention)
     p = validate_params(spec, params)
+    derived = getattr(predictor, "derivation", None)  # a derived profile: its answers say so (kernels.store)
     answers = _COLLECTIVE_ANSWERS.setdefault(predictor, {})
     key = (op, convention, *p.values())
     hit = answers.get(key)
     if hit is None:
         if len(answers) > MAX_ANSWERS:
             answers.clear()
-        hit = answers[key] = _collective(op, p, predictor.hw, convention)
+        hit = _collective(op, p, predictor.hw, convention)
+        hit = answers[key] = hit if derived is None else derived.collective_label(p, hit)
     return hit
 
 
@@ -66,3 +72,36 @@ def _collective(op: str, p: dict[str, int], hw: Any, convention: str) -> KernelT
     kt = collective_time(op, p["bytes"], p["gpus"], hw, gpus_per_node=p.get("gpus_per_node") or None,
                          convention="barrier")
     return dataclasses.replace(kt, convention=convention)
+
+
+def _ep(op: str, p: dict[str, int], predictor: Any, convention: str) -> KernelTime:
+    """`k3sim.comm.ep.ep_time`'s answer, memoised with the collectives' (per predictor), labelled with the
+    caller's convention (the low-latency kernels are CUDA-graph captured; the normal ones' time is their GPU
+    time, their detail says they cannot be captured)."""
+    from k3sim.comm.ep import ep_time
+    from k3sim.kernels.ops import EP_OPS
+
+    answers = _COLLECTIVE_ANSWERS.setdefault(predictor, {})
+    key = (op, convention, *p.values())
+    hit = answers.get(key)
+    if hit is None:
+        if len(answers) > MAX_ANSWERS:
+            answers.clear()
+        hit = answers[key] = dataclasses.replace(ep_time(EP_OPS[op], p, predictor.hw), convention=convention)
+    return hit
+
+
+def _published(op: str, spec: Any, p: dict[str, int], predictor: Any, convention: str) -> KernelTime:
+    """min(the measured base op, the published roofline on this profile): `k3sim.kernels.published`."""
+    from k3sim.kernels.published import PUBLISHED, published_seconds
+
+    pub = PUBLISHED[op]
+    base = predictor.predict(pub.base_op, p, convention)
+    roof = published_seconds(pub, spec.flop(p), spec.bytes(p), predictor.hw)
+    if base.seconds <= roof:
+        return dataclasses.replace(base, detail=f"{base.detail}; {op}: the measured {pub.base_op} is at or under "
+                                                f"the published roofline ({pub.source}: {roof:.3g} s)")
+    return dataclasses.replace(base, seconds=roof, source=f"published: {pub.source}", method="published roofline",
+                               detail=f"published throughput fractions (compute {pub.compute_fraction:.3f}, memory "
+                                      f"{pub.memory_fraction:.3f} of the datasheet) on {predictor.hw.name}'s peaks; "
+                                      f"the measured {pub.base_op} takes {base.seconds:.3g} s")

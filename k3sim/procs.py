@@ -65,6 +65,7 @@ _stopping = False  # set by the first signal: the cleanup it starts must not be 
 
 
 _received: int | None = None  # the first signal of the command, kept even if its exception was swallowed
+_rearmed = False  # a checkpoint raised the lost signal again
 
 
 def _raise_for(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -83,14 +84,26 @@ def received() -> type[BaseException] | None:
     return None if _received is None else _RAISES[_received]
 
 
+def checkpoint() -> None:
+    """Raise the received signal's exception again if its first raise was lost (a handler that raises while
+    Python runs a finaliser or a C callback, e.g. a simpy generator closed by the garbage collector, is
+    printed as "ignored"): long loops call this once per iteration (a serving replica's engine step), so
+    Ctrl-C stops the work and leaves the previous output, instead of only changing the exit code at the end.
+    A signal whose exception propagated never reaches a checkpoint: its stack is unwinding."""
+    global _rearmed
+    if _received is not None and not _rearmed:
+        _rearmed = True  # once: the cleanup this raise starts runs undisturbed
+        raise _RAISES[_received]()
+
+
 @contextmanager
 def raising_signals(*, restore: bool = True) -> Iterator[None]:
     """For the block, SIGINT raises `Interrupted` and SIGTERM `Terminated` in the main thread.
 
     `restore`: put the previous handlers back afterwards (main() inside another program, e.g. pytest); without
     it the handlers stay, settled (`settle`), so a signal during the interpreter's shutdown changes nothing."""
-    global _stopping, _received
-    _stopping, _received = False, None
+    global _stopping, _received, _rearmed
+    _stopping, _received, _rearmed = False, None, False
     previous = {s: signal.signal(s, _raise_for) for s in _SIGNALS}
     try:
         yield
@@ -335,9 +348,9 @@ def _reap(pids: list[int]) -> None:
     """Collect the exit status of our killed children (multiprocessing's own first, so it does not find a
     child that vanished under it), leaving no zombie."""
     try:
-        import multiprocessing
-
-        multiprocessing.active_children()
+        multiprocessing = sys.modules.get("multiprocessing")  # never imported: it started no child to reap
+        if multiprocessing is not None:
+            multiprocessing.active_children()
     except Exception:  # noqa: BLE001 - a best-effort backstop
         pass
     for p in pids:

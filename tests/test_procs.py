@@ -206,3 +206,23 @@ def test_a_signal_whose_exception_was_swallowed_still_ends_the_command_with_its_
         assert procs.received() is procs.Terminated
     with procs.raising_signals():
         assert procs.received() is None  # each command starts clean
+
+
+def test_a_checkpoint_raises_a_signal_whose_exception_was_lost():
+    """A handler's raise inside a finaliser is printed as "ignored" and lost; the next checkpoint of a long loop
+    raises it again, once."""
+    import signal
+
+    from k3sim import procs
+
+    with procs.raising_signals():
+        class Finalised:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)  # the handler raises here, inside __del__: lost
+
+        Finalised()
+        assert procs.received() is procs.Interrupted
+        with pytest.raises(procs.Interrupted):
+            procs.checkpoint()
+        procs.checkpoint()  # once only: the cleanup it started is not interrupted again
+    procs.checkpoint()  # a new command (raising_signals) starts clean

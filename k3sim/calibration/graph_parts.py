@@ -477,17 +477,23 @@ def _make_impl(impl: str, E: int, K: int, N: int, dev):
         w_d = torch.empty((E, K, N), device=dev, dtype=torch.bfloat16).normal_(0, 0.02).transpose(-2, -1)
         return _grouped_ffn_bf16(w_gu, w_d), 3 * K * N * 2
     if impl == "fp8":
-        def fp8(shape):  # chunked: a bf16 copy of all experts at once would not fit beside the others
-            out = torch.empty(shape, device=dev, dtype=torch.float8_e4m3fn)
-            for e0 in range(0, shape[0], 32):
-                out[e0:e0 + 32] = torch.randn((min(32, shape[0] - e0), *shape[1:]), device=dev).to(torch.float8_e4m3fn)
-            return out
-        w_gu = fp8((E, 2 * N, K)).transpose(-2, -1)  # [E, K, 2N], column-major per expert
-        w_d = fp8((E, K, N)).transpose(-2, -1)
-        s_gu = torch.full((E, 2 * N), 0.02, device=dev)
-        s_d = torch.full((E, K), 0.02, device=dev)
-        return _grouped_ffn_fp8(w_gu, s_gu, w_d, s_d), 3 * K * N
+        return _grouped_ffn_fp8(*fp8_expert_weights(E, K, N, dev)), 3 * K * N
     raise KeyError(impl)
+
+
+def fp8_expert_weights(E: int, K: int, N: int, dev, scale: float = 0.02):
+    """Random e4m3 expert weights as `_grouped_ffn_fp8` takes them: w_gu [E, K, 2N] and w_d [E, N, K]
+    (column-major per expert), with rowwise scales s_gu [E, 2N], s_d [E, K] (all `scale`: |w| ~ 0.02)."""
+    import torch
+
+    def fp8(shape):  # chunked: a bf16 copy of all experts at once would not fit beside the others
+        out = torch.empty(shape, device=dev, dtype=torch.float8_e4m3fn)
+        for e0 in range(0, shape[0], 32):
+            out[e0:e0 + 32] = torch.randn((min(32, shape[0] - e0), *shape[1:]), device=dev).to(torch.float8_e4m3fn)
+        return out
+    w_gu = fp8((E, 2 * N, K)).transpose(-2, -1)
+    w_d = fp8((E, K, N)).transpose(-2, -1)
+    return w_gu, torch.full((E, 2 * N), scale, device=dev), w_d, torch.full((E, K), scale, device=dev)
 
 
 # ---- launch variants: correct on the reference first, then fastest on probe shapes ----------------------

@@ -56,3 +56,34 @@ COLLECTIVE_BYTES = [2 ** e for e in range(10, 31, 1)]
 KCP_T = [32768, 65536, 131072, 262144, 524288]
 KCP_DOCS = [1, 4]
 KCP_HEADS = [96, 12]   # K3 without head TP, and at TP8
+
+# ---- deployed shapes (issue 21 item 5; harness k3sim/calibration/deployed.py) ------------------------
+# Attention-DP runs every head of a layer on one GPU: MLA query rows per sequence H = heads per GPU x query
+# tokens (FlashMLA folds the MTP draft tokens into the heads): 16..128 heads x q 1..4. Coarse values first,
+# so a sweep cut short by its time box still spans each range.
+DEPLOYED_MLA_H = [128, 64, 32, 16, 256, 512]
+DEPLOYED_MLA_B = [64, 1, 256, 8, 128, 32]
+DEPLOYED_MLA_C = [32768, 4096, 131072, 1024, 16384, 65536]
+DEPLOYED_MLA_MAX_CACHE_BYTES = 60 * 2 ** 30  # harness choice: the bf16 latent cache of one call stays under 60 GiB
+
+# Routed experts of DeepSeek-V3 (256 experts, 8 per token) and Kimi K2 (384, 8): K = hidden 7168,
+# N = expert width 2048. Local experts per GPU: (E, where it comes from).
+DEPLOYED_EXPERT_K, DEPLOYED_EXPERT_N, DEPLOYED_EXPERT_TOPK = 7168, 2048, 8
+DEPLOYED_EXPERTS = [
+    (8, "DeepSeek-V3 at EP 32: 256 / 32"),
+    (2, "DeepSeek-V3 at EP 128: 256 / 128"),
+    (3, "Kimi K2 at EP 128: 384 / 128"),
+    (9, "DeepSeek-V3 prefill, 256 + 32 redundant experts over EP 32: 288 / 32"),
+    (12, "Kimi K2 at EP 32: 384 / 32"),
+]
+# Tokens per attention-DP rank b; with dp = ep and 8 % ep != 0 the step model's rule
+# (k3sim/step/layers.py routed_expert_shape) gives each rank B = b k dp / ep = 8 b (token, expert) pairs at
+# topk 1. Both b and 8 b are measured, so the op's B is covered either way.
+DEPLOYED_RANK_TOKENS = [128, 512, 2048, 4096, 8192]
+DEPLOYED_EXPERT_B = [1024, 8192, 65536, 128, 4096, 32768, 512, 2048, 16384]
+
+# Around the dispatch: tokens of one rank, hidden width, local picks per token.
+DEPLOYED_DISPATCH_T = [128, 512, 2048, 8192, 256, 1024, 4096, 16384]
+DEPLOYED_DISPATCH_D = 7168
+DEPLOYED_PERMUTE_TOPK = [1, 8, 2, 4]
+DEPLOYED_QUANT_D = [7168, 2048]  # hidden (before dispatch) and the expert width (before the down GEMM)

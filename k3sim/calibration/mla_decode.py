@@ -29,6 +29,7 @@ MAX_BLOCK_H = 32
 TARGET_PROGRAMS = 2 * 132  # harness choice: two waves of the H200's 132 SMs
 MERGE_BLOCK_S = 16  # kernel choice: splits merged per step ([16, 512] fp32 in registers)
 MIN_CHUNK = 256  # harness choice: a split reads at least this many positions (amortises its merge)
+LAZY_LOG2 = 8.0  # kernel choice (lazy variants): a stale max may lag by 2^8 (p <= 256: far inside fp32 and bf16)
 
 
 def reference(q_lat, q_rope, cache, lens=None, sm_scale: float = SM_SCALE):
@@ -76,13 +77,28 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
+    def _mma(a, b, acc, F32: tl.constexpr):
+        # acc + a b accumulated in place (the tensor-core accumulator is acc itself: no second [H, 512] tile)
+        if F32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        return tl.dot(a, b, acc)
+
+    @triton.jit
     def _split_kernel(ql_ptr, qr_ptr, kv_ptr, lens_ptr, o_ptr, lse_ptr,
                       s_qlb, s_qlh, s_qrb, s_qrh, s_kvb, s_kvc, H, chunk, splits, sm_scale_log2,
                       DL: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-                      F32: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
-        sp = tl.program_id(1)
-        ht = tl.program_id(2)
+                      F32: tl.constexpr, HEAD_FASTEST: tl.constexpr, FUSED: tl.constexpr, LAZY: tl.constexpr,
+                      LAZY_T: tl.constexpr):
+        # HEAD_FASTEST: the head tiles of one (sequence, split) are neighbours in launch order, so they read
+        # the same cache rows at about the same time (L2 hits instead of one HBM pass per tile)
+        if HEAD_FASTEST:
+            ht = tl.program_id(0)
+            sp = tl.program_id(1)
+            b = tl.program_id(2).to(tl.int64)
+        else:
+            b = tl.program_id(0).to(tl.int64)
+            sp = tl.program_id(1)
+            ht = tl.program_id(2)
         L = tl.load(lens_ptr + b)
         start = sp * chunk
         end = tl.minimum(start + chunk, L)
@@ -101,14 +117,33 @@ if triton is not None:
             row = kv_ptr + b * s_kvb + rc[:, None].to(tl.int64) * s_kvc
             k_l = tl.load(row + rl[None, :], mask=c_mask[:, None], other=0.0)  # [BLOCK_C, DL]
             k_r = tl.load(row + DL + rr[None, :], mask=c_mask[:, None], other=0.0)
-            s = _mm(q_l, tl.trans(k_l), F32) + _mm(q_r, tl.trans(k_r), F32)
+            if FUSED:
+                s = _mma(q_r, tl.trans(k_r), _mm(q_l, tl.trans(k_l), F32), F32)
+            else:
+                s = _mm(q_l, tl.trans(k_l), F32) + _mm(q_r, tl.trans(k_r), F32)
             s = tl.where(c_mask[None, :], s * sm_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _mm(p.to(tl.bfloat16), k_l, F32)
-            m_i = m_new
+            if LAZY:
+                # rescale only when some row's max grew by more than LAZY_LOG2 (FlashAttention-4's
+                # conditional rescaling): between rescales the reference max is stale by at most that, so
+                # p <= 2^LAZY_LOG2 and l, acc share the one reference (exact after the final division)
+                if tl.max(m_new - m_i, 0) > LAZY_T:
+                    alpha = tl.exp2(m_i - m_new)
+                    l_i = l_i * alpha
+                    acc = acc * alpha[:, None]
+                    m_i = m_new
+                p = tl.exp2(s - m_i[:, None])
+                l_i = l_i + tl.sum(p, 1)
+                acc = _mma(p.to(tl.bfloat16), k_l, acc, F32)
+            else:
+                p = tl.exp2(s - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if FUSED:
+                    acc = _mma(p.to(tl.bfloat16), k_l, acc * alpha[:, None], F32)
+                else:
+                    acc = acc * alpha[:, None] + _mm(p.to(tl.bfloat16), k_l, F32)
+                m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -149,10 +184,28 @@ class Variant:
     num_warps: int = 8
     num_stages: int = 2
     max_block_h: int = MAX_BLOCK_H
+    head_fastest: bool = False  # grid order: head tiles innermost (see _split_kernel)
+    waves: int = 2  # split planning: programs for this many waves of the SMs (num_splits)
+    fused: bool = False  # dots accumulate into their running sums (tl.dot(a, b, acc))
+    lazy: bool = False  # conditional rescaling (LAZY_LOG2); implies fused accumulation
 
     @property
     def name(self) -> str:
-        return f"c{self.block_c}-w{self.num_warps}-s{self.num_stages}-h{self.max_block_h}"
+        base = f"c{self.block_c}-w{self.num_warps}-s{self.num_stages}-h{self.max_block_h}"
+        return (base + ("-t" if self.head_fastest else "") + (f"-v{self.waves}" if self.waves != 2 else "")
+                + ("-z" if self.lazy else "-f" if self.fused else ""))
+
+    @classmethod
+    def from_name(cls, name: str) -> "Variant":
+        """The inverse of `name`: 'c64-w8-s2-h64-t-v4' -> Variant(64, 8, 2, 64, True, 4); ValueError otherwise."""
+        import re
+
+        m = re.fullmatch(r"c(\d+)-w(\d+)-s(\d+)-h(\d+)(-t)?(?:-v(\d+))?(-[fz])?", name.strip())
+        if not m:
+            raise ValueError(f"not a variant name: {name!r} (e.g. c32-w4-s2-h32, c64-w8-s2-h64-t-v4-z)")
+        c, w, s, h, t, v, acc = m.groups()
+        return cls(int(c), int(w), int(s), int(h), bool(t), int(v) if v else 2, fused=acc == "-f",
+                   lazy=acc == "-z")
 
 
 VARIANTS = [Variant(32, 8, 2, 32), Variant(64, 8, 2, 32), Variant(32, 4, 2, 32), Variant(32, 8, 2, 64),
@@ -162,10 +215,11 @@ VARIANTS = [Variant(32, 8, 2, 32), Variant(64, 8, 2, 32), Variant(32, 4, 2, 32),
 DEFAULT = Variant(32, 4, 2, 32)
 
 
-def num_splits(B: int, C: int, H: int, max_block_h: int = MAX_BLOCK_H) -> int:
-    """Context chunks per sequence: enough programs for two waves of SMs, none shorter than MIN_CHUNK."""
+def num_splits(B: int, C: int, H: int, max_block_h: int = MAX_BLOCK_H, waves: int = 2) -> int:
+    """Context chunks per sequence: enough programs for `waves` waves of SMs (two by default), none
+    shorter than MIN_CHUNK."""
     tiles = math.ceil(H / block_h(H, max_block_h))
-    want = math.ceil(TARGET_PROGRAMS / max(1, B * tiles))
+    want = math.ceil(TARGET_PROGRAMS * waves / 2 / max(1, B * tiles))
     return max(1, min(want, math.ceil(C / MIN_CHUNK)))
 
 
@@ -182,7 +236,7 @@ class MLADecode:
 
         self.B, self.C, self.H = B, C, H
         self.variant = v = variant or DEFAULT
-        self.splits = splits or num_splits(B, C, H, v.max_block_h)
+        self.splits = splits or num_splits(B, C, H, v.max_block_h, v.waves)
         self.chunk = math.ceil(math.ceil(C / self.splits) / v.block_c) * v.block_c
         self.bh = block_h(H, v.max_block_h)
         self.o_part = torch.empty((B, self.splits, H, D_LATENT), dtype=torch.float32, device=device)
@@ -194,14 +248,17 @@ class MLADecode:
             raise RuntimeError("the MLA decode kernel needs triton")
         assert cache.shape[-1] == D_LATENT + D_ROPE and cache.stride(-1) == 1
         assert q_lat.stride(-1) == 1 and q_rope.stride(-1) == 1
-        B, H = self.B, self.H
+        B, H, v = self.B, self.H, self.variant
         f32 = interpreted()
-        _split_kernel[(B, self.splits, math.ceil(H / self.bh))](
+        tiles = math.ceil(H / self.bh)
+        grid = (tiles, self.splits, B) if v.head_fastest else (B, self.splits, tiles)
+        _split_kernel[grid](
             q_lat, q_rope, cache, lens, self.o_part, self.lse,
             q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1), cache.stride(0), cache.stride(1),
             H, self.chunk, self.splits, sm_scale * 1.4426950408889634,
-            DL=D_LATENT, DR=D_ROPE, BLOCK_H=self.bh, BLOCK_C=self.variant.block_c, F32=f32,
-            num_warps=self.variant.num_warps, num_stages=self.variant.num_stages)
+            DL=D_LATENT, DR=D_ROPE, BLOCK_H=self.bh, BLOCK_C=v.block_c, F32=f32, HEAD_FASTEST=v.head_fastest,
+            FUSED=v.fused or v.lazy, LAZY=v.lazy, LAZY_T=LAZY_LOG2,
+            num_warps=v.num_warps, num_stages=v.num_stages)
         _merge_kernel[(B, H)](self.o_part, self.lse, self.out, H, self.splits, self.out.stride(0),
                               self.out.stride(1), DL=D_LATENT, BLOCK_S=MERGE_BLOCK_S, num_warps=4)
         return self.out

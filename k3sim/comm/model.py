@@ -79,7 +79,11 @@ def _calibration(hw: Any, op: str):
     n_ref = min(opp.fit.alpha_beta)  # the smallest measured count: one link, no topology in it
     ab = opp.fit.alpha_beta[n_ref]
     frac = ab.bus_bandwidth_bytes_per_s / float(hw.scaleup_bandwidth_bytes_per_s)
-    return ab.alpha_s / ring_steps(op, n_ref), frac, f"alpha-beta fit of {n_ref} GPUs ({opp.fit_note})", n_ref
+    note = f"alpha-beta fit of {n_ref} GPUs ({opp.fit_note})"
+    if frac > 1.0:  # a profile slower than the measuring machine: no link runs above its bandwidth (issue 21)
+        note += f"; achieved fraction {frac:.3f} of this profile's scale-up bandwidth clamped to 1"
+        frac = 1.0
+    return ab.alpha_s / ring_steps(op, n_ref), frac, note, n_ref
 
 
 def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, gpus_per_node: int | None = None,

@@ -86,6 +86,38 @@ def register(app: typer.Typer) -> None:
 
         print(write_glue_file(_input(run), out, points))
 
+    @chk.command("deepep")
+    def deepep(as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units.")) -> None:
+        """The EP all-to-all model on the DeepEP tables: fit, leave-one-out, leave-EP-out, held-out checks."""
+        from k3sim.output import print_json, print_table
+        from k3sim.validation.ep_comm import report, table
+
+        rep = report()
+        if as_json:
+            print_json(rep)
+            return
+        cols, rows = table(rep)
+        pr = rep["parameters"]
+        lat = ", ".join(f"{ph} {v['a_s'] * 1e6:.1f} + {v['b_s_per_log2_ep'] * 1e6:.2f} x log2(EP) us"
+                        for ph, v in pr["latency"].items())
+        err = {k: f"{100 * rep[k]['mape']:.1f} % (max {100 * rep[k]['max_abs_rel_err']:.1f} %)"
+               for k in ("leave_one_out", "leave_ep_out")}
+        print_table(f"{rep['calibration']}: f_nvl {pr['f_nvl']:.3f}, f_rdma {pr['f_rdma']:.3f}; latency {lat}; "
+                    f"LOO MAPE {err['leave_one_out']}, leave-EP-out {err['leave_ep_out']}", cols, rows)
+
+    @chk.command("deployed")
+    def deployed(
+        out: Path = typer.Option(..., "--out", help="Directory (new, empty or a previous deployed output) for "
+                                 "predictions.csv and the generated README.md; the committed one is "
+                                 "reports/deployed."),
+    ) -> None:
+        """Predictions for deployments at scale (attention-DP, wide EP, DeepEP, FP8, TBO, redundant experts)."""
+        from k3sim.files import check_output_dir
+        from k3sim.validation.deployed import KIND, write_report
+
+        check_output_dir(out, kind=KIND)
+        print(f"deployed predictions -> {write_report(out)}")
+
     @chk.command("train-report")
     def train_report(
         out: Optional[Path] = typer.Argument(None, metavar="OUT_DIR", help="Report directory; default "

@@ -1,28 +1,43 @@
-"""`k3sim decode`: TPOT, tokens/s per GPU and what bounds a decode step of K3 (or any shipped model);
-`--sweep-batch` writes its table and roofline plot to `--out` (default `./k3sim-out/decode/`)."""
+"""`k3sim decode`: TPOT, tokens/s per GPU and per node and what bounds a decode step of K3 (or any shipped
+model), at the layouts of serving at scale (attention DP, wide EP, DeepEP-class all-to-all, two-batch
+overlap, redundant experts, MTP); `--sweep-batch` writes its table and roofline plot to `--out` (default
+`./k3sim-out/decode/`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from k3sim.configs.bounds import option_range
 
+from k3sim.commands.scale import (EP_KERNEL_NAMES, EP_PARAM_OPTIONS, GPUS_PER_NODE, LAYOUT_OPTIONS,  # noqa: F401
+                                  MLA_KERNEL_HELP, ZIPF, ep_errors_named as _ep_errors_named)
+
 
 def _result_json(r, hw) -> dict:
     rows = [{"component": x.component, "stage": x.stage, "op": x.op, "bytes": x.bytes, "flops": x.flop,
              "seconds": x.seconds, "source": x.source, "hidden": x.hidden} for x in r.rows]
+    lay = r.layout
     return {
-        "model_batch": r.batch, "context_tokens": r.context,
-        "layout": {"tp": r.layout.tp, "pp": r.layout.pp, "ep": r.layout.ep, "attention_dp": r.layout.attention_dp,
-                   "gpus": r.layout.gpus, "convention": r.layout.convention},
+        "model_batch": r.batch, "batch_per_dp_rank": r.batch, "context_tokens": r.context,
+        "layout": {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "attention_dp": lay.attention_dp,
+                   "gpus": lay.gpus, "gpus_per_node": lay.gpus_per_node, "convention": lay.convention,
+                   "ep_kernel": lay.ep_kernel.replace("_", "-"), "dispatch_dtype": lay.dispatch_dtype,
+                   "redundant_experts": lay.redundant_experts, "max_nodes_per_token": lay.max_nodes_per_token,
+                   "tbo": lay.tbo, "routing_zipf": lay.routing_zipf},
         "expected_distinct_experts_per_layer": r.expected_distinct_experts_per_layer,
         "expected_distinct_experts_per_rank": r.expected_distinct_experts_per_rank,
         "bytes_per_step_per_gpu": r.bytes_per_step_per_gpu, "flops_per_step_per_gpu": r.flop_per_step_per_gpu,
         "tpot_s": r.tpot_s, "step_s": r.step_s, "stage_seconds": r.stage_seconds,
         "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+        "tokens_per_s_per_node": r.tokens_per_s_per_node,
+        # the step (all stages, one token's path) split: compute + exposed communication = step_s
+        "compute_s": r.compute_s, "comm_exposed_s": r.comm_exposed_s, "comm_hidden_s": r.comm_hidden_s,
+        "comm_split_source": r.comm_split_source, "expert_load_max_over_mean": r.expert_load_max_over_mean,
         "limiter": r.limiter, "expert_kernel": r.expert_kernel,
+        "ep_kernel_used": None if r.ep_kernel_used is None else r.ep_kernel_used.replace("_", "-"),
         "expert_kernels_seconds_per_step": r.expert_kernels, "router_fusion_seconds_per_step": r.router_fusion,
         "max_batch_by_memory": r.max_batch_by_memory, "speculative": r.spec, "breakdown": rows,
         # share of the step's seconds standing on an uncalibrated datasheet roofline (a lower bound: no
@@ -36,6 +51,18 @@ def _datasheet_share(r) -> float:
     return sum(x.seconds for x in r.rows if "datasheet" in x.source) / total
 
 
+def _redundant(value):
+    """--redundant-experts: 0 (none) or a count inside the experts bound."""
+    from k3sim.configs.bounds import check_range
+    from k3sim.errors import InputError
+
+    if value is None or (isinstance(value, int) and value == 0):
+        return value
+    if isinstance(value, int) and value < 0:
+        raise InputError(f"must be 0 or more redundant expert slots, got {value}", source="--redundant-experts")
+    return check_range(value, "experts", "--redundant-experts", integer=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("decode")
     def decode(
@@ -45,51 +72,105 @@ def register(app: typer.Typer) -> None:
                                   help="sequences per micro-batch (per attention-DP rank)"),
         context: int = typer.Option(32768, "--context", callback=option_range("tokens", "--context"),
                                     help="tokens already in each sequence's context"),
-        tp: int = typer.Option(8, "--tp", callback=option_range("parallel", "--tp")),
+        tp: int = typer.Option(8, "--tp", callback=option_range("parallel", "--tp"),
+                               help="tensor-parallel ranks of one attention-DP rank"),
         pp: int = typer.Option(2, "--pp", callback=option_range("parallel", "--pp")),
-        ep: int = typer.Option(8, "--ep", callback=option_range("parallel", "--ep")),
+        ep: int = typer.Option(8, "--ep", callback=option_range("parallel", "--ep"),
+                               help="expert-parallel ranks (routed experts spread over them)"),
         attention_dp: int = typer.Option(1, "--attention-dp", callback=option_range("parallel", "--attention-dp"),
-                                         help="attention data-parallel replicas inside a stage"),
+                                         help="attention data-parallel ranks per stage, each with its own batch "
+                                              "(GPUs = tp x attention-dp x pp)"),
+        ep_kernel: str = typer.Option("auto", "--ep-kernel", help="EP all-to-all kernel: normal, low-latency, nccl "
+                                      "or auto (low-latency in decode)"),
+        dispatch_dtype: str = typer.Option("auto", "--dispatch-dtype", help="dispatch dtype: fp8, bf16 or auto (fp8 "
+                                           "where the profile has FP8); combine is bf16"),
+        redundant_experts: int = typer.Option(0, "--redundant-experts", callback=_redundant,
+                                              help="extra expert slots over the EP ranks (EPLB)"),
+        max_nodes_per_token: Optional[int] = typer.Option(
+            None, "--max-nodes-per-token", callback=option_range("parallel", "--max-nodes-per-token"),
+            help="node-limited routing: nodes a token's experts may lie on [default: unlimited]"),
+        tbo: bool = typer.Option(False, "--tbo/--no-tbo", help="two-batch overlap: two micro-batches, one's "
+                                 "compute against the other's all-to-all"),
+        mla_kernel: str = typer.Option("measured", "--mla-kernel", help=MLA_KERNEL_HELP),
+        zipf: float = typer.Option(0.0, "--zipf", "--routing-zipf", help="router skew: Zipf exponent of expert "
+                                   "popularity (0 uniform)"),
         mtp: int = typer.Option(0, "--mtp", help="MTP draft tokens per step (0: no speculative decoding)"),
         acceptance: Optional[float] = typer.Option(None, "--acceptance", help="per-draft acceptance rate in [0, 1]"),
-        rollback: Optional[str] = typer.Option(None, "--rollback", help="KDA state rollback: snapshot or replay"),
+        rollback: Optional[str] = typer.Option(None, "--rollback", help="KDA state rollback: snapshot or replay "
+                                               "[default: replay]"),
         expert_kernel: str = typer.Option("auto", "--expert-kernel",
-                                          help="auto, mxfp4_token, grouped_bf16 or grouped_fp8"),
-        zipf: float = typer.Option(0.0, "--zipf", help="router skew: Zipf exponent of expert popularity (0 uniform)"),
+                                          help="auto, mxfp4_token, grouped_bf16, grouped_fp8 or deepgemm_fp8"),
         convention: str = typer.Option("graph", "--convention", help="graph (one CUDA graph per step) or eager"),
         sweep_batch: bool = typer.Option(False, "--sweep-batch", help="sweep the batch: table + roofline plot"),
         out: Optional[str] = typer.Option(None, "--out", help="directory for --sweep-batch (CSV, PNG): new, empty "
                                           "or a previous decode sweep output [default: ./k3sim-out/decode/]"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
-        """Decode step: TPOT, tokens/s per GPU, bytes per step and what limits it (optionally with MTP)."""
+        """Decode step: TPOT, tokens/s per GPU, bytes per step and what limits it (optionally with MTP).
+
+        At serving-at-scale layouts too (attention DP, wide EP, DeepEP-class all-to-all, two-batch overlap,
+        redundant experts): tokens/s per node and the step split into compute, exposed and hidden communication.
+        """
+        from k3sim.configs import load_model
         from k3sim.commands.options import DECODE, check
 
-        check(DECODE)  # every option given changes the result (k3sim.commands.options)
+        model_cfg = load_model(model)
+        # every option given changes the result (k3sim.commands.options)
+        check(DECODE, decode_facts(model_cfg, tp=tp, ep=ep, attention_dp=attention_dp))
         run_decode(model=model, hardware=hardware, batch=batch, context=context, tp=tp, pp=pp, ep=ep,
                    attention_dp=attention_dp, mtp=mtp, acceptance=acceptance, rollback=rollback,
                    expert_kernel=expert_kernel, zipf=zipf, convention=convention, sweep_batch=sweep_batch,
-                   out=out, json_out=json_out)
+                   out=out, json_out=json_out, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype,
+                   redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token, tbo=tbo,
+                   model_cfg=model_cfg, mla_kernel=mla_kernel)
+
+
+def decode_facts(model_cfg, *, tp: int, ep: int, attention_dp: int, gpus_per_node: int = GPUS_PER_NODE) -> dict:
+    """What the DECODE option rules read: KDA layers, whether the layout runs an EP all-to-all (attention DP
+    ranks meet in experts spread over more than one rank), and the nodes an EP group spans."""
+    import math
+
+    from k3sim.step import StepLayout
+    from k3sim.step.layers import dispatches
+
+    return {"kda_layers": model_cfg.num_kda_layers if model_cfg.kda is not None else 0,
+            "model": model_cfg.name, "moe": model_cfg.moe is not None, "mla_layers": model_cfg.num_mla_layers,
+            "ep_all_to_all": dispatches(StepLayout(tp=tp, ep=ep, attention_dp=attention_dp)), "ep": ep,
+            "gpus_per_node": gpus_per_node, "ep_nodes": math.ceil(ep / gpus_per_node)}
+
+
+def _max_depth(model_cfg, tp: int) -> tuple[int, str]:
+    """The most MTP drafts the kernel registry prices: a KDA verify walks up to 2n + 1 tokens per sequence
+    (replay: n + 1 new plus up to n accepted) through the multi-token KDA kernel; an MLA verify folds its
+    n + 1 query tokens into the head axis of `mla_decode` (heads per GPU x (n + 1)); and n + 1 stays within
+    the tokens one sequence feeds a decode step (the bounds table's `decode_tokens`: beyond, it is a prefill)."""
+    from k3sim.configs.bounds import BOUNDS
+    from k3sim.kernels.ops import OPS
+
+    per_seq = int(BOUNDS["decode_tokens"].hi)
+    limits = [(per_seq - 1, f"a verify feeds n+1 tokens per sequence, at most {per_seq} in a decode step")]
+    if model_cfg.kda is not None and model_cfg.num_kda_layers:
+        t_max = OPS["recurrent_kda_decode"].ranges["T"][1]
+        limits.append(((t_max - 1) // 2, f"a verify step walks up to 2n+1 tokens; the KDA decode kernel is "
+                                         f"modelled up to {t_max}"))
+    if model_cfg.mla is not None and model_cfg.num_mla_layers:
+        h_max = OPS["mla_decode"].ranges["H"][1]
+        heads = max(1, -(-model_cfg.mla.num_heads // tp))
+        limits.append((h_max // heads - 1, f"MLA verification folds n+1 query tokens into {heads} heads per GPU; "
+                                           f"the MLA decode kernel is modelled up to {h_max} heads"))
+    return min(limits)
 
 
 def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_kernel, convention, zipf,
-                   sweep_batch, out) -> None:
+                   sweep_batch, out, tp=8, ep_kernel="auto", dispatch_dtype="auto") -> None:
+    from k3sim.configs.bounds import check_range
     from k3sim.errors import InputError
-    from k3sim.step.layout import CONVENTIONS, EXPERT_KERNELS
+    from k3sim.step.layout import CONVENTIONS, DISPATCH_DTYPES, EXPERT_KERNELS
 
     model_cfg.check_context(context, source="--context")
-    from k3sim.kernels.ops import OPS
-
-    # a verify step walks up to 2n + 1 tokens per sequence through the measured multi-token KDA kernel
-    # (replay: n + 1 new plus up to n accepted ones); the kernel registry bounds its T
-    t_max = OPS["recurrent_kda_decode"].ranges["T"][1]
-    max_depth = (t_max - 1) // 2
+    max_depth, why = _max_depth(model_cfg, tp)
     if mtp < 0 or mtp > max_depth:
-        raise InputError(f"must be in [0, {max_depth}] draft tokens (a verify step walks up to 2n+1 tokens; the "
-                         f"KDA decode kernel is modelled up to {t_max}), got {mtp}", source="--mtp")
-    if mtp == 0 and (rollback is not None or acceptance is not None):
-        which = "--rollback" if rollback is not None else "--acceptance"
-        raise InputError("needs --mtp N >= 1 (no draft tokens to verify or roll back)", source=which)
+        raise InputError(f"must be in [0, {max_depth}] draft tokens ({why}), got {mtp}", source="--mtp")
     if mtp > 0 and acceptance is None:
         raise InputError("--mtp needs --acceptance A (per-draft acceptance rate in [0, 1])", source="--acceptance")
     if acceptance is not None and not (0.0 <= acceptance <= 1.0):
@@ -100,69 +181,124 @@ def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_
         raise InputError(f"must be one of {', '.join(EXPERT_KERNELS)}, got {expert_kernel!r}", source="--expert-kernel")
     if convention not in CONVENTIONS:
         raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
-    if not (0.0 <= zipf <= 8.0):  # modelling choice: s = 8 already puts ~all picks on the top-k experts
-        raise InputError(f"must be in [0, 8] (0 uniform routing), got {zipf}", source="--zipf")
+    if ep_kernel not in EP_KERNEL_NAMES:
+        raise InputError(f"must be normal, low-latency, nccl or auto, got {ep_kernel!r}", source="--ep-kernel")
+    if dispatch_dtype not in DISPATCH_DTYPES:
+        raise InputError(f"must be fp8, bf16 or auto, got {dispatch_dtype!r}", source="--dispatch-dtype")
+    check_range(zipf, "zipf_exponent", ZIPF)
     if out is not None and not sweep_batch:
         raise InputError("--out is only written by --sweep-batch; add --sweep-batch or drop --out", source="--out")
 
 
-def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=None):
-    from k3sim.configs.parallel import Parallelism, check_layout
+def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=None, **scale):
+    """The StepLayout of the options: the scenario schema's `Parallelism` they spell (serving-at-scale fields
+    given only where they differ from the default), checked by the one layout check (`check_layout`, on a
+    cluster of this replica's GPUs in nodes of 8) and turned into the step's layout
+    (`StepLayout.from_parallelism`); every refusal names the option that set the field."""
+    import pydantic
+
+    from k3sim.configs.parallel import Cluster, Parallelism, check_layout
     from k3sim.errors import InputError
     from k3sim.step import StepLayout
 
-    names = {"tp": "--tp", "pp": "--pp", "ep": "--ep", "dp": "--attention-dp"}
+    unset = {"redundant_experts": 0, "ep_kernel": "auto", "dispatch_dtype": "auto", "max_nodes_per_token": None,
+             "tbo": False, "routing_zipf": 0.0, "mla_decode_kernel": "measured"}
+    given = {k: v for k, v in scale.items() if v != unset[k]}
     try:
-        par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp)
-        check_layout(model_cfg, par, mode="serve", hardware=hw)
+        par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp, **given)
+        check_layout(model_cfg, par, mode="serve", hardware=hw,
+                     cluster=Cluster(num_gpus=par.gpus, gpus_per_node=GPUS_PER_NODE))
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        name = str(e["loc"][0]) if e.get("loc") else ""
+        raise InputError(e.get("msg", str(err)), source=LAYOUT_OPTIONS.get(name, "--tp")) from None
     except InputError as err:
         f = (err.field or "").split(".")[-1]
-        raise InputError(err.reason, source=names.get(f, err.source), field=None) from None
-    return StepLayout(tp=tp, pp=pp, ep=ep, attention_dp=attention_dp, expert_kernel=expert_kernel,
-                      convention=convention)
+        if f in LAYOUT_OPTIONS:
+            raise InputError(err.reason, source=LAYOUT_OPTIONS[f], field=None) from None
+        raise
+    return StepLayout.from_parallelism(par, gpus_per_node=GPUS_PER_NODE, expert_kernel=expert_kernel,
+                                       convention=convention)
 
 
 def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp, acceptance, rollback,
-               expert_kernel, zipf, convention, sweep_batch, out, json_out) -> None:
+               expert_kernel, zipf, convention, sweep_batch, out, json_out, ep_kernel="auto", dispatch_dtype="auto",
+               redundant_experts=0, max_nodes_per_token=None, tbo=False, model_cfg=None, given=None,
+               mla_kernel="measured") -> None:
     from k3sim.configs import load_hardware, load_model
     from k3sim.decode import SpecConfig, decode_step
-    from k3sim.output import human_bytes, print_json, print_kv, print_table
+    from k3sim.output import print_json
 
-    model_cfg = load_model(model)
+    model_cfg = model_cfg or load_model(model)
     hw = load_hardware(hardware)
     _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_kernel, convention, zipf,
-                   sweep_batch, out)
-    layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw)
+                   sweep_batch, out, tp=tp, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype)
+    layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw,
+                     ep_kernel=EP_KERNEL_NAMES[ep_kernel], dispatch_dtype=dispatch_dtype,
+                     redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token, tbo=tbo,
+                     routing_zipf=float(zipf), mla_decode_kernel=mla_kernel)
     spec = SpecConfig(mtp, acceptance, rollback or "replay") if mtp else None
     if sweep_batch:
-        from k3sim.decode.sweep import KIND
         from k3sim.files import check_output_dir, default_out
+
+        from k3sim.decode.sweep import KIND
 
         out = default_out("decode") if out is None else out
         check_output_dir(out, kind=KIND)  # refused before the sweep runs
-        _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source=str(model))
+        with _ep_errors_named(_given() if given is None else given):
+            _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source=str(model))
         return
-    r = decode_step(model_cfg, hw, layout, batch, context, spec=spec, zipf=zipf)
-    data = _result_json(r, hw)
+    with _ep_errors_named(_given() if given is None else given):
+        r = decode_step(model_cfg, hw, layout, batch, context, spec=spec, zipf=zipf)
     if json_out:
-        print_json(data)
+        print_json(_result_json(r, hw))
         return
-    pairs = [("model", model_cfg.name), ("layout", f"tp={tp} pp={pp} ep={ep} attention_dp={attention_dp} "
-                                                    f"({layout.gpus} GPUs), {convention} convention"),
-             ("batch x context", f"{batch} x {context:,} tokens"),
+    _print_result(r, model_cfg)
+
+
+def _given() -> dict[str, str]:
+    """The options the user wrote (primary name -> form), or none outside a running command."""
+    from k3sim.commands.options import given_options
+
+    try:
+        return given_options()[0]
+    except RuntimeError:
+        return {}
+
+
+def _print_result(r, model_cfg) -> None:
+    from k3sim.output import human_bytes, print_kv, print_table
+
+    lay = r.layout
+    used = "none" if r.ep_kernel_used is None else r.ep_kernel_used.replace("_", "-")
+    scale = [f"all-to-all={used}", f"dispatch={lay.dispatch_dtype}"]
+    scale += [f"redundant={lay.redundant_experts}"] if lay.redundant_experts else []
+    scale += [f"max_nodes={lay.max_nodes_per_token}"] if lay.max_nodes_per_token else []
+    scale += ["tbo"] if lay.tbo else []
+    hidden = "not split by the step model" if r.comm_hidden_s is None else f"{r.comm_hidden_s * 1e3:.3f} ms"
+    load = "-" if r.expert_load_max_over_mean is None else f"{r.expert_load_max_over_mean:.3f}"
+    pairs = [("model", model_cfg.name),
+             ("layout", f"tp={lay.tp} pp={lay.pp} ep={lay.ep} attention_dp={lay.attention_dp} ({lay.gpus} GPUs), "
+                        f"{' '.join(scale)}, {lay.convention} convention"),
+             ("batch per DP rank x context", f"{r.batch} x {r.context:,} tokens"),
              ("TPOT", f"{r.tpot_s * 1e3:.3f} ms"), ("tokens/s per GPU", f"{r.tokens_per_s_per_gpu:,.1f}"),
+             (f"tokens/s per node ({lay.gpus_per_node} GPUs)", f"{r.tokens_per_s_per_node:,.1f}"),
+             ("step: compute / exposed comm / hidden comm",
+              f"{r.compute_s * 1e3:.3f} ms / {r.comm_exposed_s * 1e3:.3f} ms / {hidden}"),
+             ("expert load max/mean", load),
              ("bytes per step per GPU", human_bytes(r.bytes_per_step_per_gpu)),
              ("distinct experts per layer", f"{r.expected_distinct_experts_per_layer:.1f}"),
              ("expert kernel", r.expert_kernel), ("limiter", r.limiter),
              ("max batch by memory", "weights do not fit" if r.max_batch_by_memory is None
-              else f"{r.max_batch_by_memory} per micro-batch ({pp} in flight), every sequence at full context")]
+              else f"{r.max_batch_by_memory} per micro-batch ({lay.pp} in flight), every sequence at full context")]
     share = _datasheet_share(r)
     if share > 0:
         pairs.append(("calibration", f"{share:.0%} of the step from the datasheet roofline of an uncalibrated "
                                      f"profile: a lower bound (run k3sim calibrate on this GPU)"))
     if r.spec:
-        pairs.append(("speculative", f"MTP {r.spec['depth']} drafts, acceptance {r.spec['acceptance']}, "
-                                     f"{r.spec['rollback']}: {r.spec['tokens_per_step']:.2f} tokens/step"))
+        pairs.append(("speculative", f"MTP {r.spec['depth']} drafts ({r.spec['draft_s'] * 1e3:.3f} ms), acceptance "
+                                     f"{r.spec['acceptance']}, {r.spec['rollback']}: "
+                                     f"{r.spec['tokens_per_step']:.2f} tokens/step"))
     print_kv("decode step", pairs)
     agg: dict[str, list] = {}
     for x in r.rows:
@@ -181,7 +317,8 @@ def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--
     from k3sim.output import print_json, print_table
 
     name = safe_name(model_cfg.name, source=source, field="name")  # it names the files
-    stem = f"decode_{name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}_ctx{context}"
+    dp = f"_dp{layout.attention_dp}" if layout.attention_dp > 1 else ""
+    stem = f"decode_{name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}{dp}_ctx{context}"
     results = sweep_batches(model_cfg, hw, layout, context, spec=spec, zipf=zipf)
     df = sweep_table(results, hw)
     # one part per stem: a directory holds the sweeps of several layouts (reports/decode)

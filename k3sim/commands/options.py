@@ -164,8 +164,13 @@ def serve_facts(setup: Any, scenario_path: Any) -> dict[str, Any]:
     pp = front.parallelism.pp
     engines = pp if setup.serving.engine.pp_microbatches and pp > 1 else 1
     sv = setup.file_serving
+    from k3sim.step import StepLayout
+    from k3sim.step.layers import dispatches
+
     return {"front_engines": front.replicas * engines, "max_pp": max(p.parallelism.pp for p in setup.pools),
-            "load_cap_set": sv is not None and "router_load_cap" in sv.model_fields_set}
+            "load_cap_set": sv is not None and "router_load_cap" in sv.model_fields_set,
+            "ep_all_to_all": any(dispatches(StepLayout.from_parallelism(p.parallelism)) for p in setup.pools),
+            "tbo": any(p.parallelism.tbo for p in setup.pools)}
 
 
 def _front_engines(f: Facts) -> int:
@@ -202,6 +207,18 @@ SERVE: list[Rule] = [
     only_when("--pp-microbatches", lambda f: f["max_pp"] > 1,
               why="keeps pp batches in flight per replica and every replica of this fleet has pp=1",
               fix="remove it, or serve a layout with parallelism.pp > 1"),
+    # the expert all-to-all exists when attention-DP ranks meet in experts over EP ranks (k3sim.step.layers)
+    only_when(("--ep-kernel", "--dispatch-dtype", "--max-nodes-per-token"), lambda f: f["ep_all_to_all"],
+              why="shapes the expert-parallel all-to-all and no replica of this fleet runs one (attention DP 1: "
+                  "the TP all-reduce combines the experts; EP 1: they are local)",
+              fix="add --attention-dp N and --ep N (N > 1, or parallelism.dp / ep), or remove it"),
+    only_when("--tbo", lambda f: not f.value("--tbo") or f["ep_all_to_all"],
+              why="overlaps one micro-batch's compute with the other's expert all-to-all and no replica of this "
+                  "fleet runs one",
+              fix="add --attention-dp N and --ep N (N > 1), or remove --tbo"),
+    only_when("--tbo-variant", lambda f: f["tbo"],
+              why="chooses the two-batch-overlap schedule and the fleet runs without two-batch overlap",
+              fix="add --tbo (or parallelism.tbo: true), or remove --tbo-variant"),
 ]
 
 
@@ -295,9 +312,38 @@ MEMORY: list[Rule] = [
 ]
 
 
+EP_ALL_TO_ALL_OPTIONS = ("--ep-kernel", "--dispatch-dtype")
+
 DECODE: list[Rule] = [
     not_with("--batch", "--sweep-batch", why="is the batch of one decode step; --sweep-batch runs its own batches",
              fix="remove --batch, or remove --sweep-batch"),
+    only_when(("--acceptance", "--rollback"), lambda f: (f.value("--mtp") or 0) > 0,
+              why="needs --mtp N >= 1 (no draft tokens to verify or roll back)",
+              fix="add --mtp N, or remove it"),
+    only_when("--rollback", lambda f: f["kda_layers"] > 0,
+              why=lambda f: f"rolls back KDA state and {f['model']} has no KDA layers (MLA layers truncate their "
+                            "KV cache on a rejected draft, at no cost)",
+              fix="remove --rollback"),
+    # the all-to-all exists when attention-DP ranks meet in experts spread over EP ranks (k3sim.step.layers)
+    only_when(EP_ALL_TO_ALL_OPTIONS, lambda f: f["ep_all_to_all"],
+              why="shapes the expert-parallel all-to-all and this layout runs none (with --attention-dp 1 every "
+                  "rank holds all tokens and the TP all-reduce combines the experts; with --ep 1 they are local)",
+              fix="add --attention-dp N and --ep N (N > 1), or remove it"),
+    only_when("--tbo", lambda f: not f.value("--tbo") or f["ep_all_to_all"],
+              why="overlaps one micro-batch's compute with the other's expert-parallel all-to-all and this layout "
+                  "runs none (--attention-dp 1 or --ep 1)",
+              fix="add --attention-dp N and --ep N (N > 1), or remove --tbo"),
+    only_when("--max-nodes-per-token", lambda f: f["ep_nodes"] > 1,
+              why=lambda f: f"limits the nodes a token's experts lie on and --ep {f['ep']} spans one node of "
+                            f"{f['gpus_per_node']} GPUs",
+              fix=lambda f: f"raise --ep above {f['gpus_per_node']} (with --attention-dp), or remove it"),
+    only_when("--mla-kernel", lambda f: f["mla_layers"] > 0,
+              why=lambda f: f"chooses the MLA decode kernel and {f['model']} has no MLA layers",
+              fix="remove --mla-kernel"),
+    only_when("--redundant-experts", lambda f: f["moe"] and f["ep"] > 1,
+              why=lambda f: "adds expert copies to balance load over EP ranks and " + (
+                  f"{f['model']} has no routed experts" if not f["moe"] else "--ep 1 holds every expert on one rank"),
+              fix="raise --ep, or remove --redundant-experts"),
 ]
 
 PREFIX_CACHE_SWEEP_OPTIONS = ("--policies", "--hash-blocks", "--physical-blocks", "--capacities")

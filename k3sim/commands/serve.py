@@ -8,6 +8,9 @@ from typing import Optional
 
 import typer
 
+from k3sim.commands.scale import MLA_KERNEL_HELP, layout_overrides
+from k3sim.configs.bounds import option_range
+
 SUMMARY_KEYS = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
                 "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
                 "token_hit_rate", "mean_requests_in_system", "mean_e2e_s", "sim_seconds"]
@@ -104,6 +107,30 @@ def register(app: typer.Typer) -> None:
         pp_microbatches: Optional[bool] = typer.Option(None, "--pp-microbatches/--no-pp-microbatches",
                                                        help="pp batches in flight per replica (pp engines on "
                                                             "shares of the pool) [default: serving section, off]"),
+        attention_dp: Optional[int] = typer.Option(None, "--attention-dp", callback=option_range("parallel", "--attention-dp"),
+                                                   help="attention data-parallel ranks per replica (parallelism.dp) "
+                                                        "[default: the scenario's]"),
+        ep: Optional[int] = typer.Option(None, "--ep", callback=option_range("parallel", "--ep"),
+                                         help="expert-parallel ranks [default: the scenario's]"),
+        ep_kernel: Optional[str] = typer.Option(None, "--ep-kernel", help="EP all-to-all: normal | low-latency | "
+                                                "nccl | auto [default: the scenario's, auto]"),
+        dispatch_dtype: Optional[str] = typer.Option(None, "--dispatch-dtype",
+                                                     help="fp8 | bf16 | auto [default: the scenario's, auto]"),
+        redundant_experts: Optional[int] = typer.Option(None, "--redundant-experts",
+                                                        help="extra expert slots over the EP ranks (EPLB)"),
+        max_nodes_per_token: Optional[int] = typer.Option(None, "--max-nodes-per-token",
+                                                          callback=option_range("parallel", "--max-nodes-per-token"),
+                                                          help="node-limited routing [default: unlimited]"),
+        tbo: Optional[bool] = typer.Option(None, "--tbo/--no-tbo", help="two-batch overlap [default: the "
+                                           "scenario's, off]"),
+        tbo_variant: Optional[str] = typer.Option(None, "--tbo-variant", help="overlap | five-stage | auto"),
+        routing_zipf: Optional[float] = typer.Option(None, "--routing-zipf", help="router skew: Zipf exponent of "
+                                                     "expert popularity [default: the scenario's, 0]"),
+        mla_kernel: Optional[str] = typer.Option(None, "--mla-kernel", help=MLA_KERNEL_HELP + " [default: the "
+                                                 "scenario's, measured]"),
+        mtp: Optional[int] = typer.Option(None, "--mtp", help="MTP draft tokens per decode step (serving.mtp)"),
+        acceptance: Optional[float] = typer.Option(None, "--acceptance", help="per-draft acceptance rate "
+                                                   "(serving.acceptance)"),
         slo_ttft: Optional[float] = typer.Option(None, "--slo-ttft", help="goodput: TTFT SLO (s)"),
         slo_tpot: Optional[float] = typer.Option(None, "--slo-tpot", help="goodput: TPOT SLO (s)"),
         seed: Optional[int] = typer.Option(None, "--seed", help="arrival and synthetic seed [default: serving.seed]"),
@@ -151,7 +178,12 @@ def register(app: typer.Typer) -> None:
             scenario, trace=trace, workload=workload, n_requests=n_requests, arrival=arrival, arrival_cv=arrival_cv,
             cache_policy=cache_policy, pool_bytes=pool_bytes, router=router, disaggregate=disaggregate,
             replicas=replicas, scheduler=scheduler, pp_microbatches=pp_microbatches, slo_ttft=slo_ttft,
-            slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None)
+            slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None,
+            layout=layout_overrides(dp=attention_dp, ep=ep, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype,
+                                    redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token,
+                                    tbo=tbo, tbo_variant=tbo_variant, routing_zipf=routing_zipf,
+                                    mla_decode_kernel=mla_kernel),
+            mtp=mtp, acceptance=acceptance)
         if rates is not None:
             _serve_rate_sweep(setup, source, label, rates, processes=processes, out=out, json_out=json_out)
             return
@@ -160,7 +192,7 @@ def register(app: typer.Typer) -> None:
 
 def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,
                  router, disaggregate, replicas, scheduler, pp_microbatches, slo_ttft, slo_tpot, seed, limit,
-                 sweep: bool):
+                 sweep: bool, layout: dict | None = None, mtp: int | None = None, acceptance: float | None = None):
     """The fleet and the request source the options name, checked before any request is served (every
     option given must change the run; a trace a sweep rereads is validated first). Returns the setup, the
     source (a function of the arrival rate), the run's label and the request count for the progress bar."""
@@ -168,10 +200,14 @@ def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arriva
     from k3sim.files import project_path
     from k3sim.serving.run import ServeSetup, check_trace, request_source
 
-    setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
-                                     pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
-                                     slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
-                                     scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches)
+    from k3sim.commands.scale import layout_errors_named
+
+    with layout_errors_named(layout or {}):
+        setup = ServeSetup.from_scenario(project_path(scenario), cache_policy=cache_policy,
+                                         pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
+                                         slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
+                                         scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches,
+                                         layout=layout or None, mtp=mtp, acceptance=acceptance)
     from k3sim.commands.options import SERVE, check, serve_facts
 
     check(SERVE, serve_facts(setup, project_path(scenario)))  # every option given changes the run

@@ -102,6 +102,12 @@ BOUNDS: dict[str, Range] = {
                       "balance_abs_threshold, default 32); the upper end is the engine batch range's"),
     "zipf_exponent": Range(0, 10, "", "Zipf exponent of expert popularity: at 10 the hottest of K3's 896 "
                            "experts already takes 99.9 % of routed tokens (total skew); beyond it nothing changes"),
+    "zipf_milli": Range(0, 10_000, "", "Zipf exponent x 1000, an integer kernel parameter (ep_dispatch, "
+                        "ep_combine): zipf_exponent's 0..10"),
+    "ep_kernel_code": Range(0, 2, "", "EP all-to-all kernel of ep_dispatch / ep_combine: 0 normal, 1 low_latency, "
+                            "2 nccl (k3sim.comm.ep.KERNEL_CODES)"),
+    "dispatch_dtype_bytes": Range(1, 2, "bytes", "bytes per dispatched element: 1 fp8 (with per-128-channel fp32 "
+                                  "scales), 2 bf16"),
     "stage_forwards": Range(0, 1_000, "stage forwards", "an encoder's forward per micro-batch in stage forwards "
                             "(--encoder-cost), a modelling choice: at 1,000 the encoder alone is the step"),
     "pipeline_stages": Range(1, 256, "stages", "pipeline devices of the discrete-event engine: 4x the 64 stages of "

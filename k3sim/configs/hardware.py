@@ -26,6 +26,18 @@ DATASHEET_FIELDS = (
 )
 
 
+class DerivedFrom(BaseModel):
+    """A profile whose kernel and collective times are another profile's measurements rescaled to this one's
+    datasheet figures (`k3sim.kernels.store.Derivation`: compute-bound kept, memory-bound times the HBM
+    bandwidth ratio, a collective's bandwidth part times the link ratio, latency kept). `profile` names the
+    measured profile (a name in hardware_profiles/ or a path); `ignores` says, one line each, what the
+    rescaling leaves out: the uncertainty every derived answer carries (shown with it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    profile: str = Field(min_length=1)
+    ignores: tuple[str, ...] = Field(min_length=1, description="what the derivation does not model")
+
+
 class HardwareProfile(BaseModel):
     """One GPU kind. FLOP/s are dense Tensor-Core peaks (NVIDIA sheets print sparsity-doubled ones).
 
@@ -45,9 +57,17 @@ class HardwareProfile(BaseModel):
     num_sms: SMs
     sources: dict[str, str]
     calibration_dir: str | None = None
+    derived_from: DerivedFrom | None = None  # kernel times from another profile's measurements, rescaled
 
     @model_validator(mode="after")
     def _checks(self) -> "HardwareProfile":
+        # a derived profile's times come from its source's rows: its own measured directory would be a second
+        # answer to the same question (and a derived profile derived again would compound the rescaling)
+        if self.derived_from is not None and self.calibration_dir:
+            raise ValueError("derived_from and calibration_dir exclude each other: a profile answers from its own "
+                             "measurements or from another's rescaled; remove one")
+        if self.derived_from is not None and self.derived_from.profile == self.name:
+            raise ValueError(f"derived_from names the profile itself ('{self.name}'): name the measured profile")
         for key in self.peak_flops_per_s:
             check_dtype(key)
         missing = [f for f in DATASHEET_FIELDS if f not in self.sources]

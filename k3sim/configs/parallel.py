@@ -169,7 +169,8 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
              f"(cluster.gpus_per_node; at most {node})")
 
 
-SERVE_ONLY = ("ep_kernel", "dispatch_dtype", "max_nodes_per_token", "tbo", "routing_zipf")
+SERVE_ONLY = ("ep_kernel", "dispatch_dtype", "max_nodes_per_token", "tbo", "tbo_variant", "routing_zipf",
+              "mla_decode_kernel")
 
 
 def _check_serving_at_scale(par: Parallelism, mode, cluster, hardware, fail) -> None:
@@ -194,6 +195,9 @@ def _check_serving_at_scale(par: Parallelism, mode, cluster, hardware, fail) -> 
         if nodes is not None and par.max_nodes_per_token > nodes:
             fail("parallelism.max_nodes_per_token", f"max_nodes_per_token={par.max_nodes_per_token} exceeds the "
                  f"{nodes} node(s) of the ep={par.ep} group ({node} GPUs per node); at most {nodes}")
+    if "tbo_variant" in par.model_fields_set and not par.tbo:
+        fail("parallelism.tbo_variant", "tbo_variant chooses the two-batch-overlap schedule; it has no effect "
+             "without tbo: true; set tbo or remove it")
     if par.dispatch_dtype == "fp8" and hardware is not None and "fp8" not in (hardware.peak_flops_per_s or {}):
         fail("parallelism.dispatch_dtype", f"FP8 dispatch needs FP8 on the GPU; profile '{hardware.name}' has "
              "no fp8 peak: use bf16 (or auto)")

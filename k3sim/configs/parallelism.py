@@ -47,6 +47,11 @@ class Parallelism(BaseModel):
         None, description="node-limited routing: a token's experts on at most this many nodes (DeepSeek-V3: 4)")
     tbo: bool = Field(False, description="two-batch overlap: two micro-batches, one's compute against the "
                                           "other's all-to-all")
+    tbo_variant: Literal["auto", "overlap", "five-stage"] = Field(
+        "auto", description="TBO schedule: overlap (SGLang prefill), five-stage (DeepSeek decode); auto by phase")
+    mla_decode_kernel: Literal["measured", "flashmla"] = Field(
+        "measured", description="absorbed MLA decode: the measured Triton kernel, or FlashMLA from its published "
+                                "throughput (capped by the measured kernel)")
     routing_zipf: bounded_float("zipf_exponent") = Field(
         0.0, description="expert popularity Zipf exponent over a seeded ranking (0 = uniform routing)")
 

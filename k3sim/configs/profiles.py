@@ -39,6 +39,8 @@ def measured_dir(hw: Any) -> Path | None:
     `calibration_dir` is relative to `hardware_profiles/` (or absolute). When the field is absent
     or None the conventional `measured/<name>` is used if it exists.
     """
+    if getattr(hw, "derived_from", None) is not None:  # no data of its own: the predictor rescales its source's
+        return None  # (k3sim.kernels.store.Derivation); validation, calibrate, KCP parts and the glue fit see none
     rel = getattr(hw, "calibration_dir", None)
     if rel:
         path = Path(rel)
@@ -50,6 +52,34 @@ def measured_dir(hw: Any) -> Path | None:
         return path
     conv = profiles_dir() / "measured" / str(hw.name)
     return conv if conv.is_dir() else None
+
+
+def derived_source(hw: Any) -> Any | None:
+    """The measured profile a derived profile (`derived_from`) rescales, checked; None for any other profile.
+
+    The derivation (`k3sim.kernels.store.Derivation`) keeps compute-bound times and rescales memory and link
+    time, which holds only between GPUs of one compute configuration: the source must have measured data of its
+    own, not be derived itself, and have the same dense peaks per dtype and the same SM count (H100 SXM, H800
+    and H200 are one GH100 SXM die; domain facts sec. 5). Anything else is refused naming `derived_from`."""
+    spec = getattr(hw, "derived_from", None)
+    if spec is None:
+        return None
+    ref = spec.profile
+    src = load_profile(ref)
+    where = f"profile '{hw.name}' is derived from '{getattr(src, 'name', ref)}'"
+    if getattr(src, "derived_from", None) is not None:
+        raise InputError(f"{where}, itself a derived profile: name the measured profile it comes from",
+                         source=str(hw.name), field="derived_from")
+    if measured_dir(src) is None:
+        raise InputError(f"{where}, which has no measured data ({uncalibrated_reason(src)}): name a calibrated "
+                         "profile", source=str(hw.name), field="derived_from")
+    own, theirs = dict(hw.peak_flops_per_s or {}), dict(src.peak_flops_per_s or {})
+    if own != theirs or int(hw.num_sms) != int(src.num_sms):
+        raise InputError(f"{where}, whose compute differs (dense peaks per dtype or SMs: bf16 "
+                         f"{theirs.get('bf16', 0):.4g} FLOP/s and {src.num_sms} SMs against {own.get('bf16', 0):.4g} "
+                         f"and {hw.num_sms}): compute-bound times are kept, which holds only between GPUs of one "
+                         "compute configuration", source=str(hw.name), field="derived_from")
+    return src
 
 
 def uncalibrated_reason(hw: Any) -> str:

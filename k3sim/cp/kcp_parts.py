@@ -97,9 +97,10 @@ def _lsq_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_pre(df, num_sms: int) -> PreFit:
-    L = df["L"].to_numpy(int)
-    H = df["H"].to_numpy(int)
-    y = df["seconds"].to_numpy(float)
+    """`df`: the part's rows (a DataFrame, or columns as lists: `Parts.tables`)."""
+    L = np.asarray(df["L"], dtype=int)
+    H = np.asarray(df["H"], dtype=int)
+    y = np.asarray(df["seconds"], dtype=float)
     best = None
     for occ in OCCUPANCIES:
         x = np.array([math.ceil(l / FLA_CHUNK) * waves(h, num_sms, occ) for l, h in zip(L, H)], float)
@@ -126,35 +127,59 @@ class MergeFit:
 
 
 def fit_merge(df) -> MergeFit:
-    r = df["ranks"].to_numpy(float)
-    y = df["seconds"].to_numpy(float)
+    r = np.asarray(df["ranks"], dtype=float)
+    y = np.asarray(df["seconds"], dtype=float)
     coef = _lsq_rel(np.column_stack([np.ones_like(r), r]), y)
     return MergeFit(float(coef[0]), float(coef[1]), len(y), sorted(int(h) for h in set(df["H"])))
 
 
 @dataclass
 class Parts:
-    """The measured parts of one profile and their fits."""
+    """The measured parts of one profile and their fits. `tables`: per part op (`PART_OPS`) its ok rows of
+    every run (latest run last) as columns of plain values, the form the disk cache holds; `pre_fwd`,
+    `pre_bwd` and `merge` give them as DataFrames."""
 
-    pre_fwd: Any
-    pre_bwd: Any
-    merge: Any
+    tables: dict
     fit_fwd: PreFit
     fit_bwd: PreFit
     fit_merge: MergeFit
     root: Path
-    _fixed: dict = field(default_factory=dict, repr=False)
+    _fixed: dict = field(default_factory=dict, repr=False)  # by (hardware fingerprint, fwd_bwd)
+    _frames: dict = field(default_factory=dict, repr=False)
+
+    def frame(self, op: str):
+        """One part's rows as a DataFrame (made on first use: the query path reads `tables`)."""
+        if op not in self._frames:
+            import pandas as pd
+
+            self._frames[op] = pd.DataFrame(self.tables[op])
+        return self._frames[op]
+
+    @property
+    def pre_fwd(self):
+        return self.frame("kcp_pre_fwd")
+
+    @property
+    def pre_bwd(self):
+        return self.frame("kcp_pre_bwd")
+
+    @property
+    def merge(self):
+        return self.frame("kcp_merge")
 
     def fixed_s(self, hw: Any, fwd_bwd: bool) -> float:
         """The one fitted constant per direction (module docstring): median of measured - parts over the
         profile's 2-GPU fla KCP rows (every part from its measurements); 0 without such rows."""
-        if fwd_bwd not in self._fixed:
+        from k3sim.cp.cached import hardware_fingerprint
+
+        k = (hardware_fingerprint(hw), fwd_bwd)
+        if k not in self._fixed:
             df = measured_kcp(self.root, "chunk_kda_cp_fwd_bwd" if fwd_bwd else "chunk_kda_cp_fwd")
             resid = [] if df is None else [
                 float(r["seconds"]) - kcp_time(self, hw, int(r["T"]), int(r["H"]), int(r["gpus"]), int(r["docs"]),
                                                fwd_bwd=fwd_bwd).parts_s for _, r in df.iterrows()]
-            self._fixed[fwd_bwd] = float(np.median(resid)) if resid else 0.0
-        return self._fixed[fwd_bwd]
+            self._fixed[k] = float(np.median(resid)) if resid else 0.0
+        return self._fixed[k]
 
     def pre(self, direction: str, L: int, H: int, mode: str = "measured", K: int = HEAD_DIM,
             V: int = HEAD_DIM) -> tuple[float, str]:
@@ -167,37 +192,104 @@ class Parts:
 
             t, src = self.pre(direction, L, H, mode)
             return t * kcp_preprocess_flops(K=K, V=V) / kcp_preprocess_flops(), f"extrapolated from K=V=128 ({src})"
-        df, fit = (self.pre_fwd, self.fit_fwd) if direction == "fwd" else (self.pre_bwd, self.fit_bwd)
+        t, fit = (self.tables["kcp_pre_fwd"], self.fit_fwd) if direction == "fwd" else \
+            (self.tables["kcp_pre_bwd"], self.fit_bwd)
         if L <= 0:
             return 0.0, "none"
         if mode == "measured":
-            hit = df[(df["L"] == L) & (df["H"] == H)]
-            if len(hit):
-                return float(hit["seconds"].median()), "measured"
-        return fit.seconds(L, H), "model" if H in set(df["H"]) else "model (heads not measured)"
+            hit = [s for l_, h_, s in zip(t["L"], t["H"], t["seconds"]) if l_ == L and h_ == H]
+            if hit:
+                return _median(hit), "measured"
+        return fit.seconds(L, H), "model" if H in set(t["H"]) else "model (heads not measured)"
+
+
+def _median(values: list) -> float:
+    """pandas' `Series.median` of these values: NaN skipped (NaN when nothing is left), the middle one, or the
+    mean of the two middle ones (numpy's `(a + b) / 2`)."""
+    vals = sorted(float(v) for v in values if v == v)
+    n = len(vals)
+    if not n:
+        return float("nan")
+    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
 _PARTS: dict[tuple, "Parts | None"] = {}
 
 
-def load_parts(root: Path | None, num_sms: int) -> Parts | None:
-    """The parts under `root` and their fits; cached until a part's file changes."""
+def load_parts(root: Path | None, num_sms: int, hardware: Any = None) -> Parts | None:
+    """The parts under `root` and their fits; cached until a part's file changes. With `hardware`, also on
+    disk (`k3sim.cp.cached`) with both fixed costs for that profile, so a warm query reads no CSV."""
     if root is None:
         return None
     files = tuple((str(p), p.stat().st_mtime_ns) for op in PART_OPS for p in sorted(Path(root).glob(f"*/{op}.csv")))
     key = (str(root), num_sms, files)
     if key not in _PARTS:
         _PARTS.clear() if len(_PARTS) > 8 else None
-        _PARTS[key] = _load_parts(root, num_sms)
+        _PARTS[key] = _load_parts(root, num_sms) if hardware is None else _cached_parts(root, num_sms, hardware)
     return _PARTS[key]
+
+
+def _cached_parts(root: Path, num_sms: int, hw: Any) -> Parts | None:
+    """`_load_parts` through the disk cache, with `hw`'s fixed costs (both directions) computed and kept. A
+    file that cannot be read or a fixed cost that cannot be computed is left to the uncached path, which
+    reports it where it did (a fixed cost only when a KCP layer asks for it)."""
+    from k3sim.cp import cached
+    from k3sim.cp.validate import KCP_MEASURED
+    from k3sim.configs.diskcache import is_plain
+    from k3sim.errors import InputError
+
+    paths = sorted(p for op in (*PART_OPS, *KCP_MEASURED) for p in Path(root).glob(f"*/{op}.csv"))
+    try:
+        k = cached.entry_key(hw, root, str(num_sms), cached.files_digest(paths))
+    except InputError:
+        k = None
+    hit = _parts_from_plain(cached.load(k, "parts"), root, hw)
+    if hit is not None:
+        return hit[0]
+    parts = _load_parts(root, num_sms)
+    if k is None:
+        return parts
+    if parts is None:
+        cached.save(k, "parts", {"parts": None})
+        return parts
+    try:
+        fixed = [parts.fixed_s(hw, False), parts.fixed_s(hw, True)]
+    except InputError:
+        return parts
+    plain = {"tables": parts.tables, "fit_fwd": parts.fit_fwd.__dict__, "fit_bwd": parts.fit_bwd.__dict__,
+             "fit_merge": parts.fit_merge.__dict__, "fixed": fixed}
+    if is_plain(plain):
+        cached.save(k, "parts", plain)
+    return parts
+
+
+def _parts_from_plain(plain: Any, root: Path, hw: Any) -> tuple[Parts | None] | None:
+    """(Parts,) from a cache entry (with `hw`'s fixed costs), (None,) for "no parts", None for no entry."""
+    from k3sim.cp.cached import hardware_fingerprint
+
+    if not isinstance(plain, dict):
+        return None
+    if "parts" in plain:
+        return (None,) if plain["parts"] is None else None
+    try:
+        parts = Parts(plain["tables"], PreFit(**plain["fit_fwd"]), PreFit(**plain["fit_bwd"]),
+                      MergeFit(**plain["fit_merge"]), Path(root))
+        fp = hardware_fingerprint(hw)
+        parts._fixed[(fp, False)], parts._fixed[(fp, True)] = (float(x) for x in plain["fixed"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (parts,)
 
 
 def _load_parts(root: Path, num_sms: int) -> Parts | None:
     dfs = [load_part(root, op) for op in PART_OPS]
     if any(d is None for d in dfs):
         return None
-    return Parts(dfs[0], dfs[1], dfs[2], fit_pre(dfs[0], num_sms), fit_pre(dfs[1], num_sms), fit_merge(dfs[2]),
-                 Path(root))
+    tables = {op: {str(c): df[c].tolist() for c in df.columns} for op, df in zip(PART_OPS, dfs)}
+    parts = Parts(tables, fit_pre(tables["kcp_pre_fwd"], num_sms), fit_pre(tables["kcp_pre_bwd"], num_sms),
+                  fit_merge(tables["kcp_merge"]), Path(root))
+    parts._frames.update(zip(PART_OPS, dfs))  # the frames as read (their dtypes), for `pre_fwd` and co.
+    return parts
 
 
 def summary_bytes(H: int, K: int = HEAD_DIM, V: int = HEAD_DIM) -> int:

@@ -54,11 +54,25 @@ def _state_recv(g: CPGeometry, strategy: str, seq_len: int, P: int, state_dtype:
 
 
 def fitted_intra(hardware: Any) -> Any:
-    """Intra-device parameters fitted to the profile's measured chunk_kda_fwd, or None."""
-    from k3sim.cp.validate import intra_device_check, measured_root
+    """Intra-device parameters fitted to the profile's measured chunk_kda_fwd, or None; from the disk cache
+    (`k3sim.cp.cached`) when these measurements, this profile and this code were fitted before."""
+    import dataclasses
 
-    check = intra_device_check(hardware, measured_root(hardware))
-    return check["params"] if check else None
+    from k3sim.cp import cached
+    from k3sim.cp.intra_device import IntraParams
+    from k3sim.cp.validate import fit_intra, measured_root
+
+    root = measured_root(hardware)
+    k = cached.entry_key(hardware, root)
+    hit = cached.load(k, "intra")
+    if isinstance(hit, dict) and "params" in hit:
+        try:
+            return None if hit["params"] is None else IntraParams(**hit["params"])
+        except TypeError:  # fields of another version: refitted below
+            pass
+    params = fit_intra(hardware, root)
+    cached.save(k, "intra", {"params": None if params is None else dataclasses.asdict(params)})
+    return params
 
 
 def kcp_parts_of(hardware: Any):
@@ -67,7 +81,7 @@ def kcp_parts_of(hardware: Any):
     from k3sim.cp.validate import measured_root
 
     root = measured_root(hardware)
-    return load_parts(root, int(getattr(hardware, "num_sms", 132))) if root is not None else None
+    return load_parts(root, int(getattr(hardware, "num_sms", 132)), hardware) if root is not None else None
 
 
 def check_state_dtype(state_dtype: str) -> None:

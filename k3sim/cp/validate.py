@@ -94,12 +94,27 @@ def _read_validation(root: Path, op: str, keys: list[str]):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*keys, "seconds", "run_id"])
 
 
-def intra_device_check(hw: Any, root: Path | None) -> dict | None:
-    """Fit the naive form on all head counts, then leave one head count out and predict it."""
+def _intra_points(root: Path | None):
+    """(T, H, seconds) of the measured chunk_kda_fwd shapes (the latest run's row of each), or None."""
     df = load_op(root, "chunk_kda_fwd")
     if df is None:
         return None
-    T, H, s = df["T"].to_numpy(), df["H"].to_numpy(), df["seconds"].to_numpy(float)
+    return df["T"].to_numpy(), df["H"].to_numpy(), df["seconds"].to_numpy(float)
+
+
+def fit_intra(hw: Any, root: Path | None) -> IntraParams | None:
+    """The naive form fitted on every measured head count (what `intra_device_check` reports as "params"),
+    without its leave-one-head-out refits; None when nothing was measured."""
+    pts = _intra_points(root)
+    return None if pts is None else fit_naive(*pts, IntraParams.from_hardware(hw))[0]
+
+
+def intra_device_check(hw: Any, root: Path | None) -> dict | None:
+    """Fit the naive form on all head counts, then leave one head count out and predict it."""
+    pts = _intra_points(root)
+    if pts is None:
+        return None
+    T, H, s = pts
     base = IntraParams.from_hardware(hw)
     fitted, stats = fit_naive(T, H, s, base)
     rows = []

@@ -1,7 +1,8 @@
 """Decode: time per output token, tokens/s per GPU and what bounds a decode step; speculative decoding
 with MTP drafts (snapshot vs replay rollback of the KDA state). See DEVELOPING.md (Contracts > Decode)."""
 
-from k3sim.decode.model import DecodeResult, decode_step, max_batch
-from k3sim.decode.mtp import SpecConfig, expected_tokens_per_step
+from k3sim.decode.model import DecodeResult, decode_step, max_batch, mtp_draft_seconds
+from k3sim.decode.mtp import SpecConfig, accepted_tokens_per_step, expected_tokens_per_step
 
-__all__ = ["DecodeResult", "SpecConfig", "decode_step", "expected_tokens_per_step", "max_batch"]
+__all__ = ["DecodeResult", "SpecConfig", "accepted_tokens_per_step", "decode_step", "expected_tokens_per_step",
+           "max_batch", "mtp_draft_seconds"]

@@ -6,6 +6,15 @@ calibrated predictor under the CUDA-graph convention). Throughput counts the mic
 flight: `pp` micro-batches of B sequences share the replica, so each sequence gets a token every
 max(sum of stages, pp x busiest stage) seconds; tokens/s per GPU divides the replica's rate by its GPUs.
 The batch a replica can hold at a context comes from the memory planner (`max_concurrent_requests`).
+
+Speculative decoding with MTP (any model): the verify step feeds n + 1 tokens per sequence through every
+layer (`Batch.tokens_per_decode`), the n draft passes of the MTP module run on the last stage
+(`mtp_draft_seconds`), and a step advances `accepted_tokens_per_step(n, a)` tokens per sequence. KDA layers
+add their state rollback (`k3sim.decode.mtp`); MLA layers truncate their KV and add nothing.
+
+The step is split into compute, exposed communication and hidden communication: the step model's own split
+(`forward_step` extras `comm_exposed_s` / `comm_hidden_s`, two-batch overlap included) where it gives one,
+else every collective row counted exposed (no overlap split known: hidden is None).
 """
 
 from __future__ import annotations
@@ -15,7 +24,6 @@ from typing import Any, Callable
 
 from k3sim.configs.model import ModelConfig
 from k3sim.decode.mtp import SpecConfig
-from k3sim.kernels.ops import COLLECTIVE_OPS
 from k3sim.step import Batch, StepLayout, StepResult, forward_step
 from k3sim.step.calls import BF16, Call, StepComponent, Timer
 from k3sim.step.experts import distinct_experts
@@ -42,6 +50,14 @@ class DecodeResult:
     spec: dict[str, Any] | None = None
     expert_kernels: dict[str, float] = field(default_factory=dict)  # kernel -> routed-expert s per step
     router_fusion: dict[str, float] = field(default_factory=dict)  # fused / unfused router+latent s per step
+    tokens_per_s_per_node: float = 0.0  # tokens/s per GPU x layout.gpus_per_node
+    compute_s: float = 0.0  # step_s less the exposed communication
+    comm_exposed_s: float = 0.0  # communication on the critical path of the step
+    comm_hidden_s: float | None = None  # communication overlapped with compute (None: the step model gave no split)
+    comm_split_source: str = ""
+    expert_load_max_over_mean: float | None = None  # busiest EP rank's routed load over the mean (step model)
+    extras: dict[str, Any] = field(default_factory=dict)  # the step model's extras, as it gave them
+    ep_kernel_used: str | None = None  # the EP all-to-all kernel the verify step runs (None: no all-to-all)
 
 
 def _state_snapshot_calls(model: ModelConfig, layout: StepLayout, batch: int, spec: SpecConfig) -> list[Call]:
@@ -65,78 +81,171 @@ def _projection_cache_calls(model: ModelConfig, layout: StepLayout, batch: int, 
     return [Call("kda_projection_cache", "hbm_copy", {"bytes": max(1, int(nbytes / 2))}, proxy_bytes=nbytes)]
 
 
-def _draft_step(model: ModelConfig, hw: Any, layout: StepLayout, batch: int, context: int,
-                timer: Timer) -> float:
-    """One MTP draft pass: one extra layer of the model's last kind plus the LM head at B tokens
-    (assumption: K3's MTP module is one decoder layer sharing the LM head, as DeepSeek-V3's)."""
-    from k3sim.step.forward import _eval_calls, choose_expert_kernel
-    from k3sim.step.layers import layer_calls, lm_head_calls
+def _draft_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: str) -> list[Call]:
+    """One pass of an MTP module for every sequence of `batch` (one token each), as DeepSeek-V3 builds it
+    (arXiv 2412.19437 sec. 2.2, eq. 21-23) and vLLM serves it (`vllm/model_executor/models/deepseek_mtp.py`,
+    DeepSeekMultiTokenPredictorLayer): the next token's embedding (shared with the main model) and the
+    previous hidden state, each RMSNorm-ed, concatenated and projected 2d -> d by `eh_proj` (a plain
+    replicated linear: whole on every TP rank), one decoder layer, then the shared head (final norm + LM head).
+    The layer is priced as the model's last layer (same attention and FFN kinds; assumption for K3, whose
+    MTP layer is not published; DeepSeek-V3's is an MLA + MoE layer like its last). Its attention reads the
+    module's own cache over the context."""
+    from k3sim.step.layers import embedding_calls, gemm, layer_calls, lm_head_calls, rmsnorm
 
-    b = Batch.decode(batch, context)
+    M, d = batch.tokens, model.hidden_size
+    calls = [*embedding_calls(model, batch), rmsnorm("mtp_enorm", M, d), rmsnorm("mtp_hnorm", M, d),
+             gemm("mtp_eh_proj", M, d, 2 * d)]
+    return calls + layer_calls(model, model.num_layers - 1, layout, batch, kernel) + lm_head_calls(model, layout, batch)
+
+
+def _draft_rows(model: ModelConfig, layout: StepLayout, num_decode: int, context: int,
+                timer: Timer) -> list[StepComponent]:
+    """Rows of one MTP draft pass on the last stage (hidden rows carry no time)."""
+    from k3sim.step.forward import _eval_calls, choose_expert_kernel
+
+    b = Batch.decode(num_decode, context)
     kernel = choose_expert_kernel(model, layout, b, timer) if model.moe else "none"
-    calls = layer_calls(model, model.num_layers - 1, layout, b, kernel) + lm_head_calls(model, layout, b)
-    return sum(r.seconds for r in _eval_calls(timer, calls, layout.pp - 1) if not r.hidden)
+    return _eval_calls(timer, _draft_calls(model, layout, b, kernel), layout.pp - 1)
+
+
+def mtp_draft_seconds(model: ModelConfig, hw: Any, layout: StepLayout, num_decode: int, *,
+                      timer: Timer | None = None, mtp: int = 1, context: int = 1) -> float:
+    """Seconds of the `mtp` draft passes of one decode step for `num_decode` sequences (per attention-DP
+    rank), any model: each draft token is one pass of the MTP module (`_draft_calls`) over the previous
+    one, in sequence (one module reused for every depth, as vLLM runs num_speculative_tokens > 1).
+
+    `context`: the sequences' mean context in tokens (the MTP layer's attention reads its cache over it);
+    the default 1 prices an empty cache, so give the decode context. `timer` defaults to the predictor
+    under the layout's convention. The draft passes run without two-batch overlap: their collectives
+    count as exposed communication."""
+    if isinstance(mtp, bool) or mtp < 0 or num_decode < 0:
+        raise ValueError(f"mtp and num_decode must be >= 0, got {mtp!r}, {num_decode!r}")
+    if mtp == 0 or num_decode == 0:
+        return 0.0
+    layout = layout.for_hardware(hw)
+    timer = timer or Timer(hw, None, layout.convention)
+    rows = _draft_rows(model, layout, num_decode, max(1, int(context)), timer)
+    return mtp * sum(r.seconds for r in rows if not r.hidden)
+
+
+def _kda_rollback(model: ModelConfig, layout: StepLayout, batch: int, tpd: int, spec: SpecConfig, timer: Timer,
+                  stage_s: list[float], rows: list[StepComponent]) -> int:
+    """Add the KDA layers' rollback work (replay's accepted tokens and projection cache, or snapshot's
+    state copies) to each stage; returns the tokens per sequence the KDA verify kernel walks."""
+    n_kda = [sum(model.layer_kinds[i] == "kda" for i in ls) for ls in layout.stage_layers(model.num_layers)]
+    kda_t = spec.kda_tokens_per_sequence()
+    if kda_t != tpd:  # replay walks the previous step's accepted tokens too
+        base = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": tpd, "H": _heads(model, layout)}), 0)
+        more = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": kda_t, "H": _heads(model, layout)}), 0)
+        delta = more.seconds - base.seconds
+        for s, n in enumerate(n_kda):
+            stage_s[s] += n * delta
+            rows.append(StepComponent("kda_replay_accepted", "recurrent_kda_decode", n * (more.bytes - base.bytes),
+                                      n * (more.flop - base.flop), n * delta, more.source, s, n))
+    extra = _state_snapshot_calls(model, layout, batch, spec) + (
+        _projection_cache_calls(model, layout, batch, spec) if spec.rollback == "replay" else [])
+    for c in extra:
+        r = timer.row(c, 0)
+        for s, n in enumerate(n_kda):
+            stage_s[s] += n * r.seconds
+            rows.append(StepComponent(r.component, r.op, n * r.bytes, 0.0, n * r.seconds, r.source, s, n))
+    return kda_t
+
+
+def _speculate(model: ModelConfig, layout: StepLayout, batch: int, context: int, spec: SpecConfig, timer: Timer,
+               stage_s: list[float], rows: list[StepComponent]) -> tuple[dict[str, Any], float]:
+    """The MTP work beyond the n + 1-token verify the step model already priced: KDA rollback where the
+    model has KDA layers, the n draft passes on the last stage (any model). Returns the `speculative`
+    block and the drafts' communication seconds (exposed)."""
+    has_kda = model.kda is not None and model.num_kda_layers > 0
+    kda_t = _kda_rollback(model, layout, batch, spec.depth + 1, spec, timer, stage_s, rows) if has_kda else None
+    one = _draft_rows(model, layout, batch, context, timer)
+    draft = spec.depth * sum(r.seconds for r in one if not r.hidden)
+    draft_comm = spec.depth * sum(r.seconds for r in one if not r.hidden and _comm(r.op))
+    stage_s[-1] += draft
+    # one row for the drafts: HBM bytes (its collectives' wire bytes left out, as bytes_per_step counts),
+    # FLOP, and seconds with its exposed communication (draft_comm_s in the speculative block)
+    rows.append(StepComponent("mtp_drafts", "mtp_module", sum(r.bytes for r in one if not _comm(r.op)) * spec.depth,
+                              sum(r.flop for r in one) * spec.depth, draft,
+                              "step model (MTP module: eh_proj + one layer + shared LM head)", layout.pp - 1,
+                              spec.depth))
+    info = {"depth": spec.depth, "acceptance": spec.acceptance,
+            "rollback": spec.rollback if has_kda else "kv-truncate",
+            "tokens_per_step": spec.tokens_per_step, "verify_tokens_per_sequence": spec.depth + 1,
+            "draft_s": draft, "draft_comm_s": draft_comm, "kda_tokens_per_sequence": kda_t}
+    return info, draft_comm
+
+
+def _comm_split(res: StepResult, rows: list[StepComponent], step: float, extra_comm: float) -> tuple:
+    """(compute_s, comm_exposed_s, comm_hidden_s, source) of a decode step: the step model's split where it
+    reports one, else every collective row of the forward counted exposed and no hidden figure."""
+    ex = res.extras or {}
+    exposed, hidden = ex.get("comm_exposed_s"), ex.get("comm_hidden_s")
+    if exposed is not None:
+        exposed, src = float(exposed) + extra_comm, "step model (forward_step comm_exposed_s / comm_hidden_s)"
+        hidden = None if hidden is None else float(hidden)
+    else:
+        exposed = sum(r.seconds for r in res.rows if _comm(r.op)) + extra_comm
+        hidden, src = None, "collective rows, all counted exposed (the step model reports no overlap split)"
+    return step - exposed, exposed, hidden, src
 
 
 def decode_step(model: ModelConfig, hw: Any, layout: StepLayout, batch: int, context: int, *,
-                spec: SpecConfig | None = None, zipf: float = 0.0, kernel_time: Callable | None = None,
+                spec: SpecConfig | None = None, zipf: float | None = None, kernel_time: Callable | None = None,
                 memory_cap: bool = True) -> DecodeResult:
-    """One decode iteration of `batch` sequences at `context` tokens each, per GPU of `layout`."""
+    """One decode iteration of `batch` sequences (per attention-DP rank) at `context` tokens each, per GPU
+    of `layout`. `zipf`: the router skew of the distinct-expert count (None: the layout's routing_zipf)."""
+    layout = layout.for_hardware(hw)  # "auto" dispatch dtype -> the profile's (the draft pass needs it too)
     timer = Timer(hw, kernel_time, layout.convention)
     tpd = 1 if spec is None else spec.depth + 1
     b = Batch.decode(batch, context, tpd)
     res: StepResult = forward_step(model, hw, layout, b, timer=timer)
     rows = list(res.rows)
     stage_s = list(res.stage_seconds)
-    spec_info = None
-    if spec is not None and model.kda is not None:
-        n_kda = [sum(model.layer_kinds[i] == "kda" for i in ls) for ls in layout.stage_layers(model.num_layers)]
-        kda_t = spec.kda_tokens_per_sequence()
-        if kda_t != tpd:  # replay walks the previous step's accepted tokens too
-            base = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": tpd, "H": _heads(model, layout)}), 0)
-            more = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": kda_t, "H": _heads(model, layout)}), 0)
-            delta = more.seconds - base.seconds
-            for s, n in enumerate(n_kda):
-                stage_s[s] += n * delta
-                rows.append(StepComponent("kda_replay_accepted", "recurrent_kda_decode", n * (more.bytes - base.bytes),
-                                          n * (more.flop - base.flop), n * delta, more.source, s, n))
-        extra = _state_snapshot_calls(model, layout, batch, spec) + (
-            _projection_cache_calls(model, layout, batch, spec) if spec.rollback == "replay" else [])
-        for c in extra:
-            r = timer.row(c, 0)
-            for s, n in enumerate(n_kda):
-                stage_s[s] += n * r.seconds
-                rows.append(StepComponent(r.component, r.op, n * r.bytes, 0.0, n * r.seconds, r.source, s, n))
-        draft = spec.depth * _draft_step(model, hw, layout, batch, context, timer)
-        stage_s[-1] += draft
-        rows.append(StepComponent("mtp_drafts", "layer+lm_head", 0.0, 0.0, draft, "step model (one layer + LM head)",
-                                  layout.pp - 1, spec.depth))
-        spec_info = {"depth": spec.depth, "acceptance": spec.acceptance, "rollback": spec.rollback,
-                     "tokens_per_step": spec.tokens_per_step, "kda_tokens_per_sequence": kda_t}
+    spec_info, draft_comm = (None, 0.0) if spec is None else _speculate(model, layout, batch, context, spec,
+                                                                        timer, stage_s, rows)
     step = sum(stage_s)
     pp = layout.pp
     cycle = max(step, pp * max(stage_s))
     tokens_per_step = spec.tokens_per_step if spec else 1.0
     tpot = cycle / tokens_per_step
     per_replica = batch * layout.attention_dp * pp * tokens_per_step / cycle
+    compute, exposed, hidden, split_src = _comm_split(res, rows, step, draft_comm)
+    per_gpu = per_replica / layout.gpus
+    load = res.extras.get("expert_load_max_over_mean")
+    if load is None and model.moe is not None:  # the step model's own figure, where its extras lack it
+        from k3sim.step.layers import expert_load
+
+        load = expert_load(model, layout, b).max_over_mean
     out = DecodeResult(
         batch=batch, context=context, layout=layout, tpot_s=tpot, step_s=step, stage_seconds=stage_s,
-        tokens_per_s=per_replica, tokens_per_s_per_gpu=per_replica / layout.gpus,
+        tokens_per_s=per_replica, tokens_per_s_per_gpu=per_gpu,
         bytes_per_step_per_gpu=sum(r.bytes for r in rows if r.stage == _busiest(stage_s) and not _comm(r.op)),
         flop_per_step_per_gpu=sum(r.flop for r in rows if r.stage == _busiest(stage_s)),
         limiter=res.limiter, expected_distinct_experts_per_layer=0.0, expected_distinct_experts_per_rank=0.0,
-        expert_kernel=res.expert_kernel, rows=rows, spec=spec_info)
+        expert_kernel=res.expert_kernel, rows=rows, spec=spec_info,
+        tokens_per_s_per_node=per_gpu * layout.gpus_per_node,
+        compute_s=compute, comm_exposed_s=exposed, comm_hidden_s=hidden, comm_split_source=split_src,
+        expert_load_max_over_mean=None if load is None else float(load), extras=dict(res.extras))
     if model.moe is not None:
-        moe = model.moe
-        tokens = b.tokens * layout.attention_dp
-        out.expected_distinct_experts_per_layer = distinct_experts(tokens, moe.num_routed_experts,
-                                                                   moe.num_active_experts, zipf)
-        out.expected_distinct_experts_per_rank = out.expected_distinct_experts_per_layer / layout.ep
-        out.expert_kernels = expert_kernel_table(model, hw, layout, b, timer)
-        out.router_fusion = router_fusion_table(model, hw, layout, b, timer)
+        from k3sim.step.layers import dispatches, ep_kernel
+
+        out.ep_kernel_used = ep_kernel(layout, b) if dispatches(layout) else None
+        _expert_tables(out, model, hw, layout, b, timer, layout.routing_zipf if zipf is None else zipf)
     if memory_cap:
         out.max_batch_by_memory = max_batch(model, hw, layout, context)
     return out
+
+
+def _expert_tables(out: DecodeResult, model: ModelConfig, hw: Any, layout: StepLayout, b: Batch, timer: Timer,
+                   zipf: float) -> None:
+    moe = model.moe
+    tokens = b.tokens * layout.attention_dp
+    out.expected_distinct_experts_per_layer = distinct_experts(tokens, moe.num_routed_experts,
+                                                               moe.num_active_experts, zipf)
+    out.expected_distinct_experts_per_rank = out.expected_distinct_experts_per_layer / layout.ep
+    out.expert_kernels = expert_kernel_table(model, hw, layout, b, timer)
+    out.router_fusion = router_fusion_table(model, hw, layout, b, timer)
 
 
 def _heads(model: ModelConfig, layout: StepLayout) -> int:
@@ -144,7 +253,10 @@ def _heads(model: ModelConfig, layout: StepLayout) -> int:
 
 
 def _comm(op: str) -> bool:
-    return op in COLLECTIVE_OPS
+    """A collective or an expert-parallel all-to-all kernel: the step model's one test (registry kind)."""
+    from k3sim.step.forward import is_communication
+
+    return is_communication(op)
 
 
 def _busiest(stage_s: list[float]) -> int:
@@ -193,3 +305,4 @@ def max_batch(model: ModelConfig, hw: Any, layout: StepLayout, context: int) -> 
     except DoesNotFit:  # only the misfit: any other planner error is bad input and propagates
         return None
     return plan.max_concurrent_requests // layout.pp
+

@@ -16,9 +16,17 @@ sequence); snapshot adds its extra state writes as HBM traffic. Verify latency a
 model output: sub-linear for replay (fixed state traffic, the per-token serial step grows), above it for
 snapshots.
 
+Every model verifies the same way: n + 1 tokens per sequence through every layer (`Batch.tokens_per_decode`;
+MLA folds them into its head axis, as FlashMLA folds seqlen_q). What differs is rollback: softmax (MLA)
+layers truncate their KV on rejection at no cost; only KDA layers pay snapshot or replay.
+
 Acceptance: each draft is accepted with probability `acceptance` given all earlier ones were (the usual
 chain model); the bonus token from the verify is always kept, so a step yields
-E = sum_{i=0}^{n} a^i = (1 - a^{n+1}) / (1 - a) tokens (n + 1 at a = 1).
+E = sum_{i=0}^{n} a^i = (1 - a^{n+1}) / (1 - a) tokens (n + 1 at a = 1): Leviathan, Kalman and Matias,
+"Fast Inference from Transformers via Speculative Decoding" (arXiv 2211.17192, eq. 1; there with i.i.d.
+per-token acceptance alpha, which gives the same sum as a per-position conditional acceptance). DeepSeek-V3
+reports 85-90 % acceptance of its one MTP draft (arXiv 2412.19437 sec. 5.4.3: 1.8x tokens per second).
+`accepted_tokens_per_step` is the one formula; decode and serving both read it.
 """
 
 from __future__ import annotations
@@ -29,11 +37,17 @@ from dataclasses import dataclass
 ROLLBACKS = ("snapshot", "replay")
 
 
-def expected_tokens_per_step(depth: int, acceptance: float) -> float:
-    """Tokens a verify step emits per sequence: 1 + a + a^2 + ... + a^n."""
-    if depth < 0 or not 0.0 <= acceptance <= 1.0:
-        raise ValueError("depth >= 0 and acceptance in [0, 1]")
-    return float(depth + 1) if acceptance == 1.0 else (1.0 - acceptance ** (depth + 1)) / (1.0 - acceptance)
+def accepted_tokens_per_step(mtp: int, acceptance: float) -> float:
+    """Expected tokens a sequence advances per verification step with `mtp` drafts, each accepted with
+    probability `acceptance` given the earlier ones were: 1 + a + a^2 + ... + a^mtp = (1 - a^(mtp+1)) / (1 - a)
+    (arXiv 2211.17192 eq. 1); 1 with no drafts, mtp + 1 at a = 1."""
+    if isinstance(mtp, bool) or int(mtp) != mtp or mtp < 0 or not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"mtp must be an integer >= 0 and acceptance in [0, 1], got {mtp!r}, {acceptance!r}")
+    mtp = int(mtp)
+    return float(mtp + 1) if acceptance == 1.0 else (1.0 - acceptance ** (mtp + 1)) / (1.0 - acceptance)
+
+
+expected_tokens_per_step = accepted_tokens_per_step  # the earlier name, kept: one formula under two names
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,7 @@ class SpecConfig:
 
     @property
     def tokens_per_step(self) -> float:
-        return expected_tokens_per_step(self.depth, self.acceptance)
+        return accepted_tokens_per_step(self.depth, self.acceptance)
 
     def kda_tokens_per_sequence(self) -> int:
         """Tokens the KDA verify kernel walks per sequence: n + 1, plus the replayed accepted tokens of

@@ -340,6 +340,42 @@ def validate_params(spec: OpSpec, params: Mapping[str, object]) -> dict[str, int
         raise InputError(f"{spec.name}: {reason}", field=name)
     return out
 
+# ---- expert-parallel dispatch / combine (issue 21): DeepEP-class all-to-all kernels, kind "ep" --------------
+# Answered by k3sim.comm.ep.ep_time through the facade (k3sim/predict.py), not by the kernel predictor and not a
+# plain collective (COLLECTIVE_OPS below keeps the nccl-tests collectives only). Integer parameters, all required:
+# T tokens per EP rank entering dispatch, D width sent per token copy, topk, E routed (logical) experts,
+# R redundant expert slots in all, ep EP ranks, G GPUs per node, nodes_max node-limited routing (0 = unlimited),
+# kernel (k3sim.comm.ep.KERNEL_CODES: 0 normal, 1 low_latency, 2 nccl), dtype_bytes (1 fp8, 2 bf16; combine is
+# always bf16), zipf_milli (Zipf exponent x 1000, 0 = uniform routing), seed (of the Zipf ranking).
+EP_PARAMS = ("T", "D", "topk", "E", "R", "ep", "G", "nodes_max", "kernel", "dtype_bytes", "zipf_milli", "seed")
+# one fp32 scale per 128 channels of an fp8 token (DeepEP per_token_cast_to_fp8; DeepSeek-V3's 1x128 tiles)
+EP_SCALE_CHANNELS = 128
+
+
+def ep_copy_bytes(phase: str, D: int, dtype_bytes: int) -> int:
+    """Bytes of one token copy on the wire: fp8 dispatch D + 4 ceil(D/128) (e4m3 values and their fp32 scales,
+    DeepEP's fp8 format: tests/legacy/test_internode.py counts hidden x (1 + 4/128)), bf16 2 D; combine always
+    sends bf16 (DeepEP V1: "FP8 dispatching and BF16 combining")."""
+    if phase == "dispatch" and dtype_bytes == 1:
+        return D + FP32 * math.ceil(D / EP_SCALE_CHANNELS)
+    return BF16 * D
+
+
+def _ep_op(name: str, phase: str) -> OpSpec:
+    r = {"T": ParamRange("kernel_dim"), "D": ParamRange("width"), "topk": ParamRange("topk"),
+         "E": ParamRange("experts"), "R": ParamRange("experts", lo=0), "ep": ParamRange("parallel"),
+         "G": ParamRange("parallel"), "nodes_max": ParamRange("parallel", lo=0), "kernel": ParamRange("ep_kernel_code"),
+         "dtype_bytes": ParamRange("dispatch_dtype_bytes"), "zipf_milli": ParamRange("zipf_milli"),
+         "seed": ParamRange("seed")}
+    # bytes: the (token, expert) copies one rank sends before any deduplication (what a plain all-to-all moves)
+    return OpSpec(name, "ep", EP_PARAMS, r, flop=lambda p: 0.0,
+                  bytes=lambda p, _ph=phase: float(p["T"] * p["topk"] * ep_copy_bytes(_ph, p["D"], p["dtype_bytes"])),
+                  kind="ep", categorical=EP_PARAMS, check=_topk_le_e)
+
+
+OPS.update({s.name: s for s in (_ep_op("ep_dispatch", "dispatch"), _ep_op("ep_combine", "combine"))})
+EP_OPS = {"ep_dispatch": "dispatch", "ep_combine": "combine"}  # op -> phase
+
 import k3sim.kernels.ops_decode  # noqa: E402,F401 - registers the decode-step kernels (issue 10) into OPS
 
 # The one list of collective ops: the registry's kind (every other module derives its list from this)

@@ -1,6 +1,8 @@
 """OpSpecs of the decode-step kernels measured under CUDA-graph replay (issue 10; harness
 `k3sim/calibration/graph_parts.py`): the routed experts as one op per implementation, absorbed-MLA
-decode attention, and the small kernels of `k3sim/calibration/decode_ops.py`.
+decode attention, the small kernels of `k3sim/calibration/decode_ops.py`, and the kernels around an
+expert-parallel dispatch of `k3sim/calibration/dispatch_ops.py` (`fp8_quant_128`, `ep_permute`,
+`ep_unpermute`) with one grouped fp8 GEMM alone (`moe_grouped_fp8`; harness `k3sim/calibration/deployed.py`).
 
 `k3sim.kernels.ops` imports this module at its bottom; the module adds `DECODE_OPS` to `OPS` when it
 finishes (so either module may be imported first).
@@ -16,7 +18,7 @@ uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent),
 
 from __future__ import annotations
 
-from k3sim.kernels.ops import BF16, OPS, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts
+from k3sim.kernels.ops import BF16, OPS, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts, moe_flop
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
 FP8 = 1
@@ -35,6 +37,14 @@ def expert_ffn_bytes(p: Params, weight_bytes: float) -> float:
     distinct = expected_distinct_experts(p["B"], p["E"], p["topk"])
     acts = 2 * p["B"] * p["K"] + 2 * p["B"] * p["topk"] * (p["N"] + p["K"])
     return distinct * 3 * p["K"] * p["N"] * weight_bytes + BF16 * acts
+
+
+def grouped_fp8_bytes(p: Params) -> float:
+    """One grouped fp8 GEMM (moe_grouped_fp8): e4m3 weights of the experts touched (read once) and their fp32
+    column scales, e4m3 rows in with one fp32 scale each, bf16 rows out."""
+    distinct = expected_distinct_experts(p["B"], p["E"], p["topk"])
+    rows = p["B"] * p["topk"]
+    return distinct * p["N"] * (p["K"] * FP8 + 4) + rows * (p["K"] * FP8 + 4 + p["N"] * BF16)
 
 
 def mla_decode_flop(p: Params) -> float:
@@ -75,6 +85,24 @@ def _embedding(p):
     return 0.0, BF16 * 2 * p["T"] * p["D"] + 8 * p["T"]
 
 
+# Around an expert-parallel dispatch (k3sim/calibration/dispatch_ops.py: DeepSeek-V3's 1x128 FP8 activation
+# tiles, arXiv 2412.19437 sec. 3.3.2; the permute into expert-contiguous rows and its inverse)
+FP8_GROUP = 128  # channels per fp32 scale
+
+
+def _fp8_quant(p):
+    # bf16 read, e4m3 written, one fp32 scale per 128 channels (a last partial group has one too); abs, max and
+    # divide per element
+    return 3.0 * p["T"] * p["D"], (BF16 + FP8) * p["T"] * p["D"] + 4 * p["T"] * -(-p["D"] // FP8_GROUP)
+
+
+def _ep_rows(p, flop_per_pick_element: float = 0.0):
+    # T token rows on one side, T topk pick rows on the other (bf16), the int32 pick ids / fp32 weights
+    # and int64 order of each pick; the unpermute's multiply-add per pick element is its FLOP
+    picks = p["T"] * p["topk"]
+    return flop_per_pick_element * picks * p["D"], BF16 * (p["T"] + picks) * p["D"] + 12 * picks
+
+
 # ranges: kinds of the bounds table (`ParamRange`; k3sim/configs/bounds.py says why each ends where it does)
 _T = ParamRange("kernel_dim")
 _W = ParamRange("width")
@@ -94,8 +122,15 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            lambda p: expert_ffn_bytes(p, BF16), check=_topk_le_e, shape_params=("E", "topk")),
     OpSpec("moe_ffn_grouped_fp8", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), expert_ffn_flop,
            lambda p: expert_ffn_bytes(p, FP8), dtype="fp8", check=_topk_le_e, shape_params=("E", "topk")),
+    # one grouped fp8 GEMM alone, rows pre-quantised and sorted by expert (the fp8 analogue of moe_grouped_bf16;
+    # k3sim/calibration/deployed.py): the GEMMs of a DeepGEMM-style expert stack, glue measured as its own ops
+    OpSpec("moe_grouped_fp8", "moe", ("B", "E", "K", "N", "topk"), dict(_MOE_RANGES), moe_flop, grouped_fp8_bytes,
+           dtype="fp8", check=_topk_le_e, shape_params=("E", "K", "N", "topk")),
     OpSpec("mla_decode", "attention", ("B", "C", "H"), {"B": ParamRange("batch"), "C": _T, "H": _HEADS},
            mla_decode_flop, mla_decode_bytes, shape_params=("H",), eff_params={"H": 12}),
+    # FlashMLA (the deployed stacks' absorbed MLA decode), kind "published": k3sim.kernels.published
+    OpSpec("mla_decode_flashmla", "attention", ("B", "C", "H"), {"B": ParamRange("batch"), "C": _T, "H": _HEADS},
+           mla_decode_flop, mla_decode_bytes, kind="published", shape_params=("H",)),
     _small("rmsnorm", ("T", "D"), {"T": _T, "D": _W}, _rmsnorm, ("D",)),
     _small("silu_mul", ("T", "N"), {"T": _T, "N": _W}, _silu_mul, ("N",)),
     _small("rope", ("T", "H", "D"), {"T": _T, "H": _HEADS, "D": ParamRange("rotary_dim")}, _rope,
@@ -104,5 +139,10 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            _router, ("E", "topk"), check=_topk_le_e),
     _small("residual_add", ("T", "D"), {"T": _T, "D": _W}, _residual, ("D",)),
     _small("embedding", ("T", "D"), {"T": _T, "D": _W}, _embedding, ("D",)),
+    _small("fp8_quant_128", ("T", "D"), {"T": _T, "D": _W}, _fp8_quant, ("D",)),
+    _small("ep_permute", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W}, _ep_rows,
+           ("topk", "D")),
+    _small("ep_unpermute", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
+           lambda p: _ep_rows(p, 2.0), ("topk", "D")),
 ]}
 OPS.update(DECODE_OPS)

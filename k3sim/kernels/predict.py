@@ -179,7 +179,10 @@ class ProfilePredictor:
 
     def __init__(self, hw: Any):
         self.hw = hw
-        self.dir = measured_dir(hw)
+        from k3sim.kernels.store import derivation  # a derived profile reads its source's rows, rescaled
+
+        self.derivation = derivation(hw)
+        self.dir = measured_dir(hw) if self.derivation is None else self.derivation.source_dir
         self._store = None
         self._files = None  # store.StoreFiles: the bytes read once, parsed only on a cache miss
         self._fitted_bytes: bytes | None = None
@@ -229,7 +232,7 @@ class ProfilePredictor:
             from k3sim.kernels.fit import FITTED_NAME, read_fitted
 
             fp = None if self._fitted_bytes is None else read_fitted(self.dir / FITTED_NAME, self._fitted_bytes)
-            self._fitted.append(fp)
+            self._fitted.append(fp if self.derivation is None else self.derivation.fit(fp))
         return self._fitted[0] if self._fitted else None
 
     def ops(self) -> list[str]:
@@ -281,7 +284,8 @@ class ProfilePredictor:
         if hit is None:
             if len(self._answers) > 200_000:  # memory bound only (~100 MB); answers do not depend on it
                 self._answers.clear()
-            hit = self._answers[key] = self._convention(spec, p, convention)
+            hit = self._answers[key] = (self._convention(spec, p, convention) if self.derivation is None or
+                                        spec.kind == "collective" else self.derivation.kernel_time(spec, p, convention))
         return hit
 
     def _convention(self, spec: OpSpec, p: dict[str, int], convention: str) -> KernelTime:
@@ -400,7 +404,10 @@ def _hw_key(hw: Any) -> tuple:
     peaks = tuple(sorted((k, float(v)) for k, v in dict(hw.peak_flops_per_s or {}).items()))
     links = tuple(float(getattr(hw, f, 0) or 0) for f in
                   ("scaleup_bandwidth_bytes_per_s", "scaleup_domain_gpus", "scaleout_bandwidth_bytes_per_s"))
-    return (str(hw.name), str(getattr(hw, "calibration_dir", None)), peaks, float(getattr(hw, "hbm_bandwidth_bytes_per_s", 0) or 0), links)
+    from k3sim.kernels.store import derivation_key  # () unless derived: then the rule and the source's key
+
+    return (str(hw.name), str(getattr(hw, "calibration_dir", None)), peaks, float(getattr(hw, "hbm_bandwidth_bytes_per_s", 0) or 0), links,
+            derivation_key(hw))
 
 
 def profile_predictor(hardware: Any) -> ProfilePredictor:

@@ -405,7 +405,12 @@ def load_store(root: Path | str, hardware: Any = None, files: StoreFiles | None 
     """Load (or return the cached copy of) every run under `root`; reloads when a file's bytes change. With the
     profile (`hardware`: a HardwareProfile or an object with its fields), rows faster than its datasheet
     roofline by more than `PHYSICAL_FACTOR` are refused (`MeasurementStore.check_physical`). `files`: the
-    bytes `read_files(root)` already read (the predictor fingerprints them before deciding to parse)."""
+    bytes `read_files(root)` already read (the predictor fingerprints them before deciding to parse). For a derived
+    profile (`derived_from`) the store is its source's rows rescaled (`Derivation.store`), checked against the
+    derived profile's roofline."""
+    d = derivation(hardware) if hardware is not None else None
+    if d is not None:  # a derived profile: its source's rows (checked against the source), then rescaled
+        return d.store(load_store(root, d.source, files))
     root = Path(root).resolve()
     if not root.is_dir():
         raise InputError("no such measured-data directory", source=str(root))
@@ -553,3 +558,332 @@ def _load(root: Path, files: StoreFiles) -> MeasurementStore:
     total = hashlib.sha256("".join(f"{k}:{v};" for k, v in op_fp.items()).encode()).hexdigest()[:16]
     return MeasurementStore(root=root, runs=runs, rows=rows, ignored=ignored, fingerprint=total,
                             op_fingerprints=op_fp, content_digest=files.digest)
+
+
+# ---- derived profiles (issue 21 item 6) ------------------------------------------------------------------
+
+# The rule's version: in the target's hardware key (`kernels.predict._hw_key`, hence every cache key of a derived
+# profile) and in the derived store's disk-cache key. Bump it with any change of what `Derivation` computes.
+DERIVATION_RULE = "derived-1"
+# Fraction of its datasheet roofline from which a row's whole time counts as set by its roof (`Derivation`, the
+# latency share): a modelling choice, justified with the committed H200 rows in `Derivation`'s docstring.
+BOUND_FRACTION = 0.5
+_SOURCES: dict[tuple, tuple] = {}  # (target name, source reference, target compute) -> (source, derivation key)
+_DERIVATIONS: dict[tuple, "Derivation"] = {}
+_DERIVED: dict[tuple, MeasurementStore] = {}
+
+
+def _source_of(hw: Any) -> tuple[Any, tuple] | None:
+    """(the source profile, the derivation key) of a derived profile, None for any other; checked and loaded
+    once per process (`configs.profiles.derived_source`). The key holds the rule, `BOUND_FRACTION` and the
+    source's own hardware key: a change of any of them, or of the source's datasheet figures, is a new key."""
+    spec = getattr(hw, "derived_from", None)
+    if spec is None:
+        return None
+    ref = spec.profile if isinstance(spec.profile, str) else id(spec.profile)
+    compute = (tuple(sorted(dict(hw.peak_flops_per_s or {}).items())), getattr(hw, "num_sms", None))
+    k = (str(hw.name), ref, compute)
+    hit = _SOURCES.get(k)
+    if hit is None or (not isinstance(spec.profile, str) and hit[0] is not spec.profile):
+        from k3sim.configs.profiles import derived_source
+        from k3sim.kernels.predict import _hw_key
+
+        src = derived_source(hw)
+        hit = _SOURCES[k] = (src, (DERIVATION_RULE, BOUND_FRACTION, _hw_key(src)))
+    return hit
+
+
+def derivation_key(hw: Any) -> tuple:
+    """What the rows of a derived profile depend on beyond its own fields (`_source_of`); () for others."""
+    hit = _source_of(hw)
+    return () if hit is None else hit[1]
+
+
+def derivation(hw: Any) -> "Derivation | None":
+    """The `Derivation` of a derived profile (one per hardware key and process), None for any other."""
+    hit = _source_of(hw)
+    if hit is None:
+        return None
+    from k3sim.configs.profiles import measured_dir
+    from k3sim.kernels.predict import _hw_key
+
+    k = _hw_key(hw)
+    if k not in _DERIVATIONS:
+        _DERIVATIONS[k] = Derivation(target=hw, source=hit[0], source_dir=measured_dir(hit[0]), key=hit[1])
+    return _DERIVATIONS[k]
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A derived profile's rows from its source's (rule `DERIVATION_RULE`; domain facts sec. 5, issue 21 item 6).
+
+    The source (H200) and the target (H100 SXM, H800) are one GH100 SXM die: same SMs, clocks, Tensor Cores
+    and 50 MB L2 (`configs.profiles.derived_source` refuses any other pair). They differ in HBM (4.8 against
+    3.35 TB/s) and, for the H800, in NVLink (400 GB/s bidirectional against 900). Per measured row, with its op's
+    own FLOP and byte formulas (`kernels.ops`) and the datasheet figures:
+
+        t_c = FLOP / peak,   t_m = bytes / HBM bandwidth of the source,   r = source / target HBM bandwidth
+        s   = max(t_c, r t_m) / max(t_c, t_m)        the roofline's own ratio at the datasheet ridge
+        u   = max(t_c, t_m) / t                      the fraction of its source roofline the row reached
+        w   = min(1, u / BOUND_FRACTION)             the share of the row's time its roof sets
+        t'  = t (1 + (s - 1) w)
+
+    - Compute-bound (t_c >= r t_m): s = 1, the measured time is kept. Memory-bound (t_m >= t_c): s = r, the time
+      scales by the HBM bandwidth ratio (4.8 / 3.35 = 1.433). Between the two ridges (t_m < t_c < r t_m) the row
+      takes the max of both scaled parts: on the target the slower roof sets the time. Chosen over a blend
+      (sum) of the parts because the max is exact at both ends (a compute-bound GEMM with a small memory part
+      keeps its time; a pure stream scales by r) and continuous through the ridge, so neighbouring shapes never
+      step apart and the interpolation sees a smooth surface.
+    - Latency share (w): a row far below its roofline is set by launch, ramp, tail and dependent steps, which a
+      slower HBM does not lengthen (the targets' HBM3 latency is taken as the H200's HBM3e latency). In the
+      committed H200 rows (graph-preferred points) the kernels bound by a roof by every other sign reach
+      0.58-0.90 of it at their large shapes (hbm_copy 0.90, gemm_bf16 0.86, mla_decode 0.84, gemm_fp8 0.80,
+      residual_add 0.76, moe_ffn_grouped_bf16 0.69, recurrent_kda_decode 0.67, moe_ffn_grouped_fp8 0.585), while
+      the decode-size norms and activations (rmsnorm, silu_mul at T <= 64: under 0.045), router_topk (under
+      0.01) and rope (under 0.05) sit on their latency plateau, their time not falling with the shape; copies
+      of 1-4 MiB reach 0.20-0.46. At u >= 0.5 (`BOUND_FRACTION`) the whole time counts as the roof's; below,
+      the scaled share falls linearly with u, so a 1 %-of-roofline kernel stays as measured (x1.009 at most) and
+      no step appears at the threshold. chunk_kda (fla's chunked KDA, 0.03-0.08 of its HBM roofline: bound by
+      the serial chunk recurrence and its launches, by neither roof) moves by at most 7 %; the MXFP4 token
+      expert kernel (moe_mxfp4_decode, at most 0.33: dequantisation and its launches) by at most 29 %, which is
+      why a derived H100 K3 decode step is x1.28 the H200's and not x1.43 (x1.39 with BOUND_FRACTION 0.25,
+      x1.16 with 1.0: the weight of the choice; kimi-k3, TP8 PP2 EP8, batch 64, 32K context, graph).
+    - Collectives: t' = alpha + (t - alpha) L, alpha the source fit's latency for the row's GPU count (capped at
+      t), L = source / target link bandwidth for that count (`configs.profiles.link_bandwidth`: NVLink inside a
+      node, 450 / 200 = 2.25 for the H800, 1 for the H100 SXM). The achieved fraction of the link is the
+      source's; the collective model (`k3sim.comm`) reads it from the rescaled fit (`fit`), so it stays <= 1.
+    - Where it applies: every row of the source (`store`: the derived store, each ok row with its `source` words
+      and `derived_factor`); every single-GPU kernel answer (`kernel_time`: the source predictor's answer at the
+      shape, rescaled by the same rule, so interpolated and modelled shapes follow it too); every collective
+      answer through the collective model over the derived rows and the rescaled fit (`fit`: each roofline
+      fit's HBM bandwidth replaced by the target's, each bus bandwidth divided by L, latencies kept).
+
+    What it ignores (the profile's `derived_from.ignores`, named in every derived answer's detail): clocks under
+    each board's power limit, HBM latency and L2 behaviour beyond "equal", the target machine's host (launch
+    times `host_s` are kept), NVLink hop latency at the H800's lower link bandwidth, scale-out (no cross-node
+    row was measured: the NIC figures are the profile's own)."""
+
+    target: Any
+    source: Any
+    source_dir: Path
+    key: tuple
+
+    @property
+    def hbm_ratio(self) -> float:
+        """Source over target HBM bandwidth: the time factor of a memory-bound row (4.8 / 3.35 for the H100)."""
+        return float(self.source.hbm_bandwidth_bytes_per_s) / float(self.target.hbm_bandwidth_bytes_per_s)
+
+    def link_ratio(self, gpus: int) -> float:
+        """Source over target link bandwidth for a collective over `gpus` ranks (the link it runs on)."""
+        from k3sim.configs.profiles import link_bandwidth
+
+        return link_bandwidth(self.source, gpus)[0] / link_bandwidth(self.target, gpus)[0]
+
+    def fingerprint(self, fp: str, chars: int = 16) -> str:
+        """A source fingerprint (store or fit) carried to the derived rows: equal derived fingerprints mean equal
+        source fingerprints under the same rule, so the rescaled fit matches the derived rows exactly when the
+        source's fit matched the source's rows (`fit.op_fit`)."""
+        return hashlib.sha256(f"{fp}\0{self.key!r}".encode()).hexdigest()[:chars] if fp else ""
+
+    def roofs(self, spec, rows: list[dict]):
+        """(t_c, t_m) per row on the source's datasheet: the op's own FLOP / peak and bytes / HBM bandwidth."""
+        import numpy as np
+
+        from k3sim.configs.profiles import peak_flops
+
+        try:
+            peak = peak_flops(self.source, spec.dtype)
+        except InputError:  # no peak for this dtype: the row is priced by its bytes only
+            peak = float("inf")
+        bw = float(self.source.hbm_bandwidth_bytes_per_s)
+        return (np.array([spec.flop(p) / peak for p in rows], float),
+                np.array([spec.bytes(p) / bw for p in rows], float))
+
+    def kernel_factors(self, spec, rows: list[dict], seconds):
+        """(t' / t, s, w) per row of a single-GPU kernel (the class docstring's rule)."""
+        import numpy as np
+
+        tc, tm = self.roofs(spec, rows)
+        roof = np.maximum(tc, tm)
+        s = np.maximum(tc, self.hbm_ratio * tm) / roof
+        w = np.minimum(1.0, roof / np.asarray(seconds, float) / BOUND_FRACTION)
+        return 1.0 + (s - 1.0) * w, s, w
+
+    def collective_factors(self, rows: list[dict], seconds, alphas):
+        """t' / t per collective row: the latency (alpha, capped at t) kept, the rest times the link ratio."""
+        import numpy as np
+
+        t = np.asarray(seconds, float)
+        a = np.minimum(np.asarray(alphas, float), t)
+        L = np.array([self.link_ratio(int(p["gpus"])) for p in rows], float)
+        return (a + (t - a) * L) / t, L
+
+    def kernel_class(self, s: float, w: float) -> str:
+        """A row's place in the rule, in words (its `source` column and every derived answer's)."""
+        if abs(s - 1.0) < 1e-12:
+            return "compute-bound, kept"
+        if w < 1.0:
+            return "latency share kept"
+        return "memory-bound" if abs(s - self.hbm_ratio) < 1e-12 else "near the ridge"
+
+    def note(self) -> str:
+        """What every derived answer's detail adds: the rule, its ratios, and where the profile lists what the
+        rule ignores."""
+        up = self.link_ratio(2)
+        return (f"derived for {self.target.name} from {self.source.name}'s measured rows by rule {DERIVATION_RULE} "
+                f"(k3sim.kernels.store.Derivation: compute-bound kept, memory-bound x{self.hbm_ratio:.4g} HBM, "
+                f"collective bandwidth part x{up:.4g} NVLink, latency kept); what it ignores: derived_from.ignores "
+                f"of profile {self.target.name}")
+
+    def _source_fit(self, src: MeasurementStore):
+        """The source's committed fit (None without one) and the sha256 of its bytes ('none')."""
+        from k3sim.kernels.fit import FITTED_NAME, read_fitted, read_fitted_bytes
+
+        data = read_fitted_bytes(Path(src.root) / FITTED_NAME)
+        if data is None:
+            return None, "none"
+        return read_fitted(Path(src.root) / FITTED_NAME, data), hashlib.sha256(data).hexdigest()
+
+    def store(self, src: MeasurementStore) -> MeasurementStore:
+        """The derived store of the source store `src`: in-process once per (source bytes, fit, rule, hardware),
+        on disk like the source's parsed store (`k3sim.kernels.cache`, builtins only), saved only after its rows
+        passed the target's roofline check. A warm predictor never gets here: its op entries are cached under
+        a key holding the same parts (`kernels.predict.ProfilePredictor`)."""
+        from k3sim.kernels import cache
+        from k3sim.kernels.predict import _hw_key
+
+        fitted, fit_digest = self._source_fit(src)
+        k = (str(src.root), src.content_digest, fit_digest, repr(_hw_key(self.target)))
+        if k in _DERIVED:
+            return _DERIVED[k]
+        disk = cache.key("derived-store", *k)
+        plain = cache.load(disk, "store")
+        store = _store_from_plain(plain, Path(src.root)) if plain is not None else None
+        if store is None:
+            store = self._derive(src, fitted)
+            _check_physical_cached(store, self.target)  # raises for a row beyond the target's roofline
+            try:
+                cache.save(disk, "store", _store_to_plain(store))
+            except TypeError:  # a value the cache does not hold: derived again next time
+                pass
+        _DERIVED.clear() if len(_DERIVED) > 16 else None
+        _DERIVED[k] = store
+        return store
+
+    def _derive(self, src: MeasurementStore, fitted) -> MeasurementStore:
+        """Every row of `src` rescaled by the rule; ok rows get `derived_factor` (t' / t) and `source` (the rule's
+        words), failed rows keep their (absent) times with factor 1."""
+        import numpy as np
+
+        from k3sim.kernels.fit import op_fit
+
+        rows = {}
+        for op, df in src.rows.items():
+            spec = OPS[op]
+            t = df["seconds"].to_numpy(float)
+            ok = ((df["status"] == "ok").to_numpy() & np.isfinite(t) & (t > 0)).nonzero()[0]
+            cols = [df[k].to_numpy() for k in spec.params]
+            params = [{k: int(c[i]) for k, c in zip(spec.params, cols)} for i in ok]
+            factor = np.ones(len(df))
+            words = np.full(len(df), "", dtype=object)
+            tk = self._kernel_seconds(src, op, df, t)
+            if len(ok) and spec.kind == "collective":
+                fit = op_fit(src, fitted, op, self.source)[0].alpha_beta
+                alphas = [fit[min(fit, key=lambda n, g=p["gpus"]: (abs(n - g), n))].alpha_s for p in params]
+                f, L = self.collective_factors(params, tk[ok], alphas)
+                what = [f"collective: bandwidth part x{x:.4g}, latency kept" for x in L]
+            elif len(ok):
+                f, s, w = self.kernel_factors(spec, params, tk[ok])
+                what = [self.kernel_class(a, b) for a, b in zip(s, w)]
+            if len(ok):  # the increment of the kernel's own time, added to the row as timed (see _kernel_seconds)
+                factor[ok] = (t[ok] + (f - 1.0) * tk[ok]) / t[ok]
+                words[ok] = [f"derived from {self.source.name} ({x}; x{y:.4g})" for x, y in zip(what, factor[ok])]
+            out = df.copy()
+            for col in ("seconds", "seconds_p20", "seconds_p80"):  # the spread of the repetitions is kept
+                if col in out.columns:
+                    out[col] = out[col].to_numpy(float) * factor
+            out["derived_factor"] = factor
+            out["source"] = words
+            rows[op] = out
+        return MeasurementStore(root=src.root, runs=src.runs, rows=rows, ignored=list(src.ignored),
+                                fingerprint=self.fingerprint(src.fingerprint),
+                                op_fingerprints={op: self.fingerprint(v) for op, v in src.op_fingerprints.items()},
+                                content_digest=self.fingerprint(src.content_digest, 64))
+
+    @staticmethod
+    def _kernel_seconds(src: MeasurementStore, op: str, df, t):
+        """Each row's kernel time as a CUDA-graph replay runs it: graph rows as measured, event-timed rows plus the
+        op's graph-minus-events offset (`MeasurementStore.timer_offset_s`, with `points`' guard of half the row)
+        where some shape was timed both ways. The rule rescales this time and the row gains the increment, so
+        the offset between the timers (a per-launch latency) is kept, not rescaled: a compute-bound shape timed
+        by events only answers exactly as on the source after `points` shifts it."""
+        import numpy as np
+
+        tk = np.array(t, float)
+        offset = src.timer_offset_s(op) if "timer" in df.columns else None
+        if offset is not None:
+            ev = (df["timer"].fillna("events").astype(str) != "graph").to_numpy()
+            tk[ev] = np.maximum(tk[ev] + offset, 0.5 * tk[ev])
+        return tk
+
+    def fit(self, fp):
+        """The source's `FittedProfile` for the target: each roofline fit's HBM bandwidth replaced by the target's
+        (its memory term x r; compute, launch and floor kept), each alpha-beta fit's bus bandwidth divided by the
+        link ratio of its GPU count (alpha kept); data fingerprints carried (`fingerprint`). None stays None."""
+        import dataclasses
+
+        from k3sim.kernels.fit import FittedProfile
+        from k3sim.kernels.model import AlphaBetaFit
+
+        if fp is None:
+            return None
+        ops = {}
+        for name, f in fp.ops.items():
+            roof = None if f.roofline is None else dataclasses.replace(
+                f.roofline, bandwidth_bytes_per_s=f.roofline.bandwidth_bytes_per_s / self.hbm_ratio)
+            ab = {n: AlphaBetaFit(a.alpha_s, a.bus_bandwidth_bytes_per_s / self.link_ratio(n))
+                  for n, a in f.alpha_beta.items()}
+            ops[name] = dataclasses.replace(f, roofline=roof, alpha_beta=ab, runs=list(f.runs),
+                                            data_fingerprint=self.fingerprint(f.data_fingerprint))
+        return FittedProfile(profile=str(self.target.name),
+                             fit_date=f"{fp.fit_date}, {self.source.name}'s fit rescaled by rule {DERIVATION_RULE}",
+                             data_fingerprint=self.fingerprint(fp.data_fingerprint), ops=ops)
+
+    def kernel_time(self, spec, p: dict, convention: str):
+        """A single-GPU kernel's answer on the target: the source predictor's answer for shape `p` (measured,
+        interpolated, model or extrapolated), rescaled by the rule at this shape: t' = t + (f - 1) t_graph, f from
+        the source's graph-convention time t_graph (the kernel's own time), so under "eager" the host launch
+        time is kept. Applied to answers rather than interpolated from the derived rows: the fitted model splits
+        compute and memory differently from the datasheet ridge, and residuals interpolated over rescaled rows
+        would answer off-grid shapes with a factor the rule does not give (mla_decode at B=64, C=32K,
+        H=16: x1.485 against the rule's x1.433). At a shape measured under CUDA-graph replay this is the derived
+        row (`_derive`) exactly. A source without any row of the op gives the target's own datasheet roofline,
+        labelled as such."""
+        import dataclasses
+
+        from k3sim.kernels.predict import datasheet_time, profile_predictor
+
+        src = profile_predictor(self.source)  # the predictor memoises this answer (ProfilePredictor.predict)
+        g = src.predict(spec.name, p, "graph")
+        if g.source == "datasheet-roofline":
+            return dataclasses.replace(datasheet_time(spec, p, self.target, f"{self.source.name}, which profile "
+                                                     f"{self.target.name} is derived from, has no usable row of "
+                                                     f"{spec.name}"), convention=convention)
+        base = g if convention == "graph" else src.predict(spec.name, p, convention)
+        f, s, w = (float(x[0]) for x in self.kernel_factors(spec, [p], [g.seconds]))
+        t_new = base.seconds + (f - 1.0) * g.seconds
+        return dataclasses.replace(base, seconds=t_new, source=f"derived from {self.source.name} "
+                                   f"({self.kernel_class(s, w)}; x{t_new / base.seconds:.4g}): {base.source}",
+                                   detail=f"{base.detail}; {self.note()}")
+
+    def collective_label(self, p: dict, kt):
+        """A collective's answer (the collective model over the derived rows and fit) with its source saying it is
+        derived and how; a datasheet answer (no measured collective to derive from) keeps its source."""
+        import dataclasses
+
+        if kt.source == "datasheet-roofline":
+            return dataclasses.replace(kt, detail=f"{kt.detail}; profile {self.target.name} is derived from "
+                                                  f"{self.source.name}, which has no usable row of this collective")
+        return dataclasses.replace(kt, source=f"derived from {self.source.name} (collective: bandwidth part "
+                                              f"x{self.link_ratio(int(p['gpus'])):.4g}, latency kept): {kt.source}",
+                                   detail=f"{kt.detail}; {self.note()}")

@@ -79,7 +79,14 @@ def _serve_weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, i
         if not n:
             continue
         fmt = stored_format(model, comp)
-        if comp == ROUTED:
+        if comp == ROUTED and getattr(par, "redundant_experts", 0) and model.moe is not None:
+            # EPLB slots: each GPU holds ceil((E + R) / ep) experts' weights, redundant copies included
+            E, R = model.moe.num_routed_experts, par.redundant_experts
+            slots = math.ceil((E + R) / par.ep)
+            n = n * slots * par.ep // E
+            div, how = par.ep * etp, (f"x {slots * par.ep}/{E} slots ({R} redundant, {slots} per GPU) "
+                                      f"/ (ep={par.ep} x expert_tp={etp})")
+        elif comp == ROUTED:
             div, how = par.ep * etp, f"/ (ep={par.ep} x expert_tp={etp})"
         elif comp in TP_SHARDED:
             div, how = par.tp, f"/ tp={par.tp}"

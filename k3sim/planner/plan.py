@@ -352,7 +352,7 @@ def _calibration(res: PlanResult, inp, kt: RecordingKernelTime) -> None:
 
     used = kt.ops()
     res.kernel_calls = [{"op": op, "source": src, "calls": n} for (op, src), n in sorted(kt.calls.items())]
-    if not getattr(inp.hw, "calibration_dir", None):
+    if not getattr(inp.hw, "calibration_dir", None) and getattr(inp.hw, "derived_from", None) is None:
         res.notes["calibration"] = (f"profile {inp.hw.name} is uncalibrated: kernel times are datasheet rooflines "
                                     "(lower bounds); no error table")
         return

@@ -9,6 +9,12 @@ decode step is linear in the context sum, which grows by one token per sequence 
 
 Roles: "mixed" (a colocated replica), "prefill" (P/D: prefill only; a finished prompt waits, holding its pages,
 until its KV moves to a decode replica), "decode" (P/D: decodes only; requests arrive with their KV).
+
+MTP (`serving.mtp` drafts, `serving.acceptance`): a decode feeds 1 + mtp tokens a step (KV slots for all of them
+are reserved and grown) and advances by the expected accepted tokens (`k3sim.decode.mtp.accepted_tokens_per_step`)
+with the fraction banked per request (`Request.carry`): deterministic, no draws, and a stretch of decode steps
+stays one event (`steps_to_reach`). An attention-DP replica is `dp` of these engines stepping in lockstep
+(`serving.dp.DPReplica`): `plan_step`, `stretch_limit` and `finish_step` are the parts it drives.
 """
 
 from __future__ import annotations
@@ -21,8 +27,21 @@ from k3sim.prefix_cache.cache import REJECT, WAIT, HybridPrefixCache
 from k3sim.prefix_cache.config import CacheConfig
 from k3sim.prefix_cache.pool import MLA
 from k3sim.serving.scheduler import form_batch
+from k3sim.procs import checkpoint
 
 StepSecondsFn = Callable[[int, int, tuple], float]  # (num_decode, decode_context_sum, prefill) -> s
+
+
+def steps_to_reach(carry: float, advance: float, tokens: int) -> int:
+    """Fewest steps k >= 1 after which a sequence advancing `advance` tokens per step in expectation, with
+    `carry` tokens of fraction banked, has emitted `tokens` whole tokens: floor(carry + k x advance) >= tokens
+    (the same expression `Replica.finish_step` hands tokens out with, so the two agree to the last bit)."""
+    k = max(1, math.ceil((tokens - carry) / advance))
+    while k > 1 and math.floor(carry + (k - 1) * advance) >= tokens:
+        k -= 1
+    while math.floor(carry + k * advance) < tokens:
+        k += 1
+    return k
 
 
 def bucket(x: int) -> int:
@@ -84,11 +103,17 @@ class StepTimer:
 
 class Replica:
     def __init__(self, fleet, idx: int, role: str, cache_cfg: CacheConfig, ecfg, timer: StepTimer,
-                 gpus: int, pool: str = "mixed"):
+                 gpus: int, pool: str = "mixed", *, rank: int = 0, mtp: int = 0, advance: float = 1.0):
         self.fleet = fleet
         self.env = fleet.env
         self.idx = idx
+        self.rank = rank  # attention-DP rank inside replica `idx` (0 without attention DP)
         self.role = role
+        # MTP: each decode feeds 1 + mtp tokens (KV slots for all of them) and advances `advance` tokens per step
+        # in expectation (fractional carry per request: deterministic, and a stretch of steps stays one event)
+        self.lookahead = mtp
+        self.advance = advance
+        self.backlog = 0  # prefill tokens routed here and not yet run (the attention-DP balancer's measure)
         self.ecfg = ecfg
         self.timer = timer
         self.gpus = gpus
@@ -130,19 +155,26 @@ class Replica:
 
     def submit(self, req) -> None:
         req.replica = self.idx
+        req.rank = self.rank
         self.waiting.append(req)
         self.wake()
+
+    def accept_transfer(self, req) -> None:
+        """Decode role: a finished prompt's KV is to move here; reserve pages for it (FCFS)."""
+        self.incoming.append(req)
+        self.try_accept()
 
     def admit(self, req):
         """Admission by memory: look up the prefix, pin the hit, reserve the prompt's pages (and the output's if
         `reserve_output`), allocate the private KDA state slots. WAIT / REJECT as the cache answers."""
-        total = -(-(req.L + req.O) // self.B_p) + self.G * self.k
+        la = self.lookahead
+        total = -(-(req.L + req.O + la) // self.B_p) + self.G * self.k
         if self.capacity_pages is not None and total > self.capacity_pages:
             return REJECT  # could never finish even alone in the pool
         keys, L = req.keys, req.target
         if L > req.L:  # recompute after preemption: the generated tokens have keys nothing else shares
             keys = keys + [self.fleet.fresh_key() for _ in range(len(keys), L // self.B_h)]
-        out = req.O - req.generated if self.reserve_output else 1
+        out = (req.O - req.generated if self.reserve_output else 1) + la
         pool = self.cache.pool
         wm = self.watermark if self.running else 0
         pool.reserved += wm
@@ -183,7 +215,7 @@ class Replica:
         while self.incoming:
             req = self.incoming[0]
             ctx = req.context
-            out = req.O - req.generated
+            out = req.O - req.generated + self.lookahead
             total = -(-(ctx + out) // self.B_p) + self.G * self.k
             if self.capacity_pages is not None and total > self.capacity_pages:
                 self.incoming.popleft()
@@ -215,10 +247,51 @@ class Replica:
         self.wake()
 
     # ------------------------------------------------------------------ the engine loop
+    def plan_step(self):
+        """This step's batch (`scheduler.form_batch`), rejections handed to the fleet; None when every waiting
+        request was rejected and nothing else is left."""
+        plan = form_batch(self)
+        for req in plan.rejected:
+            self.backlog -= req.route_tokens
+            req.route_tokens = 0
+            self.fleet.reject(req)
+        if not plan.decoders and not plan.prefills:
+            if not self.running and not self.waiting:
+                return None  # every waiting request was rejected
+            raise RuntimeError(f"replica {self.idx}: scheduler stalled with {len(self.running)} running and "
+                               f"{len(self.waiting)} waiting (nothing admissible into an idle pool)")
+        return plan
+
+    def stretch_limit(self, plan) -> int:
+        """Decode-only steps that can run as one event: up to the first completion or page boundary."""
+        dec, B_p = plan.decoders, self.B_p
+        if not self.lookahead:
+            n = math.inf
+            for r in dec:
+                g = r.generated
+                left = r.O - g
+                room = len(r.rs.blocks) * B_p - r.L - g + 1
+                if left < n:
+                    n = left
+                if room < n:
+                    n = room
+            return n
+        a, la = self.advance, self.lookahead
+        n = min(steps_to_reach(r.carry, a, r.O - r.generated) for r in dec)
+        return min(n, min(steps_to_reach(r.carry, a, len(r.rs.blocks) * B_p - r.L - r.generated - la + 1)
+                          for r in dec))
+
+    def mid_context(self, plan, n: int) -> int:
+        """The decoders' context sum halfway through a stretch of n steps (attention is linear in it)."""
+        nd = len(plan.decoders)
+        if self.advance == 1.0:
+            return plan.context_sum + nd * (n - 1) // 2
+        return plan.context_sum + int(nd * self.advance * (n - 1) / 2)
+
     def run(self):
         env, fleet, timer = self.env, self.fleet, self.timer
-        B_p = self.B_p
         while True:
+            checkpoint()  # a Ctrl-C whose exception a finaliser swallowed (k3sim.procs)
             if self.role == "decode" and self.incoming:
                 self.try_accept()
             if not self.running and not self.waiting:
@@ -226,27 +299,21 @@ class Replica:
                 yield self._wake_ev
                 self._wake_ev = None
                 continue
-            plan = form_batch(self)
-            for req in plan.rejected:
-                fleet.reject(req)
+            plan = self.plan_step()
+            if plan is None:
+                continue
             dec, pf = plan.decoders, plan.prefills
-            if not dec and not pf:
-                if not self.running and not self.waiting:
-                    continue  # every waiting request was rejected
-                raise RuntimeError(f"replica {self.idx}: scheduler stalled with {len(self.running)} running and "
-                                   f"{len(self.waiting)} waiting (nothing admissible into an idle pool)")
             nd = len(dec)
             cs = plan.context_sum
             n = 1
             now = env.now
             if not pf:
-                n = min(r.O - r.generated for r in dec)
-                n = min(n, min(len(r.rs.blocks) * B_p - r.L - r.generated for r in dec) + 1)
+                n = self.stretch_limit(plan)
                 if n > 1:
                     horizon = fleet.horizon(self) - now
                     if horizon < math.inf:
                         n = min(n, max(1, math.ceil(horizon / timer(nd, cs))))
-                dt = n * timer(nd, cs + nd * (n - 1) // 2) if n > 1 else timer(nd, cs)
+                dt = n * timer(nd, self.mid_context(plan, n)) if n > 1 else timer(nd, cs)
             else:
                 dt = timer(nd, cs, tuple((c, p) for _, c, p in pf))
                 for req, _, _ in pf:
@@ -254,43 +321,63 @@ class Replica:
                         req.scheduled_s = now
             self.step_end_s = now + dt
             yield env.timeout(dt)
-            self.cache.end_step(n)
-            self.steps += n
-            self.busy_s += dt
-            now = env.now
-            done = False
-            for r in dec:
-                r.generated += n
+            self.finish_step(plan, n, dt)
+
+    def finish_step(self, plan, n: int, dt: float) -> None:
+        """After n steps of `plan` (dt seconds in all): tokens handed out, finished requests leave."""
+        now = self.env.now
+        fleet = self.fleet
+        if self.backlog:  # attention DP: the balancer's outstanding prefill tokens, as the chunks run
+            for req, c, _ in plan.prefills:
+                d = req.route_tokens if req.rs.computed >= req.target else min(c, req.route_tokens)
+                req.route_tokens -= d
+                self.backlog -= d
+        self.cache.end_step(n)
+        self.steps += n
+        self.busy_s += dt
+        done = False
+        a = self.advance
+        if a == 1.0:
+            for r in plan.decoders:
+                g = r.generated + n
+                r.generated = g
+                if g >= r.O:
+                    r.done = done = True
+        else:
+            for r in plan.decoders:
+                total = r.carry + n * a
+                k = math.floor(total)
+                r.carry = total - k
+                r.generated = min(r.generated + k, r.O)
                 if r.generated >= r.O:
-                    r.done = True
+                    r.done = done = True
+        for req, _, _ in plan.prefills:
+            if req.rs.computed >= req.target:  # the last chunk's forward yields the next token
+                req.generated += 1
+                if req.first_token_s != req.first_token_s:
+                    req.first_token_s = now
+                if self.role == "prefill":
+                    req.prefill_done_s = now
+                    req.done = True
                     done = True
-            for req, _, _ in pf:
-                if req.rs.computed >= req.target:  # the last chunk's forward yields the next token
-                    req.generated += 1
-                    if req.first_token_s != req.first_token_s:
-                        req.first_token_s = now
-                    if self.role == "prefill":
-                        req.prefill_done_s = now
-                        req.done = True
-                        done = True
-                        self.held.add(req)
-                        fleet.prefill_finished(req, self)
-                    elif req.generated >= req.O:
-                        req.done = True
-                        done = True
-            if done:
-                keep = []
-                for r in self.running:
-                    if r.done:
-                        r.done = False
-                        if self.role != "prefill":
-                            self._complete(r, now)
-                    else:
-                        keep.append(r)
-                self.running[:] = keep
-                if self.role == "decode" and self.incoming:
-                    self.try_accept()
-            fleet.after_step(self)
+                    self.held.add(req)
+                    fleet.prefill_finished(req, self)
+                elif req.generated >= req.O:
+                    req.done = True
+                    done = True
+        if done:
+            keep = []
+            for r in self.running:
+                if r.done:
+                    r.done = False
+                    if self.role != "prefill":
+                        self._complete(r, now)
+                else:
+                    keep.append(r)
+            self.running[:] = keep
+            if self.role == "decode" and self.incoming:
+                self.try_accept()
+        fleet.after_step(self)
 
     def release_held(self, req) -> None:
         """Prefill role: the request's KV has left; its prompt pages stay cached here."""

@@ -21,7 +21,7 @@ class Request:
 
     __slots__ = ("rid", "arrival_s", "L", "O", "keys", "rs", "target", "generated", "scheduled_s",
                  "first_token_s", "hit_tokens", "preemptions", "replica", "decode_replica", "prefill_done_s",
-                 "transfer_s", "admitted", "seq", "done", "rs_decode")
+                 "transfer_s", "admitted", "seq", "done", "rs_decode", "rank", "carry", "route_tokens")
 
     def __init__(self, rid: int, arrival_s: float, L: int, O: int, keys: list[int]):
         self.rid = rid
@@ -44,6 +44,9 @@ class Request:
         self.seq = 0  # admission order on its replica (preemption victim: the latest)
         self.done = False  # set for one step's bookkeeping
         self.rs_decode = None  # P/D: the decode replica's pages while the KV is in flight
+        self.rank = 0  # attention-DP rank of its (prefill) replica that serves it
+        self.carry = 0.0  # MTP: the fraction of a token banked toward the next one (expected acceptance)
+        self.route_tokens = 0  # attention DP: prefill tokens it still adds to its rank's balancer backlog
 
     @property
     def context(self) -> int:
@@ -52,7 +55,7 @@ class Request:
 
 
 RECORD_COLUMNS = ("request", "arrival_s", "scheduled_s", "first_token_s", "completion_s", "input_tokens",
-                  "output_tokens", "hit_tokens", "preemptions", "replica", "decode_replica", "transfer_s")
+                  "output_tokens", "hit_tokens", "preemptions", "replica", "rank", "decode_replica", "transfer_s")
 
 
 class RecordBook:
@@ -69,6 +72,7 @@ class RecordBook:
         self.hit_tokens = array("q")
         self.preemptions = array("l")
         self.replica = array("l")
+        self.rank = array("l")  # attention-DP rank of `replica` that prefilled it (0 without attention DP)
         self.decode_replica = array("l")
         self.transfer_s = array("d")
 
@@ -83,6 +87,7 @@ class RecordBook:
         self.hit_tokens.append(max(r.hit_tokens, 0))
         self.preemptions.append(r.preemptions)
         self.replica.append(r.replica)
+        self.rank.append(r.rank)
         self.decode_replica.append(r.decode_replica)
         self.transfer_s.append(r.transfer_s)
 

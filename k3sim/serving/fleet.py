@@ -127,7 +127,17 @@ class Fleet:
 
     @property
     def replicas(self) -> list:
-        return self.front + self.decode
+        """Every engine: each replica, or each rank of an attention-DP replica (`dp.DPReplica.ranks`)."""
+        out = []
+        for r in self.front + self.decode:
+            out.extend(getattr(r, "ranks", (r,)))
+        return out
+
+    def _engine(self, req: Request):
+        """The engine (replica, or its attention-DP rank) that prefilled `req`."""
+        rep = self.front[req.replica]
+        ranks = getattr(rep, "ranks", None)
+        return rep if ranks is None else ranks[req.rank]
 
     def fresh_key(self) -> int:
         self._key -= 1  # negative: trace ids and blake2b keys are non-negative, so it matches nothing
@@ -190,7 +200,10 @@ class Fleet:
 
     @staticmethod
     def _cached_prefix(rep, keys: list[int]) -> int:
-        """Hash blocks of `keys` whose MLA KV the replica's cache indexes (a read-only probe, no stats)."""
+        """Hash blocks of `keys` whose MLA KV the replica's cache indexes (a read-only probe, no stats); an
+        attention-DP replica answers for its ranks' caches."""
+        if hasattr(rep, "ranks"):
+            return rep.cached_blocks(keys)
         idx = rep.cache.mla_index
         n = 0
         for k in keys:
@@ -224,7 +237,7 @@ class Fleet:
         self.rejected_sojourn_s += self.env.now - req.arrival_s
 
     def reject_transfer(self, req: Request) -> None:
-        prep = self.front[req.replica]
+        prep = self._engine(req)
         prep.held.discard(req)
         prep.cache.release(req.rs)
         req.rs = None
@@ -241,8 +254,7 @@ class Fleet:
         loads = [d.load() for d in self.decode]
         drep = self.decode[loads.index(min(loads))]
         req.decode_replica = drep.idx
-        drep.incoming.append(req)
-        drep.try_accept()
+        drep.accept_transfer(req)
 
     def start_transfer(self, req: Request, drep) -> None:
         t = self.transfer.seconds(req.context)
@@ -256,7 +268,7 @@ class Fleet:
         yield self.env.timeout(t)
         drep.landing_times.remove(end)
         drep.next_landing_s = min(drep.landing_times, default=math.inf)
-        prep = self.front[req.replica]
+        prep = self._engine(req)
         prep.held.discard(req)
         prep.cache.release(req.rs)
         prep.wake()

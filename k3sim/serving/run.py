@@ -60,14 +60,19 @@ class ServeSetup:
                       router: str | None = None, disaggregate: str | None = None, slo_ttft_s: float | None = None,
                       slo_tpot_s: float | None = None, replicas: int | None = None, scheduler: str | None = None,
                       seed: int | None = None, pp_microbatches: bool | None = None,
-                      resolved: tuple | None = None) -> "ServeSetup":
+                      resolved: tuple | None = None, layout: dict | None = None, mtp: int | None = None,
+                      acceptance: float | None = None) -> "ServeSetup":
         """`resolved`: the (scenario, model, hardware) the caller already loaded from `path`, so a scenario
-        given as a pipe is read once (the planner passes its own)."""
+        given as a pipe is read once (the planner passes its own). `layout`: `Parallelism` fields that replace
+        the scenario's (the serving-at-scale what-ifs: dp, ep, ep_kernel, ...); `mtp` / `acceptance`: the
+        serving section's MTP drafts and acceptance."""
         from k3sim.configs import resolve_scenario
         from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
 
         scn, model, hw = resolved if resolved is not None else resolve_scenario(path)
         src = str(path)
+        if layout:
+            scn = _with_layout(scn, model, hw, layout, replicas, src)
         sv = scn.serving
         if sv is None:
             if scn.workload.mode != "serve":
@@ -95,6 +100,8 @@ class ServeSetup:
             eng["scheduler"] = scheduler
         if pp_microbatches is not None:
             eng["pp_microbatches"] = pp_microbatches
+        if cache_policy is None and not model.num_kda_layers and "cache_policy" not in sv.engine.model_fields_set:
+            eng["cache_policy"] = "full-attention"  # an MLA-only model: no KDA state to cache beside its KV
         if eng:
             upd["engine"] = sv.engine.model_copy(update=eng)
         if router is not None:
@@ -118,6 +125,9 @@ class ServeSetup:
             if not 0 <= seed < 2 ** 63:
                 raise InputError(f"must be a non-negative 64-bit integer (got {seed})", source="--seed")
             upd["seed"] = seed
+        for key, v in (("mtp", mtp), ("acceptance", acceptance)):
+            if v is not None:
+                upd[key] = v
         n_rep = upd.get("replicas", sv.replicas) or scn.replicas
         if disaggregate is not None:
             p, d = _split(disaggregate)
@@ -131,8 +141,8 @@ class ServeSetup:
                 sv = ServingConfig.model_validate({**sv.model_dump(), **{k: (v.model_dump() if hasattr(v, "model_dump")
                                                                            else v) for k, v in upd.items()}})
             except Exception as err:  # pydantic ValidationError: one line
-                raise InputError(_first_error(err), source="--pool-bytes" if "pool_bytes" in str(err) else src) \
-                    from None
+                raise InputError(_first_error(err), source=_option_of(err, upd, src)) from None
+        _check_mla_only_policy(model, sv.engine.cache_policy, cache_policy is not None, src)
         from k3sim.configs.parallel import check_layout
 
         gpn = scn.cluster.gpus_per_node
@@ -153,11 +163,73 @@ class ServeSetup:
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src, scn.serving)
 
 
+def _layout_summary(par) -> dict:
+    """One pool's replica layout as the serve JSON reports it (attention DP is `dp`)."""
+    keys = ("tp", "pp", "ep", "dp", "redundant_experts", "ep_kernel", "dispatch_dtype", "max_nodes_per_token", "tbo",
+            "tbo_variant", "routing_zipf")
+    return {"gpus": par.gpus, **{k: getattr(par, k) for k in keys}}
+
+
+def _option_of(err, upd: dict, src: str) -> str:
+    """The option behind a serving-section refusal of the values the options set, else the scenario."""
+    text = str(err)
+    for key, option in (("pool_bytes", "--pool-bytes"), ("acceptance", "--acceptance"), ("mtp", "--mtp")):
+        if key in text and key in upd:
+            return option
+    return src
+
+
+def _with_layout(scn, model, hw, layout: dict, replicas: int | None, src: str):
+    """The scenario with its `parallelism` fields replaced by `layout` (what the scenario set stays unless
+    replaced) and checked by the one layout check. A layout whose replica no longer tiles the cluster takes
+    `replicas` replicas (a what-if fleet, as --replicas is) or is refused with that fix."""
+    from k3sim.configs.parallel import Cluster, check_layout
+    from k3sim.configs.parallelism import Parallelism
+
+    if scn.serving is not None and scn.serving.disaggregation is not None and any(
+            pc.parallelism is not None for pc in (scn.serving.disaggregation.prefill, scn.serving.disaggregation.decode)):
+        raise InputError("the scenario's pools set their own layouts (serving.disaggregation.*.parallelism), so a "
+                         "layout option would change only some of them: edit the pools' parallelism instead",
+                         source=src, field="serving.disaggregation")
+    base = {k: getattr(scn.parallelism, k) for k in scn.parallelism.model_fields_set}
+    try:
+        par = Parallelism(**{**base, **layout})
+    except Exception as err:  # pydantic ValidationError: one line naming the field
+        raise InputError(_first_error(err), source=src, field=f"parallelism.{_first_loc(err)}") from None
+    cluster = scn.cluster
+    if cluster.num_gpus % par.gpus:
+        if replicas is None:
+            raise InputError(f"a replica of this layout has {par.gpus} GPUs, which does not tile the scenario's "
+                             f"{cluster.num_gpus}-GPU cluster: give --replicas N for a what-if fleet of N replicas",
+                             source=src, field="parallelism." + next(iter(layout)))
+        cluster = Cluster(num_gpus=replicas * par.gpus, gpus_per_node=cluster.gpus_per_node)
+    check_layout(model, par, mode="serve", source=src, hardware=hw, cluster=cluster)
+    return scn.model_copy(update={"parallelism": par, "cluster": cluster})
+
+
+def _first_loc(err) -> str:
+    try:
+        return str(err.errors()[0]["loc"][0])
+    except Exception:
+        return ""
+
+
+def _check_mla_only_policy(model, policy: str, from_cli: bool, src: str) -> None:
+    """A model without KDA layers caches full attention only (the other policies place KDA state)."""
+    if model.num_kda_layers or policy == "full-attention":
+        return
+    raise InputError(f"model '{model.name}' has no KDA layers, so the '{policy}' policy (KDA state cached beside "
+                     "the MLA pages) does not apply: use --cache-policy full-attention (serving.engine.cache_policy), "
+                     "the default for such a model", source="--cache-policy" if from_cli else src,
+                     field=None if from_cli else "serving.engine.cache_policy")
+
+
 def _first_error(err) -> str:
     try:
         e = err.errors()[0]
         loc = ".".join(str(x) for x in e.get("loc", ()))
-        return f"{loc}: {e.get('msg')}" if loc else str(e.get("msg"))
+        msg = str(e.get("msg")).removeprefix("Value error, ")
+        return f"{loc}: {msg}" if loc else msg
     except Exception:
         return str(err).splitlines()[0]
 
@@ -218,6 +290,10 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
     from k3sim.prefix_cache.setup import named_options
 
     e = sv.engine
+    if e.pp_microbatches and par.pp > 1 and par.dp > 1:
+        raise InputError(f"pp micro-batches (virtual engines) with attention DP (dp={par.dp}) are not modelled: an "
+                         "attention-DP replica steps its ranks in lockstep; remove one of the two",
+                         source="serving.engine.pp_microbatches")
     pb = e.physical_block_tokens or default_physical_block(model, e.hash_block_tokens, par.tp, e.cache_policy)
     per_gpu = e.pool_bytes
     if per_gpu == "unbounded":
@@ -272,21 +348,35 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
     transfer = None
     if setup.disaggregated:
         pp, dp = setup.pools
-        links = min(pp.gpus_per_replica, dp.gpus_per_replica)
+        # a request's KV lives on the GPUs of one attention-DP rank (the whole replica without attention DP)
+        links = min(pp.gpus_per_replica // pp.parallelism.dp, dp.gpus_per_replica // dp.parallelism.dp)
         same = pp.gpus_per_replica + dp.gpus_per_replica <= setup.hw.scaleup_domain_gpus
         transfer = TransferModel(setup.model, setup.hw, links, same)
     fleet = Fleet(env, router=sv.router, load_cap=sv.router_load_cap, transfer=transfer,
                   sample_interval_s=sample_interval_s, hash_block_tokens=front.cache.effective_hash_block_tokens,
                   progress=progress)
     timers = []
+    mtp, advance = mtp_options(sv)
     for i, pool in enumerate(setup.pools):
         fn = step_seconds(i) if step_seconds is not None else _step_fn(setup, pool)
         timer = StepTimer(fn, sv.slo_tpot_s)
         timers.append(timer)
+        lst = fleet.decode if pool.role == "decode" else fleet.front
+        dp = pool.parallelism.dp
+        if dp > 1:  # attention DP: dp rank engines in lockstep behind the DP balancer
+            from k3sim.serving.dp import DPReplica, GroupClock
+
+            clock = GroupClock(fn)
+            for _ in range(pool.replicas):
+                rep = DPReplica(fleet, len(lst), pool.role, pool.cache, sv.engine, timer, pool.gpus_per_replica, dp,
+                                clock, mtp=mtp, advance=advance)
+                lst.append(rep)
+                env.process(rep.run())
+            continue
         engines, cache_cfg = _engines_per_replica(sv.engine, pool)
         for _ in range(pool.replicas * engines):
-            lst = fleet.decode if pool.role == "decode" else fleet.front
-            rep = Replica(fleet, len(lst), pool.role, cache_cfg, sv.engine, timer, pool.gpus_per_replica / engines)
+            rep = Replica(fleet, len(lst), pool.role, cache_cfg, sv.engine, timer, pool.gpus_per_replica / engines,
+                          mtp=mtp, advance=advance)
             lst.append(rep)
             env.process(rep.run())
     env.process(fleet.arrivals(requests))
@@ -306,10 +396,22 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
     res.summary["wall_s"] = wall
     res.summary["steps"] = res.steps
     res.summary["replicas"] = {p.role: p.replicas for p in setup.pools}
+    res.summary["layouts"] = {p.role: _layout_summary(p.parallelism) for p in setup.pools}
+    res.summary["mtp"] = {"drafts": setup.serving.mtp, "acceptance": setup.serving.acceptance}
     if transfer is not None:
         res.summary["transfer_bytes"] = transfer.total_bytes
         res.summary["transfers"] = transfer.transfers
     return res
+
+
+def mtp_options(sv) -> tuple[int, float]:
+    """(draft tokens per decode step, expected tokens a decode advances per step) of a serving section:
+    `k3sim.decode.mtp.accepted_tokens_per_step` (the one formula, shared with `k3sim decode`); (0, 1.0) off."""
+    if not sv.mtp:  # the schema requires an acceptance with mtp >= 1 (configs.serving.ServingConfig)
+        return 0, 1.0
+    from k3sim.decode.mtp import accepted_tokens_per_step
+
+    return sv.mtp, accepted_tokens_per_step(sv.mtp, sv.acceptance)
 
 
 def _engines_per_replica(ecfg, pool: PoolSpec):
@@ -336,11 +438,12 @@ _STEP_FNS: dict = {}  # (model, hardware, layout) -> fast step cost: shared by r
 def _step_fn(setup: ServeSetup, pool: PoolSpec):
     from k3sim.serving.stepcost import step_seconds_for
 
-    key = (id(setup.model), id(setup.hw), pool.parallelism.model_dump_json(), setup.gpus_per_node)
+    mtp = mtp_options(setup.serving)[0]
+    key = (id(setup.model), id(setup.hw), pool.parallelism.model_dump_json(), setup.gpus_per_node, mtp)
     fn = _STEP_FNS.get(key)
     if fn is None:
         fn = _STEP_FNS[key] = step_seconds_for(setup.model, setup.hw, pool.parallelism,
-                                               gpus_per_node=setup.gpus_per_node)
+                                               gpus_per_node=setup.gpus_per_node, mtp=mtp)
     return fn
 
 

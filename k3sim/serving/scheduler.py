@@ -48,14 +48,14 @@ def _grow_one(rep, req) -> bool:
 def ensure_decode_pages(rep, decoders: list) -> list:
     """Every decoder needs room for the token it feeds this step; preempt the latest admitted request (by
     recompute) until it fits. Returns the decoders still running."""
-    B_p = rep.B_p
-    if all(len(r.rs.blocks) * B_p >= r.L + r.generated for r in decoders):
+    B_p, la = rep.B_p, rep.lookahead  # MTP: the drafts verified this step need KV slots too
+    if all(len(r.rs.blocks) * B_p >= r.L + r.generated + la for r in decoders):
         return decoders  # the common case: nobody crosses a page boundary this step
     out = []
     for req in decoders:
         if req.rs is None:  # preempted earlier in this loop
             continue
-        while len(req.rs.blocks) * B_p < req.context:
+        while len(req.rs.blocks) * B_p < req.context + la:
             if _grow_one(rep, req):
                 continue
             victim = max(rep.running, key=lambda r: r.seq)
@@ -71,31 +71,46 @@ def form_batch(rep) -> StepPlan:
     """The step's plan for replica `rep` (an `engine.Replica`)."""
     plan = StepPlan()
     cache, ecfg = rep.cache, rep.ecfg
-    decoders = [r for r in rep.running if r.rs.computed >= r.target]
-    if decoders and rep.role != "prefill":
+    B_p, la = rep.B_p, rep.lookahead
+    decoders = []
+    partial = []  # running requests with prompt tokens still to prefill, in running order
+    context_sum = 0
+    short = False  # a decoder without a KV slot for this step's tokens
+    for r in rep.running:  # one pass: the decoders, their context and whether any crosses a page boundary
+        rs = r.rs
+        if rs.computed >= r.target:
+            decoders.append(r)
+            c = r.L + r.generated
+            context_sum += c
+            if len(rs.blocks) * B_p < c + la:
+                short = True
+        else:
+            partial.append(r)
+    if short and rep.role != "prefill":
         decoders = ensure_decode_pages(rep, decoders)
+        context_sum = sum(r.L + r.generated for r in decoders)
+        partial = [r for r in partial if r.rs is not None]  # a preempted one went back to the queue
     plan.decoders = decoders
-    plan.context_sum = sum(r.L + r.generated for r in decoders)
+    plan.context_sum = context_sum
     nd = len(decoders)
     budget = ecfg.token_budget - nd
     if ecfg.scheduler == "sarathi" and rep.role != "decode":
         # priced with the cached prefix of the chunk that runs first (a running partial prefill's computed
         # tokens; a new admission's cached prefix is known only once admitted: 0)
-        prefix = next((r.rs.computed for r in rep.running if r.rs.computed < r.target), 0)
+        prefix = partial[0].rs.computed if partial else 0
         budget = min(budget, rep.timer.stall_free_budget(nd, plan.context_sum, ecfg.token_budget, rep.B_h, prefix))
     cap = ecfg.chunk_tokens or ecfg.token_budget
     if rep.role == "decode":
         return plan
-    for req in rep.running:
-        rs = req.rs
+    for req in partial:
         if budget <= 0:
             break
-        if rs.computed < req.target:
-            before = rs.computed
-            n = cache.schedule_prefill(rs, min(budget, cap))
-            if n:
-                budget -= n
-                plan.prefills.append((req, n, before))
+        rs = req.rs
+        before = rs.computed
+        n = cache.schedule_prefill(rs, min(budget, cap))
+        if n:
+            budget -= n
+            plan.prefills.append((req, n, before))
     waiting = rep.waiting
     max_batch = ecfg.max_batch
     while waiting and budget > 0 and len(rep.running) < max_batch:

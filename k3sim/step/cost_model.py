@@ -30,8 +30,8 @@ def bucket(x: float) -> int:
 
 class StepCostModel:
     def __init__(self, model: ModelConfig, hw: Any, layout: StepLayout, kernel_time: Callable | None = None):
-        self.model, self.hw, self.layout = model, hw, layout
-        self.timer = Timer(hw, kernel_time, layout.convention)
+        self.model, self.hw, self.layout = model, hw, layout.for_hardware(hw)
+        self.timer = Timer(hw, kernel_time, self.layout.convention)
         self._memo: dict[tuple, float] = {}
 
     def batch(self, num_decode: int, decode_context_sum: float,

@@ -23,15 +23,21 @@ def expected_distinct_experts(tokens: float, experts: int, topk: float) -> float
 
 
 def zipf_weights(experts: int, exponent: float) -> list[float]:
-    """w_e ∝ (e+1)^-s, normalised; s = 0 is uniform."""
+    """w_e ∝ (e+1)^-s, normalised; s = 0 is uniform (the ranking is irrelevant to a count over all experts:
+    `k3sim.comm.routing.popularity` is the same weights shuffled)."""
     raw = [(e + 1) ** -exponent for e in range(experts)]
     total = sum(raw)
     return [r / total for r in raw]
 
 
 def expected_distinct_skewed(tokens: float, weights: Sequence[float], topk: float) -> float:
-    """Σ_e 1 - (1 - min(1, k w_e))^B over a popularity distribution `weights` (sums to 1)."""
-    return sum(1.0 - (1.0 - min(1.0, topk * w)) ** tokens for w in weights)
+    """Σ_e 1 - (1 - q_e)^B with q_e an expert's picks per token (`k3sim.comm.routing.top_k_inclusion`, the one
+    routing model: k w_e water-filled so that no expert takes more than one pick per token and the picks still
+    sum to k) over a popularity distribution `weights` (sums to 1)."""
+    from k3sim.comm.routing import top_k_inclusion
+
+    q = top_k_inclusion(list(weights), topk)
+    return float(sum(1.0 - (1.0 - float(x)) ** tokens for x in q))
 
 
 def distinct_experts(tokens: float, experts: int, topk: float, zipf: float = 0.0) -> float:

@@ -9,7 +9,7 @@ Composition (each term's source is in its row):
   MISSION sec. 3), forward, backward, and again in the recompute; exposed unless `tp_overlap` hides part;
 - EP: dispatch and combine all-to-alls of each MoE layer in the latent width (LatentMoE dispatches the
   down-projected tokens), forward, backward and recompute, stretched by the EP load imbalance of the
-  routing distribution (k3sim.training.routing), which also stretches the routed-expert GEMMs; MoonEP
+  routing distribution (k3sim.comm.routing), which also stretches the routed-expert GEMMs; MoonEP
   redundant experts (option) flatten the imbalance at the price of prefetching their weights;
 - CP: KCP on KDA layers, the chosen scheme on MLA layers (`k3sim.cp`): what CP adds on top of the local
   attention kernel (exposed communication and the scheme's own compute: KCP pre-process and fold, latent
@@ -36,7 +36,7 @@ from k3sim.configs.planning import TrainOptions, check_redundant_experts
 from k3sim.cp.groups import Collectives
 from k3sim.errors import InputError
 from k3sim.training.placement import groups, pp_hop_links
-from k3sim.training.routing import ep_imbalance
+from k3sim.comm.routing import ep_imbalance
 from k3sim.training.schedule import pipeline_time
 
 BF16 = 2

@@ -79,3 +79,32 @@ def test_expert_kernel_and_router_tables_count_every_moe_layer_of_the_step():
     assert r.expert_kernels["mxfp4_token"] == pytest.approx(92 * 1e-6)  # one op per MoE layer, 92 layers
     assert r.expert_kernels["grouped_fp8"] == pytest.approx(92 * 1e-6)
     assert r.router_fusion == pytest.approx({"fused_s": 92e-6, "unfused_s": 2 * 92e-6})
+
+
+def test_attention_dp_throughput_counts_every_rank_and_node():
+    # Hand-worked: only MLA decode attention costs (1 ms per layer): DeepSeek-V3's 61 layers on one stage
+    # make a 61 ms step; 256 DP ranks x 64 sequences get a token each per step over 256 GPUs, so a GPU emits
+    # 64 / 0.061 tokens/s and a node of 8 GPUs 8 x that.
+    from dataclasses import dataclass
+
+    @dataclass
+    class KT:
+        seconds: float
+        source: str = "fake"
+        detail: str = ""
+
+    def mla_only(op, params, hardware=None, convention="graph"):
+        return KT(1e-3 if op == "mla_decode" else 0.0)
+
+    ds = load_model("models/deepseek-v3.yaml")
+    lay = StepLayout(tp=1, pp=1, ep=256, attention_dp=256, ep_kernel="low_latency")
+    r = decode_step(ds, HW, lay, 64, 4096, kernel_time=mla_only, memory_cap=False)
+    assert r.step_s == pytest.approx(0.061) and r.tpot_s == pytest.approx(0.061)
+    assert r.tokens_per_s == pytest.approx(256 * 64 / 0.061)
+    assert r.tokens_per_s_per_gpu == pytest.approx(64 / 0.061)
+    assert r.tokens_per_s_per_node == pytest.approx(8 * 64 / 0.061)
+    assert r.ep_kernel_used == "low_latency" and r.layout.dispatch_dtype == "fp8"  # auto resolved on the H200
+    # the busiest of 256 EP ranks carries more than the mean (seeded routing draw); a TP-only layout has none
+    assert r.expert_load_max_over_mean > 1.0
+    assert decode_step(ds, HW, StepLayout(tp=8, pp=1, ep=8), 8, 4096, kernel_time=mla_only,
+                       memory_cap=False).expert_load_max_over_mean == 1.0

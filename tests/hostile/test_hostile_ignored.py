@@ -83,6 +83,16 @@ REFUSED = [
     (["cp", "--seq-len", "32K", "--cps", "2"], "--cps", "add --sweep"),
     (["cp", "--seq-len", "32K", "--seed", "3"], "--seed", "add --doc-mean-tokens"),
     (["decode", "--sweep-batch", "--batch", "8"], "--batch", "remove --batch"),
+    (["decode", "--mtp", "0", "--acceptance", "0.5"], "--acceptance", "add --mtp N"),
+    (["decode", "--model", "models/kimi-k2.yaml", "--mtp", "1", "--acceptance", "0.5", "--rollback", "snapshot"],
+     "--rollback", "remove --rollback"),
+    (["decode", "--ep-kernel", "low-latency"], "--ep-kernel", "add --attention-dp N and --ep N"),
+    (["decode", "--tp", "8", "--attention-dp", "2", "--ep", "1", "--dispatch-dtype", "bf16"], "--dispatch-dtype",
+     "add --attention-dp N and --ep N"),
+    (["decode", "--tbo"], "--tbo", "remove --tbo"),
+    (["decode", "--tp", "1", "--attention-dp", "8", "--ep", "8", "--max-nodes-per-token", "1"],
+     "--max-nodes-per-token", "raise --ep above 8"),
+    (["decode", "--tp", "8", "--ep", "1", "--redundant-experts", "16"], "--redundant-experts", "raise --ep"),
     (["prefix-cache", "--trace", CONV, "--policies", "coarse"], "--policies", "add --sweep"),
     (["prefix-cache", "--trace", CONV, "--processes", "2"], "--processes", "add --sweep"),
     (["prefix-cache", "--trace", CONV, "--seed", "4"], "--seed", "remove --seed"),
@@ -196,6 +206,11 @@ def test_other_tables_accept_the_valid_combination():
     _accepts(options.CP, {"--seq-lens": "4K", "--cps": "2", "--sweep": True})
     _accepts(options.CP, {"--seed": 3, "--doc-mean-tokens": 100.0})
     _accepts(options.DECODE, {"--batch": 8})
+    _accepts(options.DECODE, {"--acceptance": 0.8, "--rollback": "replay", "--mtp": 2, "--ep-kernel": "normal",
+                              "--dispatch-dtype": "bf16", "--tbo": True, "--max-nodes-per-token": 4,
+                              "--redundant-experts": 32},
+             derived={"kda_layers": 69, "model": "kimi-k3", "moe": True, "ep_all_to_all": True, "ep": 32,
+                      "gpus_per_node": 8, "ep_nodes": 4})
     _accepts(options.PREFIX_CACHE, {"--policies": "coarse", "--processes": 2, "--sweep": True})
     _accepts(options.PREFIX_CACHE, {"--seed": 3, "--workload": "chat", "--tokens-per-s": 1e5})
 

@@ -42,6 +42,14 @@ CONV = ROOT / "tests/data/traces/conversation_head300.jsonl"
     # tp=16 on H200 (8-GPU NVLink domain) ran without a cluster in memory / decode / cp / pipeline
     (["memory", "--model", K3, "--tp", "16", "--pp", "2", "--ep", "8"], ["--tp:", "8-GPU NVLink domain of h200"]),
     (["decode", "--tp", "16", "--pp", "2", "--ep", "8"], ["--tp:", "8-GPU NVLink domain of h200"]),
+    # decode at scale (issue 21): EP past the expert slots, node-limited routing past the EP group's nodes,
+    # low-latency kernels past their buffer
+    (["decode", "--model", "models/deepseek-v3.yaml", "--tp", "1", "--pp", "1", "--ep", "512", "--attention-dp",
+      "512"], ["--ep:", "256 routed experts + 0 redundant slots"]),
+    (["decode", "--model", "models/deepseek-v3.yaml", "--tp", "1", "--pp", "1", "--ep", "16", "--attention-dp", "16",
+      "--max-nodes-per-token", "4"], ["--max-nodes-per-token:", "2 node(s)"]),
+    (["decode", "--model", "models/deepseek-v3.yaml", "--tp", "1", "--pp", "1", "--ep", "16", "--attention-dp", "16",
+      "--ep-kernel", "low-latency", "--batch", "256", "--context", "1024"], ["--ep-kernel:", "low-latency buffer"]),
     (["cp", "--tp", "16"], ["--tp:", "8-GPU NVLink domain of h200"]),
     (["pipeline", "--tp", "16", "--stages", "4"], ["--tp", "8-GPU NVLink domain of h200"]),
     (["kernel-time", "moe_grouped_bf16", "--set", "E=8", "--set", "topk=16", "--set", "B=4", "--set", "K=64",

@@ -12,13 +12,13 @@ TRACE = ROOT / "data" / "traces" / "conversation_trace.jsonl"
 
 
 def write_scenario(tmp_path: Path, serving: dict | None = None, *, num_gpus: int = 16, mode: str = "serve",
-                   name: str = "scn.yaml") -> Path:
+                   name: str = "scn.yaml", model: str = "kimi-k3", parallelism: dict | None = None) -> Path:
     doc = {
         "name": "test-serve",
-        "model": str(ROOT / "models" / "kimi-k3.yaml"),
+        "model": str(ROOT / "models" / f"{model}.yaml"),
         "hardware": "h200",
         "cluster": {"num_gpus": num_gpus, "gpus_per_node": 8},
-        "parallelism": {"tp": 8, "pp": 2, "ep": 8},
+        "parallelism": parallelism or {"tp": 8, "pp": 2, "ep": 8},
         "workload": {"mode": mode, "context_tokens": 131072 if mode == "serve" else 4096},
     }
     if serving is not None:
