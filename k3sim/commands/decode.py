@@ -13,7 +13,7 @@ import typer
 from k3sim.configs.bounds import option_range
 
 from k3sim.commands.scale import (EP_KERNEL_NAMES, EP_PARAM_OPTIONS, GPUS_PER_NODE, LAYOUT_OPTIONS,  # noqa: F401
-                                  MLA_KERNEL_HELP, ZIPF, ep_errors_named as _ep_errors_named)
+                                  MLA_KERNEL_HELP, TBO_VARIANT_NAMES, ZIPF, ep_errors_named as _ep_errors_named)
 
 
 def _result_json(r, hw) -> dict:
@@ -26,7 +26,8 @@ def _result_json(r, hw) -> dict:
                    "gpus": lay.gpus, "gpus_per_node": lay.gpus_per_node, "convention": lay.convention,
                    "ep_kernel": lay.ep_kernel.replace("_", "-"), "dispatch_dtype": lay.dispatch_dtype,
                    "redundant_experts": lay.redundant_experts, "max_nodes_per_token": lay.max_nodes_per_token,
-                   "tbo": lay.tbo, "routing_zipf": lay.routing_zipf},
+                   "tbo": lay.tbo, "tbo_variant": lay.tbo_variant, "routing_zipf": lay.routing_zipf,
+                   "mla_decode_kernel": lay.mla_decode_kernel},
         "expected_distinct_experts_per_layer": r.expected_distinct_experts_per_layer,
         "expected_distinct_experts_per_rank": r.expected_distinct_experts_per_rank,
         "bytes_per_step_per_gpu": r.bytes_per_step_per_gpu, "flops_per_step_per_gpu": r.flop_per_step_per_gpu,
@@ -92,6 +93,8 @@ def register(app: typer.Typer) -> None:
         tbo: bool = typer.Option(False, "--tbo/--no-tbo", help="two-batch overlap: two micro-batches, one's "
                                  "compute against the other's all-to-all"),
         mla_kernel: str = typer.Option("measured", "--mla-kernel", help=MLA_KERNEL_HELP),
+        tbo_variant: str = typer.Option("auto", "--tbo-variant", help="with --tbo: overlap (SGLang), five-stage "
+                                        "(DeepSeek's decode pipeline) or auto (five-stage in decode)"),
         zipf: float = typer.Option(0.0, "--zipf", "--routing-zipf", help="router skew: Zipf exponent of expert "
                                    "popularity (0 uniform)"),
         mtp: int = typer.Option(0, "--mtp", help="MTP draft tokens per step (0: no speculative decoding)"),
@@ -122,7 +125,7 @@ def register(app: typer.Typer) -> None:
                    expert_kernel=expert_kernel, zipf=zipf, convention=convention, sweep_batch=sweep_batch,
                    out=out, json_out=json_out, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype,
                    redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token, tbo=tbo,
-                   model_cfg=model_cfg, mla_kernel=mla_kernel)
+                   model_cfg=model_cfg, mla_kernel=mla_kernel, tbo_variant=tbo_variant)
 
 
 def decode_facts(model_cfg, *, tp: int, ep: int, attention_dp: int, gpus_per_node: int = GPUS_PER_NODE) -> dict:
@@ -202,7 +205,7 @@ def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=N
     from k3sim.step import StepLayout
 
     unset = {"redundant_experts": 0, "ep_kernel": "auto", "dispatch_dtype": "auto", "max_nodes_per_token": None,
-             "tbo": False, "routing_zipf": 0.0, "mla_decode_kernel": "measured"}
+             "tbo": False, "routing_zipf": 0.0, "mla_decode_kernel": "measured", "tbo_variant": "auto"}
     given = {k: v for k, v in scale.items() if v != unset[k]}
     try:
         par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp, **given)
@@ -224,7 +227,7 @@ def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=N
 def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp, acceptance, rollback,
                expert_kernel, zipf, convention, sweep_batch, out, json_out, ep_kernel="auto", dispatch_dtype="auto",
                redundant_experts=0, max_nodes_per_token=None, tbo=False, model_cfg=None, given=None,
-               mla_kernel="measured") -> None:
+               mla_kernel="measured", tbo_variant="auto") -> None:
     from k3sim.configs import load_hardware, load_model
     from k3sim.decode import SpecConfig, decode_step
     from k3sim.output import print_json
@@ -236,7 +239,8 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
     layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw,
                      ep_kernel=EP_KERNEL_NAMES[ep_kernel], dispatch_dtype=dispatch_dtype,
                      redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token, tbo=tbo,
-                     routing_zipf=float(zipf), mla_decode_kernel=mla_kernel)
+                     routing_zipf=float(zipf), mla_decode_kernel=mla_kernel,
+                     tbo_variant=TBO_VARIANT_NAMES.get(tbo_variant, tbo_variant))
     spec = SpecConfig(mtp, acceptance, rollback or "replay") if mtp else None
     if sweep_batch:
         from k3sim.files import check_output_dir, default_out

@@ -337,6 +337,7 @@ DECODE: list[Rule] = [
               why=lambda f: f"limits the nodes a token's experts lie on and --ep {f['ep']} spans one node of "
                             f"{f['gpus_per_node']} GPUs",
               fix=lambda f: f"raise --ep above {f['gpus_per_node']} (with --attention-dp), or remove it"),
+    requires("--tbo-variant", "--tbo", why="chooses the two-batch-overlap schedule", fix="add --tbo, or remove it"),
     only_when("--mla-kernel", lambda f: f["mla_layers"] > 0,
               why=lambda f: f"chooses the MLA decode kernel and {f['model']} has no MLA layers",
               fix="remove --mla-kernel"),

@@ -56,29 +56,36 @@ def _raised_by_ep_model(err) -> bool:
     return isinstance(err, EPParamError) or err.reason.startswith(("ep_dispatch", "ep_combine"))
 
 
-def ep_option(err, given: dict[str, str]) -> str | None:
+def ep_option(err, given: dict[str, str], batch_option: str = "--batch") -> str | None:
     """The option behind an InputError the EP all-to-all model raised (the low-latency buffer, FP8 dispatch on
     a profile without FP8, EP past the expert slots, ...), from its field; None if it is not that model's."""
+    from k3sim.errors import InputError
+
+    # simpy re-raises a process's exception as a copy built from its message, the original as __cause__
+    while err.field is None and not err.source and isinstance(err.__cause__, InputError):
+        err = err.__cause__
     if err.source or not _raised_by_ep_model(err):
         return None
     f = (err.field or "").split(".")[-1]
     if f == "T":  # tokens per rank past the low-latency buffer: the kernel if the user chose it, else the batch
-        return given.get("--ep-kernel", "--batch")
+        return given.get("--ep-kernel", batch_option)
     return EP_PARAM_OPTIONS.get(f) or LAYOUT_OPTIONS.get(f) or "--ep"
 
 
 @contextmanager
-def ep_errors_named(given: dict[str, str]):
-    """Rename an EP-kernel refusal raised inside the step model to the option the user can change."""
+def ep_errors_named(given: dict[str, str], batch_option: str = "--batch"):
+    """Rename an EP-kernel refusal raised inside the step model to the option the user can change
+    (`batch_option`: what sets the tokens per rank, decode's --batch; serve's engine batches, so its kernel)."""
     from k3sim.errors import InputError
 
     try:
         yield
     except InputError as err:
-        option = ep_option(err, given)
+        option = ep_option(err, given, batch_option)
         if option is None:
             raise
-        raise InputError(err.reason, source=option) from None
+        origin = err.__cause__ if err.field is None and isinstance(err.__cause__, InputError) else err
+        raise InputError(origin.reason, source=option) from None
 
 
 @contextmanager

@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         tbo: Optional[bool] = typer.Option(None, "--tbo/--no-tbo", help="two-batch overlap [default: the "
                                            "scenario's, off]"),
         tbo_variant: Optional[str] = typer.Option(None, "--tbo-variant", help="overlap | five-stage | auto"),
-        routing_zipf: Optional[float] = typer.Option(None, "--routing-zipf", help="router skew: Zipf exponent of "
+        routing_zipf: Optional[float] = typer.Option(None, "--routing-zipf", "--zipf", help="router skew: Zipf exponent of "
                                                      "expert popularity [default: the scenario's, 0]"),
         mla_kernel: Optional[str] = typer.Option(None, "--mla-kernel", help=MLA_KERNEL_HELP + " [default: the "
                                                  "scenario's, measured]"),
@@ -144,6 +144,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid prefix cache."""
+        from k3sim.commands.options import given_options
+        from k3sim.commands.scale import ep_errors_named
+
         from k3sim.errors import InputError
 
         from k3sim.configs.bounds import check_range
@@ -185,9 +188,11 @@ def register(app: typer.Typer) -> None:
                                     mla_decode_kernel=mla_kernel),
             mtp=mtp, acceptance=acceptance)
         if rates is not None:
-            _serve_rate_sweep(setup, source, label, rates, processes=processes, out=out, json_out=json_out)
+            with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
+                _serve_rate_sweep(setup, source, label, rates, processes=processes, out=out, json_out=json_out)
             return
-        _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
+        with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
+            _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
 
 
 def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,

@@ -122,8 +122,8 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     """The one layout check every command and planner calls: raise InputError (one line naming the field)
     if `parallelism` cannot run `model` in `mode` on `cluster` / `hardware`.
 
-    - model: tp divides the KDA and MLA heads, ep divides the routed experts and the tp*cp*dp GPUs of a
-      stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
+    - model: tp divides the KDA and MLA heads, ep divides the routed experts + redundant_experts (and is
+      no larger) and the tp*cp*dp GPUs of a stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
     - mode "serve": `zero_stage` (optimizer/gradient sharding) and `virtual_stages` (an interleaved training
       schedule) have no effect and are refused if given;
     - hardware (with or without a cluster): a TP group is no larger than one NVLink domain

@@ -166,7 +166,7 @@ class ServeSetup:
 def _layout_summary(par) -> dict:
     """One pool's replica layout as the serve JSON reports it (attention DP is `dp`)."""
     keys = ("tp", "pp", "ep", "dp", "redundant_experts", "ep_kernel", "dispatch_dtype", "max_nodes_per_token", "tbo",
-            "tbo_variant", "routing_zipf")
+            "tbo_variant", "routing_zipf", "mla_decode_kernel")
     return {"gpus": par.gpus, **{k: getattr(par, k) for k in keys}}
 
 

@@ -51,6 +51,8 @@ def test_mtp_options_reach_the_serving_section(capsys):
     (("--tbo-variant", "overlap"), "--tbo-variant", "no effect without tbo"),
     (("--attention-dp", "3"), "--attention-dp", "give --replicas N"),
     (("--attention-dp", "2", "--ep", "1000", "--replicas", "1"), "--ep", "larger than the 896 routed experts"),
+    (("--attention-dp", "2", "--ep", "16", "--replicas", "1", "--ep-kernel", "low-latency"), "--ep-kernel",
+     "exceeds the low-latency buffer"),  # raised inside the simulation (simpy copies the exception)
     (("--acceptance", "0.8"), "--acceptance", "no effect without mtp"),
     (("--mtp", "2"), "--mtp", "needs an acceptance rate"),
 ])
