@@ -86,6 +86,23 @@ def register(app: typer.Typer) -> None:
 
         print(write_glue_file(_input(run), out, points))
 
+    @chk.command("train-report")
+    def train_report(
+        out: Optional[Path] = typer.Argument(None, metavar="OUT_DIR", help="Report directory; default "
+                                             "./k3sim-out/train-report (the committed copy is reports/training)."),
+    ) -> None:
+        """README.md and figure of the training whole-step check from every committed training run."""
+        from k3sim.files import default_out
+        from k3sim.validation.train_report import build
+
+        print(build(out if out is not None else default_out("train-report")))
+
+    _register_at_scale(chk)
+
+
+def _register_at_scale(chk: typer.Typer) -> None:
+    """The serving-at-scale checks: the EP all-to-all on DeepEP's tables, predictions of deployments."""
+
     @chk.command("deepep")
     def deepep(as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units.")) -> None:
         """The EP all-to-all model on the DeepEP tables: fit, leave-one-out, leave-EP-out, held-out checks."""
@@ -117,14 +134,3 @@ def register(app: typer.Typer) -> None:
 
         check_output_dir(out, kind=KIND)
         print(f"deployed predictions -> {write_report(out)}")
-
-    @chk.command("train-report")
-    def train_report(
-        out: Optional[Path] = typer.Argument(None, metavar="OUT_DIR", help="Report directory; default "
-                                             "./k3sim-out/train-report (the committed copy is reports/training)."),
-    ) -> None:
-        """README.md and figure of the training whole-step check from every committed training run."""
-        from k3sim.files import default_out
-        from k3sim.validation.train_report import build
-
-        print(build(out if out is not None else default_out("train-report")))

@@ -147,30 +147,11 @@ def register(app: typer.Typer) -> None:
         from k3sim.commands.options import given_options
         from k3sim.commands.scale import ep_errors_named
 
-        from k3sim.errors import InputError
-
-        from k3sim.configs.bounds import check_range
-
-        if arrival_rate is not None:
-            check_range(arrival_rate, "rate", "--arrival-rate")
-            if arrival_rate <= 0:
-                raise InputError(f"must be a positive number of requests/s (got {arrival_rate})",
-                                 source="--arrival-rate")
-        if arrival not in ("poisson", "gamma"):
-            raise InputError(f"unknown arrival process '{arrival}' (choose poisson, gamma)", source="--arrival")
-        # gamma gaps with cv above 100 are all but one huge gap (a modelling-choice bound against typos)
-        if not (math.isfinite(arrival_cv) and 0 < arrival_cv <= 100):
-            raise InputError(f"must be a number in (0, 100] (got {arrival_cv})", source="--arrival-cv")
-        if processes is not None:  # bounds.py's range; at most one worker per rate is started
-            check_range(processes, "workers", "--processes", integer=True)
-        for opt, v, hi in (("--limit", limit, 2 ** 40), ("--requests", n_requests, 10 ** 9)):
-            # modelling-choice sanity bounds (a streamed workload may be as long as a trace)
-            if v is not None and not 1 <= v <= hi:
-                raise InputError(f"must be between 1 and {hi:,} (got {v})", source=opt)
-        if workload is not None and workload != "stream":
-            check_range(n_requests, "requests", "--requests", integer=True)  # held in memory: bounds.py's range
+        _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_requests, workload)
         rates = _rates(sweep_rate) if sweep_rate is not None else None
         if rates is not None and arrival_rate is not None:
+            from k3sim.errors import InputError
+
             raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
         if out is not None:  # an --out k3sim may not write is refused before the run
             from k3sim.files import check_output_dir
@@ -193,6 +174,33 @@ def register(app: typer.Typer) -> None:
             return
         with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
             _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
+
+
+
+def _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_requests, workload) -> None:
+    """The options of the run itself (arrivals, workers, sizes), each in its range, before any work."""
+    from k3sim.errors import InputError
+
+    from k3sim.configs.bounds import check_range
+
+    if arrival_rate is not None:
+        check_range(arrival_rate, "rate", "--arrival-rate")
+        if arrival_rate <= 0:
+            raise InputError(f"must be a positive number of requests/s (got {arrival_rate})",
+                             source="--arrival-rate")
+    if arrival not in ("poisson", "gamma"):
+        raise InputError(f"unknown arrival process '{arrival}' (choose poisson, gamma)", source="--arrival")
+    # gamma gaps with cv above 100 are all but one huge gap (a modelling-choice bound against typos)
+    if not (math.isfinite(arrival_cv) and 0 < arrival_cv <= 100):
+        raise InputError(f"must be a number in (0, 100] (got {arrival_cv})", source="--arrival-cv")
+    if processes is not None:  # bounds.py's range; at most one worker per rate is started
+        check_range(processes, "workers", "--processes", integer=True)
+    for opt, v, hi in (("--limit", limit, 2 ** 40), ("--requests", n_requests, 10 ** 9)):
+        # modelling-choice sanity bounds (a streamed workload may be as long as a trace)
+        if v is not None and not 1 <= v <= hi:
+            raise InputError(f"must be between 1 and {hi:,} (got {v})", source=opt)
+    if workload is not None and workload != "stream":
+        check_range(n_requests, "requests", "--requests", integer=True)  # held in memory: bounds.py's range
 
 
 def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,

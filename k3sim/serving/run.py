@@ -81,27 +81,7 @@ class ServeSetup:
                                  field="serving")
             sv = ServingConfig()
         upd: dict = {}
-        eng: dict = {}
-        if cache_policy is not None:
-            from k3sim.configs.serving import CACHE_POLICIES
-
-            if cache_policy not in CACHE_POLICIES:
-                raise InputError(f"unknown policy '{cache_policy}' (choose {', '.join(CACHE_POLICIES)})",
-                                 source="--cache-policy")
-            eng["cache_policy"] = cache_policy
-        if pool_bytes is not None:
-            eng["pool_bytes"] = pool_bytes
-        if scheduler is not None:
-            from k3sim.configs.serving import SCHEDULERS
-
-            if scheduler not in SCHEDULERS:
-                raise InputError(f"unknown scheduler '{scheduler}' (choose {', '.join(SCHEDULERS)})",
-                                 source="--scheduler")
-            eng["scheduler"] = scheduler
-        if pp_microbatches is not None:
-            eng["pp_microbatches"] = pp_microbatches
-        if cache_policy is None and not model.num_kda_layers and "cache_policy" not in sv.engine.model_fields_set:
-            eng["cache_policy"] = "full-attention"  # an MLA-only model: no KDA state to cache beside its KV
+        eng = _engine_updates(model, sv, cache_policy, pool_bytes, scheduler, pp_microbatches)
         if eng:
             upd["engine"] = sv.engine.model_copy(update=eng)
         if router is not None:
@@ -161,6 +141,33 @@ class ServeSetup:
                 check_layout(model, par, mode="serve", source=src, hardware=hw)
                 pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src, scn.serving)
+
+
+def _engine_updates(model, sv, cache_policy, pool_bytes, scheduler, pp_microbatches) -> dict:
+    """The `serving.engine` fields the options replace, each checked against its choices, and the default
+    cache policy of a model without KDA layers."""
+    eng: dict = {}
+    if cache_policy is not None:
+        from k3sim.configs.serving import CACHE_POLICIES
+
+        if cache_policy not in CACHE_POLICIES:
+            raise InputError(f"unknown policy '{cache_policy}' (choose {', '.join(CACHE_POLICIES)})",
+                             source="--cache-policy")
+        eng["cache_policy"] = cache_policy
+    if pool_bytes is not None:
+        eng["pool_bytes"] = pool_bytes
+    if scheduler is not None:
+        from k3sim.configs.serving import SCHEDULERS
+
+        if scheduler not in SCHEDULERS:
+            raise InputError(f"unknown scheduler '{scheduler}' (choose {', '.join(SCHEDULERS)})",
+                             source="--scheduler")
+        eng["scheduler"] = scheduler
+    if pp_microbatches is not None:
+        eng["pp_microbatches"] = pp_microbatches
+    if cache_policy is None and not model.num_kda_layers and "cache_policy" not in sv.engine.model_fields_set:
+        eng["cache_policy"] = "full-attention"  # an MLA-only model: no KDA state to cache beside its KV
+    return eng
 
 
 def _layout_summary(par) -> dict:
