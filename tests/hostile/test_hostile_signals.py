@@ -120,8 +120,10 @@ def _workers_running(proc: subprocess.Popen, n: int = 2):
 
 
 # A training grid of 16 layouts (2 x 2 x 2 x 2): seconds on 2 workers, long enough to be stopped mid-way.
-SWEEP = ("sweep", "scenarios/k3-h200-train-32k.yaml", "--tp", "4,8", "--pp", "8,16", "--ep", "32,64",
-         "--virtual", "1,2", "--workers", "2")
+# ~3,000 points, a few seconds of worker time even with warm caches (64 points took 0.5 s once the training
+# step memoised its routing: the signal must land while the workers run)
+SWEEP = ("sweep", "scenarios/k3-h200-train-32k.yaml", "--tp", "1,2,4,8", "--pp", "2,4,8,16", "--ep", "8,16,32,64",
+         "--virtual", "1,2,4", "--micro-batches", "8,16,32,64", "--workers", "2")
 
 
 @pytest.mark.parametrize("sig, code, line, group", SIGNALS)
