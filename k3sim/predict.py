@@ -53,14 +53,22 @@ def predict_kernel_time(op: str, params: Mapping[str, object], hardware: Any = "
         return predictor.predict(op, params, convention)
     p = validate_params(spec, params)
     derived = getattr(predictor, "derivation", None)  # a derived profile: its answers say so (kernels.store)
+
+    def answer() -> KernelTime:
+        hit = _collective(op, p, predictor.hw, convention)
+        return hit if derived is None else derived.collective_label(p, hit)
+
+    return _memo(predictor, (op, convention, *p.values()), answer)
+
+
+def _memo(predictor: Any, key: tuple, answer) -> KernelTime:
+    """The answer for `key` from the predictor's memo of communication answers, computed once."""
     answers = _COLLECTIVE_ANSWERS.setdefault(predictor, {})
-    key = (op, convention, *p.values())
     hit = answers.get(key)
     if hit is None:
         if len(answers) > MAX_ANSWERS:
             answers.clear()
-        hit = _collective(op, p, predictor.hw, convention)
-        hit = answers[key] = hit if derived is None else derived.collective_label(p, hit)
+        hit = answers[key] = answer()
     return hit
 
 
@@ -81,14 +89,8 @@ def _ep(op: str, p: dict[str, int], predictor: Any, convention: str) -> KernelTi
     from k3sim.comm.ep import ep_time
     from k3sim.kernels.ops import EP_OPS
 
-    answers = _COLLECTIVE_ANSWERS.setdefault(predictor, {})
-    key = (op, convention, *p.values())
-    hit = answers.get(key)
-    if hit is None:
-        if len(answers) > MAX_ANSWERS:
-            answers.clear()
-        hit = answers[key] = dataclasses.replace(ep_time(EP_OPS[op], p, predictor.hw), convention=convention)
-    return hit
+    return _memo(predictor, (op, convention, *p.values()),
+                 lambda: dataclasses.replace(ep_time(EP_OPS[op], p, predictor.hw), convention=convention))
 
 
 def _published(op: str, spec: Any, p: dict[str, int], predictor: Any, convention: str) -> KernelTime:

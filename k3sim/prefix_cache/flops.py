@@ -5,10 +5,11 @@
 Linear: 2 FLOP per active weight per token (every layer's projections, the shared and the top-k routed
 experts, the router, AttnRes queries; not the embedding lookup, not the LM head, which prefill applies to
 the last token only), plus chunkwise KDA's own work per token and head (`kernels.ops.
-kda_fwd_flop_per_token_head` at the model's head dim; that count takes d_k = d_v, as in K3). Quadratic:
+kda_fwd_flop_per_token_head` at the model's head dims). Quadratic:
 causal MLA attention, expanded heads as prefill runs it: query i attends to i + 1 keys, 2 FLOP per
 multiply-add in Q K^T (d_qk = nope + rope) and in P V (d_v), summed over i < t: H (d_qk + d_v) t (t + 1)
-per MLA layer. Marconi (MLSys 2025, section 4.2) weighs cache
+per MLA layer. Both terms come from `k3sim.memory.flops` (the convention and its sources are there; training's
+MFU counts the same terms). Marconi (MLSys 2025, section 4.2) weighs cache
 entries by the same quantity: FLOP saved by a hit per byte of cache they hold.
 """
 
@@ -33,19 +34,9 @@ class PrefillFlops:
 
 
 def prefill_flops(model: Any) -> PrefillFlops:
-    """The model's prefill FLOP polynomial (see module docstring)."""
-    from k3sim.kernels.ops import kda_fwd_flop_per_token_head
-    from k3sim.memory.params import count_params
+    """The model's prefill FLOP polynomial (see module docstring): the forward terms of the one model-FLOP
+    count (`k3sim.memory.flops.model_flop`, shared with training's MFU), without the LM head."""
+    from k3sim.memory.flops import model_flop
 
-    report = count_params(model)
-    lm_head = sum(r.active_params for r in report.rows if r.component == "lm_head")
-    linear = 2.0 * (report.active_params - lm_head)
-    kda = getattr(model, "kda", None)
-    if kda is not None and model.num_kda_layers:
-        linear += model.num_kda_layers * kda.num_heads * kda_fwd_flop_per_token_head(D=kda.head_dim_k)
-    mla = getattr(model, "mla", None)
-    pair = 0.0
-    if mla is not None and model.num_mla_layers:
-        pair = float(model.num_mla_layers * mla.num_heads
-                     * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim))
-    return PrefillFlops(linear, pair)
+    f = model_flop(model)
+    return PrefillFlops(f.linear_flop_per_token, f.causal_attention_flop_coefficient)

@@ -77,8 +77,8 @@ class GroupClock:
         return loc + max(expert(prefill, tot, mt if prefill else mnd) for tot, mt, mnd in groups.values())
 
 
-def _cached_blocks(rank, keys) -> int:
-    """Hash blocks of `keys` whose MLA KV the rank's cache indexes (a read-only probe)."""
+def cached_blocks(rank, keys) -> int:
+    """Hash blocks of `keys` whose MLA KV the rank's (or a replica's) cache indexes (a read-only probe)."""
     idx = rank.cache.mla_index
     n = 0
     for k in keys:
@@ -119,7 +119,7 @@ class DPReplica:
 
     def cached_blocks(self, keys) -> int:
         """The longest prefix of `keys` any rank's cache holds (the router's view of this replica)."""
-        return max(_cached_blocks(r, keys) for r in self.ranks)
+        return max(cached_blocks(r, keys) for r in self.ranks)
 
     # ------------------------------------------------------------------ the balancer
     def submit(self, req) -> None:
@@ -127,7 +127,7 @@ class DPReplica:
         tied: list = []  # (rank, its uncached tokens of this prompt) at the fewest outstanding tokens
         low = math.inf
         for r in self.ranks:
-            est = max(0, L - B_h * _cached_blocks(r, keys))
+            est = max(0, L - B_h * cached_blocks(r, keys))
             t = r.backlog + est
             if t < low:
                 low, tied = t, [(r, est)]

@@ -204,13 +204,9 @@ class Fleet:
         attention-DP replica answers for its ranks' caches."""
         if hasattr(rep, "ranks"):
             return rep.cached_blocks(keys)
-        idx = rep.cache.mla_index
-        n = 0
-        for k in keys:
-            if k not in idx:
-                break
-            n += 1
-        return n
+        from k3sim.serving.dp import cached_blocks
+
+        return cached_blocks(rep, keys)
 
     def horizon(self, rep) -> float:
         """The next outside event that could change what `rep` schedules."""
