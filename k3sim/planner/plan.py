@@ -108,6 +108,8 @@ class PlanResult:
             t = self.training
             out.update({"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
                         "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu, "mfu": t.mfu,
+                        "hfu": t.hfu, "model_flop_per_step": t.model_flop_per_step,
+                        "hardware_flop_per_step": t.hardware_flop_per_step,
                         "tokens_per_step": t.tokens_per_step, "num_micro_batches": t.num_micro_batches,
                         "bubble_ratio": t.bubble_ratio, "ep_imbalance": t.ep_imbalance,
                         "compute_s": t.compute_s, "exposed_comm_s": t.exposed_comm_s, "bubble_s": t.bubble_s,

@@ -21,8 +21,9 @@ Composition (each term's source is in its row):
   before the next step's first forward, overlapped with that micro-batch's backward / forward (Megatron
   `overlap_grad_reduce`, `overlap_param_gather`): only the part beyond that compute is exposed; the
   optimizer update streams its shard of weights, grads and Adam states through HBM once.
-Memory comes from `k3sim.memory.plan.train_plan` (never re-derived here); MFU counts model FLOP (6 x
-active parameters per token, plus attention) against the bf16 peak of every GPU.
+Memory comes from `k3sim.memory.plan.train_plan` (never re-derived here); MFU counts model FLOP
+(`k3sim.memory.flops`: 6 x active parameters per token plus causal attention, Megatron's convention) against
+the bf16 peak of every GPU; HFU counts what the GPUs execute (the kernels' own FLOP, the recomputed forward).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class TrainStepResult:
     options: dict
     assumptions: list[dict] = field(default_factory=list)
     pipeline: Any = field(default=None, repr=False)   # PipelineTime (engine timeline for the Gantt chart)
+    hardware_flop_per_step: float = 0.0   # FLOP the GPUs execute, recompute included (HFU's numerator)
+    hfu: float = 0.0                      # hardware FLOP / (step time x GPUs x bf16 peak)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -130,6 +133,7 @@ class TrainingContext:
         self._experts: dict[tuple, tuple[float, str]] = {}
         self._rank_params: dict[tuple, list[tuple[int, int]]] = {}
         self._flop: dict[int, float] = {}
+        self._hw_flop: dict[tuple, float] = {}
         self._stages: dict[tuple, list] = {}
 
     def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated") -> list:
@@ -208,23 +212,25 @@ class TrainingContext:
         return self._experts[key]
 
     def model_flop_per_token(self, seq_len: int) -> float:
-        """Training FLOP per token: 6 x active parameters (Kaplan et al. 2020; Megatron's MFU convention)
-        plus causal attention fwd+bwd at `seq_len` from the kernel registry's FLOP formulas."""
+        """Training model FLOP per token (MFU's numerator): `k3sim.memory.flops.training_flop_per_token`, the one
+        count the prefix cache also uses (6 x active parameters + 3 H S (d_qk + d_v) per causal MLA layer +
+        KDA's chunkwise work x 3; Megatron-LM `num_floating_point_operations`)."""
         if seq_len not in self._flop:
-            from k3sim.kernels import ops
-            from k3sim.memory.params import count_params
+            from k3sim.memory.flops import training_flop_per_token
 
-            m = self.model
-            f = 6.0 * count_params(m).active_params
-            if m.mla is not None and m.num_mla_layers:
-                D = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
-                f += m.num_mla_layers * ops.SDPA_FWD_BWD_FLOP_FACTOR * ops.sdpa_flop(
-                    {"T": seq_len, "H": m.mla.num_heads, "D": D}) / seq_len
-            if m.kda is not None and m.num_kda_layers:
-                f += m.num_kda_layers * ops.KDA_FWD_BWD_FLOP_FACTOR * ops.chunk_kda_flop(
-                    {"T": seq_len, "H": m.kda.num_heads}) / seq_len
-            self._flop[seq_len] = f
+            self._flop[seq_len] = training_flop_per_token(self.model, seq_len)
         return self._flop[seq_len]
+
+    def hardware_flop_per_token(self, seq_len: int, recompute: bool) -> float:
+        """FLOP the GPUs execute per token (HFU's numerator): the GEMMs' model count (a GEMM executes what it
+        is counted with) x 3, the attention kernels' own registry counts (`sdpa_causal_fwd_bwd`: FlashAttention's
+        3.5 x forward, V padded to the QK dim; `chunk_kda_fwd_bwd`: padded chunks), and under full activation
+        checkpointing the forward of all of it once more. Not counted: CP schemes' own extra work (KCP fold,
+        latent up-projection), redundant experts, elementwise kernels."""
+        key = (seq_len, bool(recompute))
+        if key not in self._hw_flop:
+            self._hw_flop[key] = _hardware_flop_per_token(self.model, seq_len, bool(recompute))
+        return self._hw_flop[key]
 
     def stage_sums(self, par: Parallelism, tokens: int, seq_len: int,
                    glue: str = "calibrated") -> list[tuple[list[int], dict]]:
@@ -541,6 +547,26 @@ def _memory_plan(model, hw, par: Parallelism, mb: _MicroBatch, activation_checkp
     return memory, memory.fits, memory_verdict(memory)
 
 
+def _hardware_flop_per_token(model, seq_len: int, recompute: bool) -> float:
+    """See `TrainingContext.hardware_flop_per_token`: whole model, all ranks, per token of `seq_len` sequences."""
+    from k3sim.configs.mla import mla_attention_head_dims
+    from k3sim.kernels.ops import OPS
+    from k3sim.memory.flops import FWD_BWD_FACTOR
+    from k3sim.memory.params import count_params
+
+    gemm = 2.0 * count_params(model).active_params   # forward GEMM FLOP, LM head included
+    fwd = fwd_bwd = 0.0
+    if model.mla is not None and model.num_mla_layers:
+        p = {"T": seq_len, "H": model.mla.num_heads, "D": mla_attention_head_dims(model.mla).kernel_head_dim}
+        fwd += model.num_mla_layers * OPS["sdpa_causal_fwd"].flop(p) / seq_len
+        fwd_bwd += model.num_mla_layers * OPS["sdpa_causal_fwd_bwd"].flop(p) / seq_len
+    if model.kda is not None and model.num_kda_layers:
+        p = {"T": seq_len, "H": model.kda.num_heads, "K": model.kda.head_dim_k, "V": model.kda.head_dim_v}
+        fwd += model.num_kda_layers * OPS["chunk_kda_fwd"].flop(p) / seq_len
+        fwd_bwd += model.num_kda_layers * OPS["chunk_kda_fwd_bwd"].flop(p) / seq_len
+    return FWD_BWD_FACTOR * gemm + fwd_bwd + (gemm + fwd if recompute else 0.0)
+
+
 def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: int = 1,
                num_micro_batches: int | None = None, activation_checkpointing: bool = True,
                workspace_fraction: float = 0.10, options: TrainOptions | None = None,
@@ -570,6 +596,7 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
     exposed, compute = _totals(breakdown)
     tokens_step = m * micro_batch_size * seq_len * par.dp
     flop = tokens_step * ctx.model_flop_per_token(seq_len)
+    hw_flop = tokens_step * ctx.hardware_flop_per_token(seq_len, bool(mb.recompute))
     peak = float(hw.peak_flops_per_s.get("bf16", 0.0)) * par.gpus
     memory, fits, verdict = (_memory_plan(model, hw, par, mb, activation_checkpointing, workspace_fraction, source)
                              if with_memory else (None, True, ""))
@@ -585,7 +612,8 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
         options=opts.model_dump(), pipeline=pipe,
-        assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue)])
+        assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue)],
+        hardware_flop_per_step=hw_flop, hfu=hw_flop / (step * peak) if peak else 0.0)
 
 
 def glue_assumption(hw, mode: str = "calibrated") -> dict:
@@ -634,6 +662,12 @@ ASSUMPTIONS = [
                    "first micro-batch's forward", "source": "Megatron overlap_grad_reduce / overlap_param_gather"},
     {"assumption": "gradients reduced in fp32 (4 B), parameters gathered in bf16 (2 B)",
      "source": "k3sim.memory.plan GRAD_BYTES / WEIGHT_BYTES (Megatron distributed optimizer)"},
-    {"assumption": "MFU = (6 x active params + attention FLOP) per token x tokens / (step time x GPUs x bf16 peak)",
-     "source": "Kaplan et al. 2020; Megatron MFU convention; attention FLOP from k3sim.kernels.ops"},
+    {"assumption": "MFU = model FLOP per token (6 x active params + 3 H S (d_qk + d_v) per causal MLA layer + 3 x "
+                   "KDA chunkwise work) x tokens / (step time x GPUs x bf16 peak)",
+     "source": "Megatron-LM num_floating_point_operations (megatron/training/training.py); PaLM appendix B; "
+               "k3sim.memory.flops"},
+    {"assumption": "HFU = hardware FLOP (GEMMs x 3, the attention kernels' own counts: FlashAttention 3.5 x, V "
+                   "padded to the QK dim, KDA chunk padding; the recomputed forward under activation "
+                   "checkpointing) / (step time x GPUs x bf16 peak)",
+     "source": "k3sim.kernels.ops registry FLOP formulas; Megatron's recompute adds one forward"},
 ]
