@@ -98,7 +98,20 @@ def load(space: str, k: str, name: str) -> Any | None:
         saved_key, value = _NoGlobals(io.BytesIO(payload)).load()
     except Exception:  # noqa: BLE001 - whatever a damaged stream raises, it is not an entry
         return None
-    return value if saved_key == k else None
+    if saved_key != k:
+        return None
+    _touch(path.parent)
+    return value
+
+
+def _touch(key_dir: Path) -> None:
+    """Mark a key as used now: `_prune` keeps the most recently used keys, not the most recently made (a key
+    made first and read ever since, such as the measured profile a derived one stands on, must not be the
+    first to go when other keys are made)."""
+    try:
+        os.utime(key_dir)
+    except OSError:
+        pass
 
 
 def save(space: str, k: str, name: str, value: Any, keep: int = KEEP_KEYS) -> bool:
@@ -136,8 +149,9 @@ def save(space: str, k: str, name: str, value: Any, keep: int = KEEP_KEYS) -> bo
 
 
 def _prune(space_dir: Path, keep: str, count: int = KEEP_KEYS) -> None:
-    """Remove all but the `count` most recently made key directories (never `keep`); errors ignored (another
-    process may be removing or filling the same directory: it then finds a miss and computes)."""
+    """Remove all but the `count` most recently used key directories (made, or read by `load`; never `keep`);
+    errors ignored (another process may be removing or filling the same directory: it then finds a miss and
+    computes)."""
     import shutil
 
     try:

@@ -117,3 +117,23 @@ def test_is_plain():
         node.append([])
         node = node[0]
     assert not diskcache.is_plain(deep)
+
+
+def test_pruning_keeps_the_keys_that_are_read(tmp_path, monkeypatch):
+    """A key made first and read ever since (the h200 store a derived profile stands on) outlived by newer keys
+    was pruned first, so a warm derived profile parsed the CSVs again; a read now counts as a use."""
+    import os
+    import time
+
+    from k3sim.configs import diskcache
+
+    monkeypatch.setenv(diskcache.ENV, str(tmp_path))
+    assert diskcache.save("space", "old", "v", 1, keep=3)
+    past = time.time() - 100
+    for i in range(2):
+        assert diskcache.save("space", f"k{i}", "v", i, keep=3)
+        os.utime(tmp_path / "space" / f"k{i}", (past + i, past + i))
+    os.utime(tmp_path / "space" / "old", (past - 10, past - 10))
+    assert diskcache.load("space", "old", "v") == 1  # read: now the most recently used
+    assert diskcache.save("space", "new", "v", 9, keep=3)  # makes a key: prunes to 3
+    assert diskcache.load("space", "old", "v") == 1 and diskcache.load("space", "k0", "v") is None
