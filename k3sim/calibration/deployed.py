@@ -309,6 +309,26 @@ def fp8_check(out_dir: Path, deadline: float) -> int:
     return n
 
 
+def sweep_tokens(w, measure, shape: dict, deadline: float, tokens=None, free=None) -> int:
+    """One expert shape over the token counts (`grids.DEPLOYED_EXPERT_B`): each point measured and written,
+    or recorded as failed (the sweep goes on) or skipped once `deadline` (time.monotonic) has passed; the
+    number measured."""
+    done = 0
+    for b in grids.DEPLOYED_EXPERT_B if tokens is None else tokens:
+        p = dict(B=b, **shape)
+        if time.monotonic() > deadline:
+            w.failed(p, "skipped: part time budget exhausted")
+            continue
+        try:
+            t, ex = measure(**p)
+            w.ok(p, t, **ex)
+            done += 1
+        except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
+            w.failed(p, err)
+        (free or _free)()
+    return done
+
+
 def moe_fp8(out_dir: Path, deadline: float) -> int:
     """moe_ffn_grouped_fp8 at the deployed (E, B): topk 1 (8 % EP != 0 at EP 32 and 128: each (token,
     expert) pair is one local pick, step/layers.py), uniform routing, weights allocated once per E."""
@@ -339,18 +359,7 @@ def moe_fp8(out_dir: Path, deadline: float) -> int:
             del fns
             return t, dict(ex, distinct_experts=statistics.mean(distinct))
 
-        for b in grids.DEPLOYED_EXPERT_B:
-            p = dict(B=b, E=E, K=K, N=N, topk=topk)
-            if time.monotonic() > e_deadline:
-                w.failed(p, "skipped: part time budget exhausted")
-                continue
-            try:
-                t, ex = measure(**p)
-                w.ok(p, t, **ex)
-                done += 1
-            except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
-                w.failed(p, err)
-            _free()
+        done += sweep_tokens(w, measure, dict(E=E, K=K, N=N, topk=topk), e_deadline)
         del ffn, measure
     w.close()
     _free()
@@ -399,18 +408,7 @@ def moe_grouped_fp8(out_dir: Path, deadline: float) -> int:
             del fns
             return t, dict(ex, distinct_experts=statistics.mean(distinct))
 
-        for b in grids.DEPLOYED_EXPERT_B:
-            p = dict(B=b, E=E, K=K, N=N, topk=1)
-            if time.monotonic() > job_deadline:
-                w.failed(p, "skipped: part time budget exhausted")
-                continue
-            try:
-                t, ex = measure(**p)
-                w.ok(p, t, **ex)
-                done += 1
-            except Exception as err:  # noqa: BLE001 - recorded, the sweep goes on
-                w.failed(p, err)
-            _free()
+        done += sweep_tokens(w, measure, dict(E=E, K=K, N=N, topk=1), job_deadline)
         del wt, sw, measure
     w.close()
     _free()

@@ -177,6 +177,22 @@ def _front_engines(f: Facts) -> int:
     return f["front_engines"]
 
 
+def ep_all_to_all_rules(options: tuple[str, ...], none: str, degrees: str) -> list[Rule]:
+    """The rules of the options that shape the expert all-to-all (and of --tbo, which overlaps it), for a
+    command whose facts say `ep_all_to_all`: it exists when attention-DP ranks meet in experts spread over
+    EP ranks (`k3sim.step.layers.dispatches`). `none`: how the command says there is none; `degrees`: what
+    its fix asks of --attention-dp / --ep."""
+    return [
+        only_when(options, lambda f: f["ep_all_to_all"],
+                  why=f"shapes the expert-parallel all-to-all and {none} (attention DP 1: every rank holds all "
+                      "tokens and the TP all-reduce combines the experts; EP 1: they are local)",
+                  fix=f"add --attention-dp N and --ep N ({degrees}), or remove it"),
+        only_when("--tbo", lambda f: not f.value("--tbo") or f["ep_all_to_all"],
+                  why=f"overlaps one micro-batch's compute with the other's expert-parallel all-to-all and {none}",
+                  fix=f"add --attention-dp N and --ep N ({degrees}), or remove --tbo"),
+    ]
+
+
 SERVE: list[Rule] = [
     # A trace serves its own requests: --limit takes its first N; --requests sizes a synthetic workload.
     requires("--requests", "--workload",
@@ -207,15 +223,8 @@ SERVE: list[Rule] = [
     only_when("--pp-microbatches", lambda f: f["max_pp"] > 1,
               why="keeps pp batches in flight per replica and every replica of this fleet has pp=1",
               fix="remove it, or serve a layout with parallelism.pp > 1"),
-    # the expert all-to-all exists when attention-DP ranks meet in experts over EP ranks (k3sim.step.layers)
-    only_when(("--ep-kernel", "--dispatch-dtype", "--max-nodes-per-token"), lambda f: f["ep_all_to_all"],
-              why="shapes the expert-parallel all-to-all and no replica of this fleet runs one (attention DP 1: "
-                  "the TP all-reduce combines the experts; EP 1: they are local)",
-              fix="add --attention-dp N and --ep N (N > 1, or parallelism.dp / ep), or remove it"),
-    only_when("--tbo", lambda f: not f.value("--tbo") or f["ep_all_to_all"],
-              why="overlaps one micro-batch's compute with the other's expert all-to-all and no replica of this "
-                  "fleet runs one",
-              fix="add --attention-dp N and --ep N (N > 1), or remove --tbo"),
+    *ep_all_to_all_rules(("--ep-kernel", "--dispatch-dtype", "--max-nodes-per-token"),
+                         "no replica of this fleet runs one", "N > 1, or parallelism.dp / ep"),
     only_when("--tbo-variant", lambda f: f["tbo"],
               why="chooses the two-batch-overlap schedule and the fleet runs without two-batch overlap",
               fix="add --tbo (or parallelism.tbo: true), or remove --tbo-variant"),
@@ -324,15 +333,7 @@ DECODE: list[Rule] = [
               why=lambda f: f"rolls back KDA state and {f['model']} has no KDA layers (MLA layers truncate their "
                             "KV cache on a rejected draft, at no cost)",
               fix="remove --rollback"),
-    # the all-to-all exists when attention-DP ranks meet in experts spread over EP ranks (k3sim.step.layers)
-    only_when(EP_ALL_TO_ALL_OPTIONS, lambda f: f["ep_all_to_all"],
-              why="shapes the expert-parallel all-to-all and this layout runs none (with --attention-dp 1 every "
-                  "rank holds all tokens and the TP all-reduce combines the experts; with --ep 1 they are local)",
-              fix="add --attention-dp N and --ep N (N > 1), or remove it"),
-    only_when("--tbo", lambda f: not f.value("--tbo") or f["ep_all_to_all"],
-              why="overlaps one micro-batch's compute with the other's expert-parallel all-to-all and this layout "
-                  "runs none (--attention-dp 1 or --ep 1)",
-              fix="add --attention-dp N and --ep N (N > 1), or remove --tbo"),
+    *ep_all_to_all_rules(EP_ALL_TO_ALL_OPTIONS, "this layout runs none", "N > 1"),
     only_when("--max-nodes-per-token", lambda f: f["ep_nodes"] > 1,
               why=lambda f: f"limits the nodes a token's experts lie on and --ep {f['ep']} spans one node of "
                             f"{f['gpus_per_node']} GPUs",

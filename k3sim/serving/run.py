@@ -146,23 +146,17 @@ class ServeSetup:
 def _engine_updates(model, sv, cache_policy, pool_bytes, scheduler, pp_microbatches) -> dict:
     """The `serving.engine` fields the options replace, each checked against its choices, and the default
     cache policy of a model without KDA layers."""
-    eng: dict = {}
-    if cache_policy is not None:
-        from k3sim.configs.serving import CACHE_POLICIES
+    from k3sim.configs.serving import CACHE_POLICIES, SCHEDULERS
 
-        if cache_policy not in CACHE_POLICIES:
-            raise InputError(f"unknown policy '{cache_policy}' (choose {', '.join(CACHE_POLICIES)})",
-                             source="--cache-policy")
-        eng["cache_policy"] = cache_policy
+    eng: dict = {}
+    for key, value, choices, what, option in (("cache_policy", cache_policy, CACHE_POLICIES, "policy", "--cache-policy"),
+                                              ("scheduler", scheduler, SCHEDULERS, "scheduler", "--scheduler")):
+        if value is not None:
+            if value not in choices:
+                raise InputError(f"unknown {what} '{value}' (choose {', '.join(choices)})", source=option)
+            eng[key] = value
     if pool_bytes is not None:
         eng["pool_bytes"] = pool_bytes
-    if scheduler is not None:
-        from k3sim.configs.serving import SCHEDULERS
-
-        if scheduler not in SCHEDULERS:
-            raise InputError(f"unknown scheduler '{scheduler}' (choose {', '.join(SCHEDULERS)})",
-                             source="--scheduler")
-        eng["scheduler"] = scheduler
     if pp_microbatches is not None:
         eng["pp_microbatches"] = pp_microbatches
     if cache_policy is None and not model.num_kda_layers and "cache_policy" not in sv.engine.model_fields_set:

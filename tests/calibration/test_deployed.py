@@ -269,3 +269,36 @@ def test_new_ops_bytes_and_flop_by_hand():
     g = OPS["moe_grouped_fp8"]
     assert g.bytes(dict(B=4, E=2, K=8, N=16, topk=1)) == pytest.approx(536)
     assert g.flop(dict(B=4, E=2, K=8, N=16, topk=1)) == 1024 and g.dtype == "fp8"
+
+
+def test_sweep_tokens_measures_records_failures_and_stops_at_the_deadline():
+    """The expert-shape sweep of moe_fp8 / moe_grouped_fp8: a failing point is recorded and the sweep goes on;
+    past the deadline every point is recorded as skipped, none measured."""
+    import time
+
+    from k3sim.calibration.deployed import sweep_tokens
+
+    class Writer:
+        def __init__(self):
+            self.ok_rows, self.failed_rows = [], []
+
+        def ok(self, p, t, **ex):
+            self.ok_rows.append((p["B"], t, ex))
+
+        def failed(self, p, why):
+            self.failed_rows.append((p["B"], str(why)))
+
+    def measure(B, E, topk):
+        if B == 512:
+            raise RuntimeError("out of memory")
+        return B * 1e-6, {"distinct_experts": E}
+
+    w = Writer()
+    done = sweep_tokens(w, measure, dict(E=8, topk=1), time.monotonic() + 60, tokens=[128, 512, 2048],
+                        free=lambda: None)
+    assert done == 2 and [b for b, *_ in w.ok_rows] == [128, 2048] and w.ok_rows[0][2] == {"distinct_experts": 8}
+    assert w.failed_rows == [(512, "out of memory")]
+    w = Writer()
+    assert sweep_tokens(w, measure, dict(E=8, topk=1), time.monotonic() - 1, tokens=[128, 2048],
+                        free=lambda: None) == 0
+    assert w.ok_rows == [] and [why for _, why in w.failed_rows] == ["skipped: part time budget exhausted"] * 2

@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import pytest
-
 from k3sim.validation import deployed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +24,14 @@ def test_every_public_figure_names_a_case_and_a_column():
         assert f.case in names and f.metric in deployed.COLUMNS and f.value > 0
 
 
-def test_per_node_is_eight_gpus_and_the_step_splits_into_compute_and_exposed_comm():
+def test_overlap_hides_communication_and_flashmla_is_never_slower():
+    """Every case runs two-batch overlap over a DeepEP all-to-all: some of its communication must be hidden
+    (a schedule that serialised the micro-batches would hide none); FlashMLA from its published throughput is
+    capped by the measured kernel, so a decode case is never slower with it (k3sim.kernels.published)."""
     with open(ROOT / "reports" / "deployed" / "predictions.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == len(deployed.cases())
+    assert len(rows) == len(deployed.cases()) and all(c.layout["tbo"] for c in deployed.cases())
     for r in rows:
-        assert float(r["tokens_per_s_per_node"]) == pytest.approx(8 * float(r["tokens_per_s_per_gpu"]), rel=1e-5)
-        assert float(r["compute_s"]) + float(r["comm_exposed_s"]) == pytest.approx(float(r["step_s"]), rel=1e-4)
-        if r["phase"] == "decode":  # FlashMLA is never slower than the measured kernel (kernels.published)
+        assert float(r["comm_hidden_s"]) > 0, r["case"]
+        if r["phase"] == "decode":
             assert float(r["tokens_per_s_per_gpu"]) >= float(r["tokens_per_s_per_gpu_measured_mla"])
