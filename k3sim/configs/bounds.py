@@ -69,6 +69,9 @@ BOUNDS: dict[str, Range] = {
     "fraction": Range(0, 1, "", "a share of a whole"),
     "seconds": Range(0, 1e9, "s", "~30 years"),
     "rate": Range(1e-9, 1e12, "per second", "tokens or requests per second"),
+    "train_tokens": Range(1e6, 1e15, "tokens", "a training run's token budget: ~30x the 36T tokens of the largest "
+                    "published pre-training runs (Qwen3)"),
+    "train_days": Range(0.01, 3650, "days", "a training run's wall-clock time: up to ten years"),
     "seed": Range(0, 2 ** 63 - 1, "", "numpy seeds are non-negative 64-bit integers"),
     # one kernel call's parameters (`k3sim kernel-time --set`, k3sim/kernels/ops.py) and the collective model
     "kernel_dim": Range(1, 2 ** 24, "elements", "one dimension of one kernel call (GEMM M, N, K; the tokens or "

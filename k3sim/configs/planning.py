@@ -26,9 +26,35 @@ Degree = bounded_int("parallel")
 Count = bounded_int("batch")
 
 
-# The training option `moe_glue`: the profile's glue calibration, or bytes only (`k3sim.step.glue` reads it).
-GlueMode = Literal["calibrated", "proxy"]
+# The training option `moe_glue` (`k3sim.step.glue` reads it): "auto" = the model's published stack (fused
+# permute kernels where the model says its stack runs them, else the measured unfused glue); "calibrated" =
+# the measured unfused routing glue; "fused" = the measured fused permute / unpermute kernels; "proxy" =
+# bytes only (not measured).
+GlueMode = Literal["auto", "calibrated", "fused", "proxy"]
 GLUE_MODES: tuple[str, ...] = get_args(GlueMode)
+
+# Training precision of the linear layers' GEMMs: bf16, or fp8 with DeepSeek-V3's block scaling (1x128
+# activation tiles, 128x128 weight blocks, fp32 promotion; arXiv 2412.19437 sec. 3.3).
+Precision = Literal["bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+# Activation recompute: none, full (each layer's forward again before its backward), or selective (only the
+# modules named in `recompute_modules`).
+RecomputeMode = Literal["none", "full", "selective"]
+RECOMPUTE_MODES: tuple[str, ...] = get_args(RecomputeMode)
+RecomputeModule = Literal["norms", "mla_up_proj", "attention_core", "moe_act", "kda_core"]
+RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+# DeepSeek-V3's recipe (arXiv 2412.19437 sec. 3.2.3): recompute all RMSNorms and the MLA up-projections.
+DEEPSEEK_V3_RECOMPUTE: tuple[str, ...] = ("norms", "mla_up_proj")
+
+# Pipeline schedules of the training step ("auto": 1F1B, interleaved 1F1B when virtual_stages > 1).
+TrainSchedule = Literal["auto", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipev"]
+TRAIN_SCHEDULES: tuple[str, ...] = get_args(TrainSchedule)
+
+# How layers split over pipeline stages: balanced (contiguous layers minimising the slowest stage's
+# forward + backward, embedding and LM head counted) or uniform (by layer count).
+StageSplit = Literal["balanced", "uniform"]
+STAGE_SPLITS: tuple[str, ...] = get_args(StageSplit)
 
 
 class TrainingSection(BaseModel):
@@ -48,13 +74,23 @@ class TrainingSection(BaseModel):
     redundant_experts: bounded_int("experts", lo=0) = Field(0, description="MoonEP redundant expert slots per "
                                                                             "EP rank")
     tp_overlap: Share = Field(0.0, description="share of TP communication hidden")
-    ep_overlap: Share = Field(0.0, description="share of EP all-to-all hidden")
+    ep_overlap: Share | None = Field(None, description="share of EP all-to-all hidden (None: computed from the "
+                                                        "pipeline schedule)")
     kda_cp: Literal["kcp", "lasp2", "ulysses"] = "kcp"
     mla_cp: Literal["allgather-kv", "ring", "zigzag-ring", "ulysses"] = "allgather-kv"
     seed: bounded_int("seed") = Field(0, description="seed of the routing samples behind the EP imbalance")
     moe_glue: GlueMode = Field(
-        "calibrated", description="MoE routing glue: calibrated (measured unfused, reports/training) or proxy "
-                                  "(bytes only: fused permute kernels, not measured)")
+        "auto", description="MoE routing glue: auto (the model's published stack), calibrated (measured unfused, "
+                            "reports/training), fused (measured fused permute kernels) or proxy (bytes only)")
+    precision: Precision = Field("bf16", description="GEMM precision: bf16, or fp8 block-scaled (DeepSeek-V3)")
+    recompute: RecomputeMode | None = Field(
+        None, description="activation recompute: none | full | selective (None: workload.activation_checkpointing)")
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        (), description="modules recomputed under selective recompute (empty: DeepSeek-V3's norms + mla_up_proj)")
+    pipeline_schedule: TrainSchedule = Field("auto", description="pipeline schedule (auto: 1F1B / interleaved)")
+    stage_split: StageSplit = Field("balanced", description="layers over pipeline stages: balanced or uniform")
+    tokens: bounded_float("train_tokens") | None = Field(None, description="token budget of the training run")
+    days: bounded_float("train_days") | None = Field(None, description="wall-clock days the run may take")
 
     def options(self, use_pipeline_engine: bool | None = None) -> TrainOptions:
         """These knobs as the step model's options, with the run's pipeline clock (the planner: the engine;

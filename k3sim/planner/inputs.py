@@ -28,6 +28,13 @@ TRAINING_NEEDS: dict[str, tuple[str | None, str | None]] = {
     "tp_overlap": (None, "tp"),
     "kda_cp": ("kda", "cp"),
     "mla_cp": ("mla", "cp"),
+    "precision": (None, None),
+    "recompute": (None, None),
+    "recompute_modules": (None, None),
+    "pipeline_schedule": (None, "pp"),
+    "stage_split": (None, "pp"),
+    "tokens": (None, None),
+    "days": (None, None),
 }
 _PARTS = {"moe": "MoE layers", "kda": "KDA layers", "mla": "MLA layers"}
 

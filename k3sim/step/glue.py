@@ -61,7 +61,7 @@ def glue_for(hw: Any, mode: str) -> GlueCalibration:
 
     if mode not in GLUE_MODES:
         raise InputError(f"must be {' or '.join(GLUE_MODES)}, got {mode!r}", field="moe_glue")
-    return load_glue(hw) if mode == "calibrated" else GlueCalibration.proxy()
+    return load_glue(hw) if mode in ("calibrated", "auto") else GlueCalibration.proxy()
 
 
 def _h200_file() -> Path:

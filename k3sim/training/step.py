@@ -374,7 +374,7 @@ def _ep_comm(ctx: TrainingContext, model, par: Parallelism, g: dict, mb: _MicroB
                       int(round(mb.sp_tokens * par.ep)), skew=opts.routing_skew,
                       redundant_per_rank=opts.redundant_experts, seed=opts.seed)
     imb = ep.imbalance = im.max_over_mean
-    ep.layer_fwd_s = 2 * t_a2a * imb * (1 - opts.ep_overlap)
+    ep.layer_fwd_s = 2 * t_a2a * imb * (1 - (opts.ep_overlap or 0.0))
     ep.expert_fwd_s, src_exp = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold)
     ep.imbalance_source = f"{im.describe()}; routed-expert GEMMs: {src_exp}"
     ep.source = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"

@@ -49,7 +49,7 @@ def test_options_are_frozen_hashable_and_picklable(knobs):
 @pytest.mark.parametrize("knobs, field", [({"tp_overlap": 1.5}, "tp_overlap"), ({"ep_overlap": -0.1}, "ep_overlap"),
                                           ({"routing_skew": float("nan")}, "routing_skew"),
                                           ({"redundant_experts": -1}, "redundant_experts"),
-                                          ({"moe_glue": "fused"}, "moe_glue"), ({"kda_cp": "ring"}, "kda_cp"),
+                                          ({"moe_glue": "unfused"}, "moe_glue"), ({"kda_cp": "ring"}, "kda_cp"),
                                           ({"bogus": 1}, "bogus")])
 def test_a_bad_option_built_in_python_is_an_input_error_naming_its_field(knobs, field):
     with pytest.raises(InputError) as err:

@@ -63,7 +63,7 @@ def test_training_moe_glue_reaches_the_step_model_and_is_checked(tmp_path):
     fused = plan(kl_train(tmp_path, training="  moe_glue: proxy"), sections=("step",)).training
     assert fused.compute_s < base.compute_s and fused.options["moe_glue"] == "proxy"
     with pytest.raises(InputError) as e:
-        plan(kl_train(tmp_path, training="  moe_glue: fused"), sections=("memory",))
+        plan(kl_train(tmp_path, training="  moe_glue: unfused"), sections=("memory",))
     assert e.value.field == "training.moe_glue"
 
 

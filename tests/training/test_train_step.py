@@ -230,5 +230,5 @@ def test_moe_glue_proxy_is_the_bytes_only_model_and_says_so():
     assert glue_rows[0][0]["source"].startswith(g.source)
     assert "fused-permute" in glue_rows[1][0]["assumption"] and f"x {g.fwd:.1f}" not in glue_rows[1][0]["assumption"]
     assert glue_rows[1][0]["source"].startswith("modelling choice (not measured)")
-    with pytest.raises(InputError, match="moe_glue.*'calibrated' or 'proxy'"):  # the schema's words
-        run("fused")
+    with pytest.raises(InputError, match="moe_glue.*'fused' or 'proxy'"):  # the schema's words
+        run("unfused")
