@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from k3sim.prefix_cache.cache import REJECT, WAIT, HybridPrefixCache, ReqState
+from k3sim.prefix_cache.cache import REJECT, WAIT, HybridPrefixCache
 from k3sim.prefix_cache.config import CacheConfig
 from k3sim.workloads.request import TraceRequest, prefix_keys
 
@@ -179,9 +179,48 @@ class ReplayResult:
 CostFn = Callable[[int, int], float]
 
 
+class _Request:
+    """A trace request as the serving scheduler (`scheduler.form_batch`) sees it: its prefix keys while it waits,
+    its cache state `rs` once admitted (`rs.generated` is the replay's token count)."""
+
+    __slots__ = ("req", "keys", "rs", "seq")
+
+    def __init__(self, req: TraceRequest, keys: list[int], seq: int):
+        self.req, self.keys, self.rs, self.seq = req, keys, None, seq
+
+    @property
+    def L(self) -> int:
+        return self.req.input_tokens
+
+    target = L  # the prompt is the whole prefill (no preemption re-prefills generated tokens here)
+
+    @property
+    def generated(self) -> int:
+        return self.rs.generated
+
+    @property
+    def context(self) -> int:
+        return self.L + self.rs.generated
+
+
+@dataclass(frozen=True)
+class _EngineOptions:
+    """What `form_batch` reads of an engine's options, from the replay's scheduler (vLLM's chunked prefill)."""
+
+    token_budget: int
+    max_batch: int
+    scheduler: str = "vllm"
+    chunk_tokens: int | None = None
+
+
 class _Replay:
     """One replay's state (the simpy clock, the cache, the waiting queue, the running batch and the counters the
-    summary reads), so that each phase of a scheduling step is a named method over the same state."""
+    summary reads), so that each phase of a scheduling step is a named method over the same state. Batches are
+    formed by the serving scheduler (`k3sim.serving.scheduler.form_batch`, the engine's), this object standing in
+    for the engine replica it reads: one replica, mixed role, no MTP lookahead; every request's pages are
+    reserved at admission, so a decode never runs short and nothing is preempted."""
+
+    role, lookahead, timer = "mixed", 0, None
 
     def __init__(self, env, cfg: CacheConfig, sched: SchedulerConfig, cost: CostFn, check_every: int,
                  record_requests: bool):
@@ -189,8 +228,10 @@ class _Replay:
         self.check_every, self.record_requests = check_every, record_requests
         self.cache = HybridPrefixCache(cfg)
         self.B_h = cfg.effective_hash_block_tokens
-        self.waiting: deque[tuple[TraceRequest, list[int]]] = deque()
-        self.running: list[ReqState] = []
+        self.B_p = cfg.physical_block_tokens
+        self.ecfg = _EngineOptions(sched.token_budget, sched.max_running)
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
         self.per_request: list[tuple[int, int]] = []
         self.next_arrival_s = math.inf
         self.arrivals_done = False
@@ -206,19 +247,37 @@ class _Replay:
     def arrivals(self, requests: Iterable[TraceRequest]):
         """simpy process: each request joins the waiting queue at its trace timestamp, with its prefix keys."""
         env = self.env
-        for req in requests:
+        for seq, req in enumerate(requests):
             if req.arrival_s > env.now:
                 self.next_arrival_s = req.arrival_s
                 yield env.timeout(req.arrival_s - env.now)
-            self.waiting.append((req, prefix_keys(req, self.B_h)))
+            self.waiting.append(_Request(req, prefix_keys(req, self.B_h), seq))
             self.wake()
         self.next_arrival_s = math.inf
         self.arrivals_done = True
         self.wake()
 
+    def admit(self, r: _Request):
+        """The engine's admission hook for `form_batch`: the cache matches the prefix and pins pages (WAIT: no
+        pages now; REJECT: larger than the pool); an admitted request is counted here."""
+        req = r.req
+        rs = self.cache.admit(r.keys, req.input_tokens, req.output_tokens, req.arrival_s)
+        if rs is not WAIT and rs is not REJECT:
+            r.rs = rs
+            self.input_tokens += req.input_tokens
+            if self.record_requests:
+                self.per_request.append((req.input_tokens, rs.hit_hb * self.B_h))
+        return rs
+
+    def preempt(self, r: _Request) -> None:  # pragma: no cover - pages are reserved at admission
+        raise RuntimeError("the replay reserves every request's pages at admission: a preemption is a cache bug")
+
     def scheduler(self):
-        """simpy process, the serving loop: each pass is one step (or a batched decode-only stretch): decodes
-        first, then chunked prefill of the running requests, then admission, priced by the cost and recorded."""
+        """simpy process, the serving loop: each pass is one step (or a batched decode-only stretch): the serving
+        scheduler's batch (decodes first, then chunked prefill of the running requests, then admission), priced
+        by the cost and recorded."""
+        from k3sim.serving.scheduler import form_batch
+
         while True:
             if not self.running and not self.waiting:
                 if self.arrivals_done:
@@ -226,10 +285,10 @@ class _Replay:
                 self.wake_event = self.env.event()
                 yield self.wake_event
                 continue
-            decoders = [rs for rs in self.running if rs.computed >= rs.L]
-            chunks: list[tuple[int, int]] = []  # (tokens, cached prefix) of each prefill chunk of this step
-            budget = self._continue_prefills(self.sched.token_budget - len(decoders), len(decoders), chunks)
-            self._admit(budget, chunks)
+            plan = form_batch(self)
+            self.rejected += len(plan.rejected)
+            decoders = [r.rs for r in plan.decoders]
+            chunks = [(n, before) for _, n, before in plan.prefills if n]  # (tokens, cached prefix) per chunk
             pf = sum(n for n, _ in chunks)
             prefilling = len(self.running) - len(decoders)
             if pf == 0 and not decoders:
@@ -241,43 +300,6 @@ class _Replay:
             yield self.env.timeout(_step_time(self.cost, decoders, chunks, pf, n_steps))
             self._record_step(n_steps)
             self._advance(n_steps)
-
-    def _prefill(self, rs: ReqState, budget: int, chunks: list) -> int:
-        """Schedule the next prefill chunk of `rs` within `budget`; the chunk joins `chunks` with its cached
-        prefix (what the step cost prices). Returns its tokens."""
-        before = rs.computed
-        n = self.cache.schedule_prefill(rs, budget)
-        if n:
-            chunks.append((n, before))
-        return n
-
-    def _continue_prefills(self, budget: int, num_decoders: int, chunks: list) -> int:
-        """The running requests still in prefill take their next chunks, in batch order; returns the budget left."""
-        if len(self.running) > num_decoders:
-            for rs in self.running:
-                if rs.computed < rs.L and budget > 0:
-                    budget -= self._prefill(rs, budget, chunks)
-        return budget
-
-    def _admit(self, budget: int, chunks: list) -> None:
-        """Admission, in arrival order, while the step has budget and the batch room: the cache matches the
-        prefix and pins pages, or says WAIT (no pages now: stop, keeping the order) or REJECT (larger than the
-        pool: dropped and counted). An admitted request starts its prefill in this step."""
-        waiting = self.waiting
-        while waiting and budget > 0 and len(self.running) < self.sched.max_running:
-            req, keys = waiting[0]
-            rs = self.cache.admit(keys, req.input_tokens, req.output_tokens, req.arrival_s)
-            if rs is WAIT:
-                break
-            waiting.popleft()
-            if rs is REJECT:
-                self.rejected += 1
-                continue
-            self.input_tokens += req.input_tokens
-            if self.record_requests:
-                self.per_request.append((req.input_tokens, rs.hit_hb * self.B_h))
-            self.running.append(rs)
-            budget -= self._prefill(rs, budget, chunks)
 
     def _decode_stretch(self, decoders: list, chunks: list) -> int:
         """Steps of a decode-only stretch taken as one timeout: up to the next completion, or the next arrival
@@ -306,7 +328,8 @@ class _Replay:
         step one each), grow their KV pages as needed, and leave the batch, releasing pages, when done."""
         still = []
         B_p = self.cfg.physical_block_tokens
-        for rs in self.running:
+        for r in self.running:
+            rs = r.rs
             if rs.computed >= rs.L:
                 rs.generated += n_steps if rs.generated else 1
                 if rs.L + rs.generated > len(rs.blocks) * B_p and len(rs.blocks) < rs.total_blocks:
@@ -314,7 +337,7 @@ class _Replay:
                 if rs.generated >= rs.O:
                     self.cache.release(rs)
                     continue
-            still.append(rs)
+            still.append(r)
         self.running[:] = still
 
     def summary(self, wall_s: float, keep_cache: bool) -> ReplayResult:
