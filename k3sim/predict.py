@@ -72,14 +72,18 @@ def _memo(predictor: Any, key: tuple, answer) -> KernelTime:
     return hit
 
 
+# A kernel convention's collective series (`k3sim.comm.model.SERIES`): a CUDA-graph step replays its collectives
+# (graph-timed rows first); an eager call is launched on its own, as the barrier-started runs timed them.
+COLLECTIVE_CONVENTION = {"graph": "graph", "eager": "barrier"}
+
+
 def _collective(op: str, p: dict[str, int], hw: Any, convention: str) -> KernelTime:
-    """The collective model's answer, labelled with the caller's convention: the measured collective rows are
-    barrier-started, the same time under either convention (the detail says which rows it stands on)."""
+    """The collective model's answer for the caller's kernel convention (`COLLECTIVE_CONVENTION`), carrying the
+    convention of the rows it came from (`KernelTime.convention`: graph, stream or barrier; the detail says why)."""
     from k3sim.comm import collective_time
 
-    kt = collective_time(op, p["bytes"], p["gpus"], hw, gpus_per_node=p.get("gpus_per_node") or None,
-                         convention="barrier")
-    return dataclasses.replace(kt, convention=convention)
+    return collective_time(op, p["bytes"], p["gpus"], hw, gpus_per_node=p.get("gpus_per_node") or None,
+                           convention=COLLECTIVE_CONVENTION[convention])
 
 
 def _ep(op: str, p: dict[str, int], predictor: Any, convention: str) -> KernelTime:

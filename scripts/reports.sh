@@ -84,13 +84,15 @@ training() {
 decode_check() { "${K3SIM[@]}" check decode "$RUNS"/20261201-wholestep-serve reports/decode >/dev/null; }
 
 deployed() { "${K3SIM[@]}" check deployed --out reports/deployed >/dev/null; }
+train_deployed() { "${K3SIM[@]}" check train-deployed --out reports/training >/dev/null; }
 
-TARGETS=(plans cp decode decode-check prefix-cache serving calibration pipeline training deployed)
+TARGETS=(plans cp decode decode-check prefix-cache serving calibration pipeline training deployed train-deployed)
 run_target() {
   case "$1" in
     plans) plans ;; cp) cp_sweep ;; decode) decode ;; prefix-cache) prefix_cache ;; serving) serving ;;
     calibration) calibration ;; pipeline) pipeline ;; training) training ;; decode-check) decode_check ;;
     deployed) deployed ;;
+    train-deployed) train_deployed ;;
     *) echo "unknown target '$1' (targets: ${TARGETS[*]})" >&2; exit 2 ;;
   esac
 }

@@ -97,6 +97,22 @@ if triton is not None:
 
 
     @triton.jit
+    def _quant_t_kernel(x_ptr, q_ptr, s_ptr, D, s_x, s_q, s_s, fp8_max, floor, GS: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+        # one program: one 128-row group of tokens x BLOCK_D channels; one scale per channel, stored transposed
+        g = tl.program_id(0)
+        rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        rt = (g * GS + tl.arange(0, GS)).to(tl.int64)
+        dm = rd < D
+        x = tl.load(x_ptr + rt[:, None] * s_x + rd[None, :], mask=dm[None, :], other=0.0).to(tl.float32)
+        s = tl.maximum(tl.max(tl.abs(x), 0) / fp8_max, floor)
+        q = tl.trans(x / s[None, :])
+        tl.store(q_ptr + rd[:, None].to(tl.int64) * s_q + rt[None, :], q.to(q_ptr.dtype.element_ty),
+                 mask=dm[:, None])
+        tl.store(s_ptr + g * s_s + rd, s, mask=dm)
+
+
+    @triton.jit
     def _unpermute_kernel(rows_ptr, inv_ptr, w_ptr, out_ptr, D, topk, s_r, s_o, BLOCK_D: tl.constexpr):
         # one program: BLOCK_D channels of one token, its picks gathered through inv (no scatter, no fp32 copy)
         t = tl.program_id(0).to(tl.int64)
@@ -147,6 +163,48 @@ def quant_128(x, out=None, scales=None, groups: int = QUANT_GROUPS):
     qk = torch.empty((T, D), dtype=torch.float32, device=x.device) if interpreted() else q
     _quant_kernel[(T, triton.cdiv(G, groups))](x, qk, s, D, G, x.stride(0), qk.stride(0), s.stride(0), FP8_MAX,
                                                SCALE_FLOOR, GROUPS=groups, GS=GROUP, num_warps=4)
+    if qk is not q:
+        q.copy_(qk.to(torch.float8_e4m3fn))
+    return q, s
+
+
+QUANT_T_BLOCK_D = 64  # kernel choice: a [128, 64] tile (16 KB of bf16) per program
+
+
+def quant_128_t_reference(x):
+    """bf16 x [T, D] quantised in 128-token groups along T, one scale per (group, channel): (q [D, T] e4m3, the
+    transpose of x / scale; scales [T/128, D] fp32, amax / 448 floored at SCALE_FLOOR). The operand a weight
+    gradient dW = X^T dY reads with 1x128 scales along its reduction (the tokens): DeepSeek-V3 sec. 3.3.1
+    quantises the activations of the backward this way; scales [T/128, D] are the [D, T/128] scale matrix in
+    the outer-dim-major layout torch._scaled_mm takes for 1x128 blocks."""
+    import torch
+
+    T, D = x.shape
+    g = x.float().view(T // GROUP, GROUP, D)
+    s = (g.abs().amax(1) / FP8_MAX).clamp_min(SCALE_FLOOR)
+    return (g / s[:, None, :]).view(T, D).t().contiguous().to(torch.float8_e4m3fn), s
+
+
+def dequant_t(q, s):
+    """[D, T] e4m3 and [T/128, D] scales -> x [T, D] fp32 (the inverse of `quant_128_t_reference`)."""
+    D, T = q.shape
+    return (q.float().t().reshape(T // GROUP, GROUP, D) * s[:, None, :]).reshape(T, D)
+
+
+def quant_128_t(x, out=None, scales=None, block_d: int = QUANT_T_BLOCK_D):
+    """The Triton form of `quant_128_t_reference` (one kernel, capturable): x [T, D] bf16, T a multiple of 128."""
+    import torch
+
+    if triton is None:
+        raise RuntimeError("the fp8 quantisation kernel needs triton")
+    T, D = x.shape
+    assert T % GROUP == 0 and x.stride(-1) == 1
+    q = out if out is not None else torch.empty((D, T), dtype=torch.float8_e4m3fn, device=x.device)
+    s = scales if scales is not None else torch.empty((T // GROUP, D), dtype=torch.float32, device=x.device)
+    qk = torch.empty((D, T), dtype=torch.float32, device=x.device) if interpreted() else q  # as quant_128
+    _quant_t_kernel[(T // GROUP, triton.cdiv(D, block_d))](x, qk, s, D, x.stride(0), qk.stride(0), s.stride(0),
+                                                           FP8_MAX, SCALE_FLOOR, GS=GROUP, BLOCK_D=block_d,
+                                                           num_warps=4)
     if qk is not q:
         q.copy_(qk.to(torch.float8_e4m3fn))
     return q, s

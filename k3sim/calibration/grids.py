@@ -87,3 +87,141 @@ DEPLOYED_DISPATCH_T = [128, 512, 2048, 8192, 256, 1024, 4096, 16384]
 DEPLOYED_DISPATCH_D = 7168
 DEPLOYED_PERMUTE_TOPK = [1, 8, 2, 4]
 DEPLOYED_QUANT_D = [7168, 2048]  # hidden (before dispatch) and the expert width (before the down GEMM)
+
+# ---- training shapes (issue 22 items 2 and 6; harness k3sim/calibration/train_fp8.py) ------------------------
+# Every linear of a training layer of K3, DeepSeek-V3 and Kimi-Linear-48B (models/*.yaml, as k3sim.step.layers
+# issues them) at TP 1, 2, 4 and 8, but the MoE router and the LM head (DeepSeek-V3 keeps both in BF16, arXiv
+# 2412.19437 sec. 3.3) and widths under 128 (KDA's beta projection): (N, K, where it comes from: model TP
+# component, "+n" more). tests/calibration/test_train_fp8.py checks the list against the models.
+TRAIN_LINEARS = [
+    (512, 128, "kl tp8 kda_decay_gate_b, kl tp8 kda_out_gate_b"),
+    (1024, 128, "kl tp4 kda_decay_gate_b, kl tp4 kda_out_gate_b"),
+    (1536, 128, "k3 tp8 kda_out_gate_b"),
+    (2048, 128, "kl tp2 kda_decay_gate_b, kl tp2 kda_out_gate_b"),
+    (2304, 128, "kl tp8 shared_experts_down"),
+    (3072, 128, "k3 tp4 kda_out_gate_b"),
+    (4096, 128, "kl tp1 kda_decay_gate_b, kl tp1 kda_out_gate_b"),
+    (6144, 128, "k3 tp2 kda_out_gate_b"),
+    (12288, 128, "k3 tp1 kda_out_gate_b"),
+    (2304, 256, "kl tp4 shared_experts_down"),
+    (7168, 256, "ds3 tp8 shared_experts_down"),
+    (7168, 448, "k3 tp8 moe_latent_up"),
+    (1024, 512, "kl tp8 mla_kv_b_expand"),
+    (2048, 512, "kl tp4 mla_kv_b_expand"),
+    (2304, 512, "kl tp2 shared_experts_down, kl tp8 kda_o_proj +1"),
+    (3072, 512, "k3 tp8 mla_kv_b_expand"),
+    (4096, 512, "ds3 tp8 mla_kv_b_expand, kl tp2 mla_kv_b_expand"),
+    (6144, 512, "k3 tp4 mla_kv_b_expand"),
+    (7168, 512, "ds3 tp4 shared_experts_down"),
+    (8192, 512, "ds3 tp4 mla_kv_b_expand, kl tp1 mla_kv_b_expand"),
+    (12288, 512, "k3 tp2 mla_kv_b_expand"),
+    (16384, 512, "ds3 tp2 mla_kv_b_expand"),
+    (24576, 512, "k3 tp1 mla_kv_b_expand"),
+    (32768, 512, "ds3 tp1 mla_kv_b_expand"),
+    (7168, 768, "k3 tp8 shared_experts_down"),
+    (7168, 896, "k3 tp4 moe_latent_up"),
+    (2304, 1024, "kl tp1 shared_experts_down, kl tp4 kda_o_proj +1"),
+    (7168, 1024, "ds3 tp2 shared_experts_down"),
+    (2304, 1152, "kl tp8 dense_down"),
+    (2304, 1536, "k3 tp8 mla_q_b_proj"),
+    (3072, 1536, "ds3 tp8 mla_q_b_proj"),
+    (4608, 1536, "k3 tp4 mla_q_b_proj"),
+    (6144, 1536, "ds3 tp4 mla_q_b_proj"),
+    (7168, 1536, "k3 tp4 shared_experts_down, k3 tp8 kda_o_proj +1"),
+    (9216, 1536, "k3 tp2 mla_q_b_proj"),
+    (12288, 1536, "ds3 tp2 mla_q_b_proj"),
+    (18432, 1536, "k3 tp1 mla_q_b_proj"),
+    (24576, 1536, "ds3 tp1 mla_q_b_proj"),
+    (7168, 1792, "k3 tp2 moe_latent_up"),
+    (2304, 2048, "kl tp2 kda_o_proj, kl tp2 mla_o_proj"),
+    (7168, 2048, "ds3 tp1 shared_experts_down, ds3 tp8 mla_o_proj"),
+    (128, 2304, "kl tp1 kda_decay_gate_a, kl tp1 kda_out_gate_a +6"),
+    (144, 2304, "kl tp4 mla_qkv_a_proj"),
+    (256, 2304, "kl tp8 shared_experts_gate_up"),
+    (288, 2304, "kl tp2 mla_qkv_a_proj"),
+    (512, 2304, "kl tp4 shared_experts_gate_up"),
+    (576, 2304, "kl tp1 mla_qkv_a_proj"),
+    (768, 2304, "kl tp8 mla_q_proj"),
+    (1024, 2304, "kl tp2 shared_experts_gate_up"),
+    (1536, 2304, "kl tp4 mla_q_proj, kl tp8 kda_qkv_proj"),
+    (2048, 2304, "kl tp1 shared_experts_gate_up"),
+    (2304, 2304, "kl tp4 dense_down, kl tp8 dense_gate_up"),
+    (3072, 2304, "kl tp2 mla_q_proj, kl tp4 kda_qkv_proj"),
+    (4608, 2304, "kl tp4 dense_gate_up"),
+    (6144, 2304, "kl tp1 mla_q_proj, kl tp2 kda_qkv_proj"),
+    (7168, 2304, "ds3 tp8 dense_down"),
+    (9216, 2304, "kl tp2 dense_gate_up"),
+    (12288, 2304, "kl tp1 kda_qkv_proj"),
+    (18432, 2304, "kl tp1 dense_gate_up"),
+    (7168, 3072, "k3 tp2 shared_experts_down, k3 tp4 kda_o_proj +1"),
+    (7168, 3584, "k3 tp1 moe_latent_up"),
+    (2304, 4096, "kl tp1 kda_o_proj, kl tp1 mla_o_proj"),
+    (7168, 4096, "ds3 tp4 mla_o_proj"),
+    (7168, 4224, "k3 tp8 dense_down"),
+    (2304, 4608, "kl tp2 dense_down"),
+    (7168, 4608, "ds3 tp4 dense_down"),
+    (7168, 6144, "k3 tp1 shared_experts_down, k3 tp2 kda_o_proj +1"),
+    (128, 7168, "k3 tp1 kda_out_gate_a, k3 tp2 kda_out_gate_a +2"),
+    (264, 7168, "k3 tp8 mla_qkv_a_proj, ds3 tp8 mla_qkv_a_proj"),
+    (512, 7168, "ds3 tp8 shared_experts_gate_up"),
+    (528, 7168, "k3 tp4 mla_qkv_a_proj, ds3 tp4 mla_qkv_a_proj"),
+    (560, 7168, "k3 tp8 moe_latent_down+router"),
+    (1024, 7168, "ds3 tp4 shared_experts_gate_up"),
+    (1056, 7168, "k3 tp2 mla_qkv_a_proj, ds3 tp2 mla_qkv_a_proj"),
+    (1120, 7168, "k3 tp4 moe_latent_down+router"),
+    (1536, 7168, "k3 tp8 kda_decay_gate, k3 tp8 shared_experts_gate_up +1"),
+    (2048, 7168, "ds3 tp2 shared_experts_gate_up"),
+    (2112, 7168, "k3 tp1 mla_qkv_a_proj, ds3 tp1 mla_qkv_a_proj"),
+    (2240, 7168, "k3 tp2 moe_latent_down+router"),
+    (3072, 7168, "k3 tp4 kda_decay_gate, k3 tp4 shared_experts_gate_up +1"),
+    (4096, 7168, "ds3 tp1 shared_experts_gate_up"),
+    (4480, 7168, "k3 tp1 moe_latent_down+router"),
+    (4608, 7168, "k3 tp8 kda_qkv_proj, ds3 tp8 dense_gate_up"),
+    (6144, 7168, "k3 tp2 kda_decay_gate, k3 tp2 shared_experts_gate_up +1"),
+    (8448, 7168, "k3 tp8 dense_gate_up"),
+    (9216, 7168, "k3 tp4 kda_qkv_proj, ds3 tp4 dense_gate_up"),
+    (12288, 7168, "k3 tp1 kda_decay_gate, k3 tp1 shared_experts_gate_up +1"),
+    (16896, 7168, "k3 tp4 dense_gate_up"),
+    (18432, 7168, "k3 tp2 kda_qkv_proj, ds3 tp2 dense_gate_up"),
+    (33792, 7168, "k3 tp2 dense_gate_up"),
+    (36864, 7168, "k3 tp1 kda_qkv_proj, ds3 tp1 dense_gate_up"),
+    (67584, 7168, "k3 tp1 dense_gate_up"),
+    (7168, 8192, "ds3 tp2 mla_o_proj"),
+    (7168, 8448, "k3 tp4 dense_down"),
+    (2304, 9216, "kl tp1 dense_down"),
+    (7168, 9216, "ds3 tp2 dense_down"),
+    (7168, 12288, "k3 tp1 kda_o_proj, k3 tp1 mla_o_proj"),
+    (7168, 16384, "ds3 tp1 mla_o_proj"),
+    (7168, 16896, "k3 tp2 dense_down"),
+    (7168, 18432, "ds3 tp1 dense_down"),
+    (7168, 33792, "k3 tp1 dense_down"),
+]
+# Tokens per GPU in one GEMM (the micro-batch's tokens; sequence parallel gathers them for the TP linears), in
+# the order the sweep takes them: a coarse pass first, so a part cut short by its time box still spans the range.
+TRAIN_M = [4096, 16384, 1024, 8192, 2048]
+# Routing glue of training (fused permute / unpermute): tokens per GPU, local picks per token, widths (K3's latent
+# 3584, DeepSeek-V3 / K3 hidden 7168, Kimi-Linear's 2304 lies inside); coarse values first.
+TRAIN_PERMUTE_T = [1024, 4096, 16384, 65536, 2048, 8192, 32768]
+TRAIN_PERMUTE_TOPK = [2, 8, 4, 16]
+TRAIN_PERMUTE_D = [7168, 2048, 3584]
+TRAIN_PERMUTE_EXPERTS = 128  # local experts the picks are drawn from (harness choice: K3 at EP 8 has 112)
+TRAIN_PERMUTE_MAX_BYTES = 16 * 2 ** 30  # harness choice: one copy of the permuted bf16 rows stays under 16 GiB
+# The wgrad operands quantised along the tokens (fp8_quant_128_t): the input and output widths of the linears
+TRAIN_QUANT_T = [1024, 4096, 16384, 65536, 2048, 8192, 32768]
+TRAIN_QUANT_D = [7168, 2048, 18432, 512, 1536, 3584, 36864]
+
+
+def train_gemm_cases(tokens: list[int] | None = None) -> list[dict]:
+    """The block-scaled FP8 GEMMs of training (`gemm_fp8_block` M, N, K) at every token count: each linear's
+    forward (M, N, K), input gradient (M, K, N) and weight gradient (K, N, M) (k3sim/step/training.py's
+    convention), each distinct triple once, token counts in TRAIN_M's order (all shapes at the first, then the
+    next), inside one token count forward, input gradient, weight gradient."""
+    out, seen = [], set()
+    for m in tokens or TRAIN_M:
+        for kind in ("forward", "dgrad", "wgrad"):
+            for n, k, _ in TRAIN_LINEARS:
+                t = {"forward": (m, n, k), "dgrad": (m, k, n), "wgrad": (k, n, m)}[kind]
+                if t not in seen:
+                    seen.add(t)
+                    out.append(dict(M=t[0], N=t[1], K=t[2]))
+    return out

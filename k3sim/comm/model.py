@@ -21,11 +21,16 @@
 - measured points: a call at a measured GPU count inside one scale-up domain on the default
   placement answers from the measurements (exact or interpolated), as every other kernel does.
 
-Conventions (`convention`): "barrier" (each call starts from a host barrier: what the H200 runs
-measured), "stream" (back-to-back calls in one stream, as nccl-tests times), "graph" (captured in a
-CUDA graph). Only "barrier" has been measured on these machines so far; for the other two the answer
-is the barrier-convention time, an upper bound (it still holds the launch and the barrier's skew),
-and `detail` says so. The harness (`calibration/distributed.py`) now times all three.
+Conventions (`convention`): "barrier" (each call starts from a host barrier: the 2026-11-30 H200 runs, rows
+without a `timer` column, "events" to the store), "stream" (back-to-back calls in one stream, as nccl-tests
+times), "graph" (captured in a CUDA graph: rows with `timer` graph, e.g. the AIConfigurator import). Each is
+its own series of measured rows (`ProfilePredictor.series`): no row of one timer is shifted into another's.
+The caller's convention picks the series in the order of `SERIES`: its own rows where they exist at the
+call's GPU count, else another series' rows there (graph rows are a lower bound of a barrier-started call,
+barrier rows an upper bound of a graph or stream one). Off the measured GPU counts the model answers,
+calibrated on the profile's one alpha-beta fit, which is in the graph convention (`FIT_CONVENTION`). The
+answer's `convention` is that of the rows (or fit) it came from, and `detail` says which and why. The
+harness (`calibration/distributed.py`) times all three.
 """
 
 from __future__ import annotations
@@ -39,7 +44,16 @@ from k3sim.kernels.ops import COLLECTIVE_OPS
 
 COLLECTIVES = COLLECTIVE_OPS  # the registry's collective kind (k3sim.kernels.ops), the one list
 CONVENTIONS = ("graph", "stream", "barrier")
-MEASURED_CONVENTION = "barrier"
+# The store's timer name of each convention's rows (a row without a `timer` column is "events": barrier-started).
+TIMERS = {"graph": "graph", "stream": "stream", "barrier": "events"}
+# Which series answers a caller's convention, best first: its own, then the nearest measured one (a stream
+# call is bounded above by a barrier-started one, below by a graph replay).
+SERIES = {"graph": ("graph", "barrier"), "stream": ("stream", "barrier", "graph"), "barrier": ("barrier", "graph")}
+# What another series' rows are to the caller's convention (said in `detail`)
+_BOUND = {("graph", "barrier"): "an upper bound: a host barrier, its skew and the launch included",
+          ("stream", "barrier"): "an upper bound: a host barrier, its skew and the launch included",
+          ("stream", "graph"): "a lower bound: no launch between calls",
+          ("barrier", "graph"): "a lower bound: no host barrier and no launch"}
 MAX_GPUS = int(BOUNDS["collective_gpus"].hi)  # the bounds table's (and so the kernel registry's) `gpus`
 
 
@@ -68,15 +82,29 @@ def _check(op: str, nbytes: Any, gpus: Any, convention: str) -> tuple[int, int]:
     return int(nbytes), int(gpus)
 
 
+def _series_note(series: str, convention: str, what: str = "rows") -> str:
+    """Which rows (or fit) an answer stands on, and what they are to the caller's convention."""
+    rows = f"{series}-timed {what}" if series != "barrier" else f"barrier-started {what}"
+    if series == convention:
+        return f"convention {convention}: {rows}"
+    return f"convention {convention}: no {convention}-timed {what} here, {rows} ({_BOUND[(convention, series)]})"
+
+
+# The convention of the profile's alpha-beta fits (`fitted.yaml`, made on the graph-preferred points: graph rows
+# where a shape has them, a barrier-only shape shifted by the timers' offset, `MeasurementStore.points`): what
+# the model path's answers are in. Bandwidth is the timers' common part; the latency is a graph replay's.
+FIT_CONVENTION = "graph"
+
+
 def _calibration(hw: Any, op: str):
-    """(alpha_step_s, achieved fraction of the scale-up link, note) from the profile's 2-GPU fit, or None."""
+    """(alpha_step_s, achieved fraction of the scale-up link, note, n_ref) from the profile's fit at its smallest
+    measured GPU count (one link, no topology in it; in `FIT_CONVENTION`), or None."""
     from k3sim.kernels.predict import profile_predictor
 
-    pp = profile_predictor(hw)
-    opp = pp.op(op)
+    opp = profile_predictor(hw).op(op)
     if opp is None or not opp.fit.alpha_beta:
         return None
-    n_ref = min(opp.fit.alpha_beta)  # the smallest measured count: one link, no topology in it
+    n_ref = min(opp.fit.alpha_beta)
     ab = opp.fit.alpha_beta[n_ref]
     frac = ab.bus_bandwidth_bytes_per_s / float(hw.scaleup_bandwidth_bytes_per_s)
     note = f"alpha-beta fit of {n_ref} GPUs ({opp.fit_note})"
@@ -84,6 +112,21 @@ def _calibration(hw: Any, op: str):
         note += f"; achieved fraction {frac:.3f} of this profile's scale-up bandwidth clamped to 1"
         frac = 1.0
     return ab.alpha_s / ring_steps(op, n_ref), frac, note, n_ref
+
+
+def _measured(hw: Any, op: str, nbytes: int, n: int, convention: str):
+    """The answer from the first series in `SERIES[convention]` with rows at `n` GPUs (exact or interpolated, as
+    every kernel), labelled with that series' convention; None when no series has rows at `n`."""
+    from k3sim.kernels.predict import KernelTime, profile_predictor
+
+    pp = profile_predictor(hw)
+    for series in SERIES[convention]:
+        opp = pp.series(op, TIMERS[series])
+        if opp is not None and (n,) in opp.groups:
+            kt = opp.predict({"bytes": nbytes, "gpus": n})
+            return KernelTime(kt.seconds, kt.source, f"{kt.detail}; {_series_note(series, convention)}", kt.method,
+                              series)
+    return None
 
 
 def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, gpus_per_node: int | None = None,
@@ -99,13 +142,10 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     from k3sim.comm.topology import Topology, load_topology, placement_topology
     from k3sim.configs.profiles import load_profile
     from k3sim.kernels.ops import wire_bytes
-    from k3sim.kernels.predict import KernelTime, profile_predictor
+    from k3sim.kernels.predict import KernelTime
 
     nbytes, n = _check(op, nbytes, gpus, convention)
     hw = load_profile(hardware)
-    conv_note = ("" if convention == MEASURED_CONVENTION else
-                 f"; convention {convention}: measured under '{MEASURED_CONVENTION}' (host barrier before each call), "
-                 "an upper bound here")
     if topology is not None and gpus_per_node:
         raise InputError(f"gpus_per_node={gpus_per_node} applies to the default placement only; a topology "
                          "file gives its own (gpus_per_node: N in the file)", field="gpus_per_node")
@@ -117,10 +157,9 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     default_place = topology is None and link_bandwidth is None
     domain = int(getattr(hw, "scaleup_domain_gpus", 0) or 0)
     if default_place and gpus_per_node in (None, 0, domain) and n <= max(domain, 1):
-        opp = profile_predictor(hw).op(op)
-        if opp is not None and (n,) in opp.groups:
-            kt = opp.predict({"bytes": nbytes, "gpus": n})
-            return KernelTime(kt.seconds, kt.source, kt.detail + conv_note, kt.method, MEASURED_CONVENTION)
+        kt = _measured(hw, op, nbytes, n, convention)
+        if kt is not None:
+            return kt
     topo = topology or placement_topology(n, hw, gpus_per_node or None)
     bw, multi_node = topo.ring_bottleneck(n)
     if link_bandwidth is not None:
@@ -129,9 +168,11 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
     if cal is None:
         alpha, frac, cal_note, source = 0.0, 1.0, "no measured collective: datasheet link bandwidth, no latency " \
                                                    "(a lower bound)", "datasheet-roofline"
+        series, conv_note = convention, ""
     else:
         alpha, frac, cal_note, _ = cal
-        source = "model"
+        series = FIT_CONVENTION
+        source, conv_note = "model", f"; {_series_note(series, convention, 'fit')}"
     eff_bw = frac * bw
     wire = wire_bytes(op, nbytes, n)
     steps = {"ring": ring_steps(op, n)}
@@ -156,5 +197,5 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
         detail += "; the NIC link takes the NVLink-measured fraction and latency (not measured across nodes)"
     if nvls_t is not None and not nvls:
         detail += f"; NVLS would take {nvls_t:.3g} s (disabled by policy: NCCL_NVLS_ENABLE=0 on the measured machines)"
-    # the time is in the measured runs' convention (calibrated on them); the field says so
-    return KernelTime(float(cands[algo]), source, detail + conv_note, algo, MEASURED_CONVENTION)
+    # the time is in the convention of the series it was calibrated on; the field says so
+    return KernelTime(float(cands[algo]), source, detail + conv_note, algo, series)

@@ -77,14 +77,16 @@ def register(app: typer.Typer) -> None:
 
     @chk.command("fit-glue")
     def fit_glue(
-        run: Path = typer.Argument(..., metavar="RUN", help="Profiled training whole-step run directory."),
+        runs: list[Path] = typer.Argument(..., metavar="RUN...", help="Profiled training whole-step run "
+                                          "directories (a point is taken from the first that profiled it)."),
         out: Path = typer.Argument(..., metavar="OUT", help="Calibration file to write (training_glue.yaml)."),
-        points: str = typer.Option(..., "--points", help=POINTS_HELP + ", of one configuration"),
+        points: str = typer.Option(..., "--points", help=POINTS_HELP + ", of one or more configurations"),
     ) -> None:
-        """Fit the training glue factors on profiled points and write the calibration file."""
-        from k3sim.validation.glue_fit import write_glue_file
+        """Fit the training glue factors on profiled points (pooled over their configurations, each one's own
+        factors beside) and write the calibration file."""
+        from k3sim.validation.glue_fit import summary, write_glue_file
 
-        print(write_glue_file(_input(run), out, points))
+        print(summary(write_glue_file([_input(r) for r in runs], out, points)))
 
     @chk.command("train-report")
     def train_report(
@@ -96,6 +98,20 @@ def register(app: typer.Typer) -> None:
         from k3sim.validation.train_report import build
 
         print(build(out if out is not None else default_out("train-report")))
+
+    @chk.command("train-deployed")
+    def train_deployed(
+        out: Optional[Path] = typer.Option(None, "--out", help="Directory for deployed.md and deployed_predictions."
+                                           "csv; default ./k3sim-out/train-deployed (the committed copy is "
+                                           "reports/training)."),
+    ) -> None:
+        """Training as deployed (DeepSeek-V3 on 2048 H800, K3 at 32K and 1M): the recipe and each feature off."""
+        from k3sim.files import check_output_dir, default_out
+        from k3sim.validation.train_deployed import KIND, write_report
+
+        target = out if out is not None else default_out("train-deployed")
+        check_output_dir(target, kind=KIND)
+        print(f"training deployed predictions -> {write_report(target)}")
 
     _register_at_scale(chk)
 

@@ -145,13 +145,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _predict(op: str, params: dict[str, int], hardware: str, convention: str, topology: str):
-    """The prediction; a collective over `--topology` goes to the collective model directly (its answer is
-    in the measured runs' convention, barrier, and says so)."""
-    from k3sim.predict import predict_kernel_time
+    """The prediction; a collective over `--topology` goes to the collective model directly, with the series the
+    facade would pick for `convention` (`k3sim.predict.COLLECTIVE_CONVENTION`; the answer names its rows')."""
+    from k3sim.predict import COLLECTIVE_CONVENTION, predict_kernel_time
 
     if not topology:
         return predict_kernel_time(op, params, hardware=hardware, convention=convention)
     from k3sim.comm import collective_time
 
     return collective_time(op, params["bytes"], params["gpus"], hardware, topology=topology,
-                           gpus_per_node=params.get("gpus_per_node") or None, convention="barrier")
+                           gpus_per_node=params.get("gpus_per_node") or None,
+                           convention=COLLECTIVE_CONVENTION[convention])

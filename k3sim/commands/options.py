@@ -232,7 +232,7 @@ SERVE: list[Rule] = [
 
 
 # ------------------------------------------------------------------------------------------ sweep
-TRAIN_SWEEP_OPTIONS = ("--tp", "--pp", "--virtual", "--ep", "--cp", "--dp", "--micro-batches")
+TRAIN_SWEEP_OPTIONS = ("--tp", "--pp", "--virtual", "--ep", "--cp", "--dp", "--micro-batches", "--global-batch")
 SERVE_SWEEP_OPTIONS = ("--max-batch", "--prefill-replicas", "--requests")
 
 SWEEP: list[Rule] = [
@@ -243,8 +243,8 @@ SWEEP: list[Rule] = [
                      "scenario"),
     only_in_mode(SERVE_SWEEP_OPTIONS, "serve",
                  why="applies to serving sweeps only and the scenario's workload.mode is train",
-                 fix="remove it (a training sweep takes --tp --pp --virtual --ep --cp --dp --micro-batches), or "
-                     "sweep a serve scenario"),
+                 fix="remove it (a training sweep takes --tp --pp --virtual --ep --cp --dp --micro-batches "
+                     "--global-batch), or sweep a serve scenario"),
     only_when("--chunk-size", lambda f: f["parallel"],
               why="splits the points over workers and this sweep runs them one by one in this process",
               fix="add --workers N (N > 1) or --scheduler, or remove --chunk-size"),
@@ -287,10 +287,31 @@ PIPELINE: list[Rule] = [
 
 
 # ------------------------------------------------------------------------------------------ plan
+BUDGET_OPTIONS = ("--tokens", "--days", "--max-gpus")
+
+
+def _budget_has(f: Facts, what: str) -> bool:
+    """The token budget's `what` ("tokens" or "days") is given: the option, or the scenario's training.<what>."""
+    return f.has(f"--{what}") or f[f"scenario_{what}"]
+
+
 PLAN: list[Rule] = [
     only_in_mode("--serving-requests", "serve",
                  why="sizes the serving simulation, which a training scenario does not run",
                  fix="remove it, or plan a serve scenario"),
+    only_in_mode(BUDGET_OPTIONS, "train",
+                 why=lambda f: "sizes a training cluster for a token budget and the scenario's workload.mode is "
+                               f"{f['mode']} (nothing is trained)",
+                 fix="remove it, or plan a train scenario"),
+    only_when("--days", lambda f: _budget_has(f, "tokens"),
+              why="is the wall-clock time of a token budget and no token count is given",
+              fix="add --tokens N (or training.tokens in the scenario), or remove --days"),
+    only_when("--tokens", lambda f: _budget_has(f, "days"),
+              why="is a token budget and no wall-clock time is given to train it in",
+              fix="add --days D (or training.days in the scenario), or remove --tokens"),
+    only_when("--max-gpus", lambda f: _budget_has(f, "tokens") and _budget_has(f, "days"),
+              why="caps the clusters a token budget's sweep tries and no token budget is given",
+              fix="add --tokens N --days D (or training.tokens / training.days), or remove --max-gpus"),
 ]
 
 

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         stages: int = typer.Option(8, "--stages", help="Pipeline stages (devices) p."),
         virtual: int = typer.Option(1, "--virtual", help="Model chunks per stage v (interleaved-1f1b)."),
         microbatches: int = typer.Option(16, "--microbatches", help="Micro-batches per step m."),
-        schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved-1f1b | zb-h1."),
+        schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved-1f1b | zb-h1 | dualpipe | dualpipev."),
         uniform_costs: Optional[str] = typer.Option(
             None, "--uniform-costs", help="F,B or F,B,W seconds of one micro-batch on one stage (overrides the model)."),
         encoder_policy: str = typer.Option("bubble", "--encoder-policy", help="none | serial | decoupled | bubble."),

@@ -5,6 +5,11 @@ Writes `report.md`, `report.html`, `plan.json` and `figures/` to `--out` (defaul
 (kind `plan`): the directory is checked before planning, and an existing one that is neither empty nor a
 previous plan report is refused. A layout that does not fit still gets its report (the memory figures and the verdict), then
 the verdict is the one error line and the exit code is 2, as for every plan that does not fit.
+
+`--tokens N --days D` (or the scenario's training.tokens / training.days) adds the token budget: the smallest
+cluster and its layout that trains N tokens in D days (`k3sim.planner.budget`; `--max-gpus` caps the clusters
+tried). A budget no layout meets is reported the same way: the report, then one line with the best layout's
+figures, exit 2.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+
+from k3sim.configs.bounds import option_range
 
 DEFAULT_SCENARIO = Path("scenarios/default.yaml")
 
@@ -68,6 +75,15 @@ def register(app: typer.Typer) -> None:
         serving_requests: int = typer.Option(None, "--serving-requests", min=1,
                                              help="requests of the serving simulation sample (default: the "
                                                   "serving package's report sample)"),
+        tokens: float = typer.Option(None, "--tokens", callback=option_range("train_tokens", "--tokens", integer=False),
+                                     help="training: token budget, e.g. 15e12 (with --days; overrides "
+                                          "training.tokens) [default: training.tokens]"),
+        days: float = typer.Option(None, "--days", callback=option_range("train_days", "--days", integer=False),
+                                   help="training: wall-clock days the token budget may take (overrides "
+                                        "training.days) [default: training.days]"),
+        max_gpus: int = typer.Option(None, "--max-gpus", callback=option_range("gpus", "--max-gpus"),
+                                     help="training: the largest cluster the token budget's sweep tries "
+                                          "[default: the bounds table's GPU maximum, 1,048,576]"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
         """Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report."""
@@ -85,13 +101,15 @@ def register(app: typer.Typer) -> None:
 
             check_range(serving_requests, "requests", "--serving-requests", integer=True)
         inp = load(path, own_layout=True)  # read once: the scenario may be a pipe
-        check(PLAN, {"mode": inp.mode})  # every option given changes the plan
+        check(PLAN, {"mode": inp.mode, "scenario_tokens": inp.training.tokens is not None,
+                     "scenario_days": inp.training.days is not None})  # every option given changes the plan
+        budget = {"tokens": tokens, "days": days, "max_gpus": max_gpus}
         if no_report and out is not None:
             from k3sim.errors import InputError
 
             raise InputError("--no-report writes no files; drop --out or --no-report", source="--out")
         if no_report:
-            res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS)
+            res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS, budget)
             written = None
         else:
             from k3sim.files import output_dir
@@ -100,7 +118,7 @@ def register(app: typer.Typer) -> None:
 
             written = out if out is not None else default_report_dir(path, name=inp.scenario.name)
             with output_dir(written, kind=KIND):  # checked and opened before the (slow) plan
-                res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS)
+                res = _run(path, inp, serving_requests, json_out, run_plan, SECTIONS, budget)
                 write_report(res, written)
         if json_out:
             data = res.to_json()
@@ -123,21 +141,51 @@ def register(app: typer.Typer) -> None:
                       "throughput_output_tokens_per_s_per_gpu", "token_hit_rate"):
                 if k in srv:
                     kv[k] = f"{srv[k]:.4g}" if isinstance(srv[k], float) else srv[k]
+            kv.update(_budget_lines(res.token_budget))
             if written:
                 kv["report"] = f"{written}/report.md, {written}/report.html"
             print_kv(f"plan of {res.scenario}", list(kv.items()))
+        b = res.token_budget
+        if b is not None and not b.met:  # the question asked: answered no, with the best layout's figures
+            from k3sim.errors import InputError
+
+            if json_out:
+                raise typer.Exit(2)
+            given = "--days" if days is not None else "--tokens" if tokens is not None else None
+            raise InputError(b.shortfall(), source=given or str(path), field=None if given else "training.days")
         if not res.fits:
             if json_out:
                 raise typer.Exit(2)
             raise DoesNotFit(res.verdict, source=str(path))  # the report path is in the table above
 
 
-def _run(path, inp, serving_requests, json_out, run_plan, sections):
-    """The plan of the loaded inputs `inp`, with a progress bar at a terminal."""
+def _run(path, inp, serving_requests, json_out, run_plan, sections, budget):
+    """The plan of the loaded inputs `inp`, with a progress bar at a terminal; `budget`: the token-budget
+    options (tokens, days, max_gpus; None = the scenario's)."""
     bar = progress_bar(json_out)
     if bar is None:
-        return run_plan(path, serving_requests=serving_requests, inputs=inp)
+        return run_plan(path, serving_requests=serving_requests, inputs=inp, **budget)
     with bar:
         task = bar.add_task("planning", total=len(sections))
-        return run_plan(path, serving_requests=serving_requests, inputs=inp,
+        return run_plan(path, serving_requests=serving_requests, inputs=inp, **budget,
                         progress=lambda name: bar.update(task, advance=1, description=f"plan: {name}"))
+
+
+def _budget_lines(b) -> dict[str, str]:
+    """The token budget's answer as lines of the text output (none without a budget)."""
+    if b is None:
+        return {}
+    from k3sim.planner.budget import layout_text
+
+    out = {"token budget": f"{b.tokens:.3g} tokens in {b.days:g} days: {b.required_tokens_per_s:,.0f} tokens/s "
+                           f"at {', '.join(f'{t:,}' for t in b.global_batch_sequences)} sequences per step"}
+    for name, r in (("smallest cluster", b.chosen), ("runner-up", b.runner_up), ("best found", b.best)):
+        if r is not None:
+            plan_days = f"; k3sim plan of it: {r['plan_days']:.1f} days" if "plan_days" in r else ""
+            out[name] = (f"{r['gpus']:,} GPUs, {layout_text(r)}: {r['tokens_per_s']:,.0f} tokens/s, "
+                         f"{r['days']:.1f} days{plan_days}")
+    swept = [c["gpus"] for c in b.clusters]
+    if swept:
+        out["budget sweep"] = (f"clusters {swept[0]:,} to {swept[-1]:,} GPUs: {sum(c['points'] for c in b.clusters):,} "
+                               f"layouts, {sum(c['priced'] for c in b.clusters):,} priced, in {b.wall_s:.1f} s")
+    return out

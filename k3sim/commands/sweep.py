@@ -57,8 +57,12 @@ def register(app: typer.Typer) -> None:
         ep: str = typer.Option(None, "--ep", help="EP degrees (training)"),
         cp: str = typer.Option(None, "--cp", help="CP degrees (training)"),
         dp: str = typer.Option(None, "--dp", help="DP degrees (training; default fills the cluster)"),
-        micro_batches: str = typer.Option(None, "--micro-batches", help="micro-batches per step (training; "
-                                                                       "default keeps the scenario's global batch)"),
+        micro_batches: str = typer.Option(None, "--micro-batches", help="micro-batches per step (training; the "
+                                          "global batch is kept: each sets the micro-batch size, global batch / "
+                                          "(dp x micro-batches); default: derived from the global batch)"),
+        global_batch: str = typer.Option(None, "--global-batch", help="sequences per step (training; default: "
+                                         "the scenario's dp x micro-batches x micro_batch_size; several: a Pareto "
+                                         "front per global batch)"),
         max_batch: str = typer.Option(None, "--max-batch", help="serving: engine batch limits (max_num_seqs)"),
         prefill_replicas: str = typer.Option(None, "--prefill-replicas",
                                              help="serving: prefill replicas of P:D splits (0: the scenario's fleet)"),
@@ -79,6 +83,7 @@ def register(app: typer.Typer) -> None:
                  "virtual_stages": int_list(virtual, "--virtual"), "ep": int_list(ep, "--ep"),
                  "cp": int_list(cp, "--cp"), "dp": int_list(dp, "--dp"),
                  "num_micro_batches": int_list(micro_batches, "--micro-batches", kind="batch"),
+                 "global_batch_sequences": int_list(global_batch, "--global-batch", kind="batch"),
                  "max_batch": int_list(max_batch, "--max-batch", kind="batch"),
                  "prefill_replicas": int_list(prefill_replicas, "--prefill-replicas", minimum=0, kind="replicas")}
         if requests is not None:
@@ -153,16 +158,20 @@ def _print_sweep(res, name: str, out: Path, files, json_out: bool) -> None:
     summary = {"scenario": name, "mode": res.mode, "points": len(df),
                "ok": int((df["status"] == "ok").sum()), "errors": int((df["status"] == "error").sum()),
                "fit": int(((df["status"] == "ok") & (df["fits"] == True)).sum()),  # noqa: E712
-               "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
+               "skipped": res.skipped, "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
                "pareto_x": res.x, "pareto_y": res.y, "out": str(out), "files": files}
     if json_out:
         print_json({**summary, "pareto": res.front})
         return
-    dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "max_batch",
-                        "prefill_replicas", "decode_replicas")
+    dims = [c for c in ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "micro_batch_size",
+                        "global_batch_sequences", "tokens_per_step", "max_batch", "prefill_replicas",
+                        "decode_replicas")
             if c in res.front.columns]
     print(f"{summary['points']} points ({summary['ok']} evaluated, {summary['errors']} refused, "
           f"{summary['fit']} fit) in {res.wall_s:.2f} s on {res.scheduler} ({res.workers} worker(s))")
+    if res.skipped:
+        print(f"{sum(res.skipped.values()):,} grid points skipped: "
+              + "; ".join(f"{k} {v:,}" for k, v in res.skipped.items()))
     print_table(f"Pareto front: {res.y} up, {res.x} down", dims + [res.x, res.y],
                 [[r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in dims + [res.x, res.y]]
                  for r in res.front.to_dict(orient="records")])

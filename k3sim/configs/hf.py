@@ -152,6 +152,10 @@ def hf_to_model_fields(data: dict[str, Any], source: str, name: str) -> dict[str
             "latent_width": get("routed_expert_hidden_size", required=False),
             "latent_norm": _flag(text, "latent_moe_use_norm", source),
             "routed_weight_format": routed_format,
+            # group-limited gating (topk_group of n_group expert groups, DeepSeek-V3 sec. 2.1.2): one group per node
+            # in its EP layout, so at most topk_group nodes per token; one group (K2, K3) is no limit
+            "max_nodes_per_token": (get("topk_group", required=False) if (get(
+                "n_group", "num_expert_group", required=False, default=1) or 1) > 1 else None),
         }
     if not experts or out.get("first_k_dense"):
         out["dense_ffn_width"] = get("intermediate_size")

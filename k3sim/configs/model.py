@@ -73,6 +73,9 @@ class MoEConfig(BaseModel):
     latent_norm: bool = Field(False, description="RMSNorm on the latent (K3 latent_moe_use_norm)")
     router_bias: bool = Field(True, description="per-expert score-correction bias (noaux_tc)")
     routed_weight_format: DType = "bf16"
+    max_nodes_per_token: Experts | None = Field(
+        None, description="node-limited (group-limited) routing: a token's experts on at most this many nodes "
+                          "(None: unlimited); the EP all-to-all of training reads it (cite the source in the YAML)")
 
     @model_validator(mode="after")
     def _topk_le_experts(self) -> "MoEConfig":
@@ -122,6 +125,9 @@ class ModelConfig(BaseModel):
     moe: MoEConfig | None = None
     attn_res_block_size: Layers | None = Field(None, description="layers per Block-AttnRes block")
     vision: VisionConfig | None = None
+    training_stack_fused_permute: bool = Field(
+        False, description="the model's published training stack permutes / unpermutes MoE tokens with fused "
+                           "kernels (training.moe_glue auto prices them so; cite the source in the YAML)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelConfig":

@@ -46,6 +46,44 @@ RecomputeModule = Literal["norms", "mla_up_proj", "attention_core", "moe_act", "
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 # DeepSeek-V3's recipe (arXiv 2412.19437 sec. 3.2.3): recompute all RMSNorms and the MLA up-projections.
 DEEPSEEK_V3_RECOMPUTE: tuple[str, ...] = ("norms", "mla_up_proj")
+# The layer part each recompute module acts on (None: every layer), here below the memory planner and the step
+# model, which both refuse a module the model lacks (`k3sim.step.modules.MODULE_NEEDS` is this table).
+RECOMPUTE_MODULE_NEEDS: dict[str, str | None] = {"norms": None, "mla_up_proj": "mla", "attention_core": "mla",
+                                                 "moe_act": "moe", "kda_core": "kda"}
+_NEED_LAYERS = {"mla": ("num_mla_layers", "MLA layers"), "kda": ("num_kda_layers", "KDA layers"),
+                "moe": ("num_moe_layers", "MoE layers")}
+
+
+def resolve_recompute(model: Any, recompute: str | None, modules: tuple[str, ...] | list[str],
+                      activation_checkpointing: bool, source: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """(mode, modules) of a training run: `recompute` None takes the workload's `activation_checkpointing`
+    (True: full, False: none), so a scenario's `training.recompute` wins over it when given; selective with no
+    modules is DeepSeek-V3's recipe. Refused, naming the field: modules without `recompute: selective`, an
+    unknown or repeated module, a module for a layer part the model has none of (mla_up_proj without MLA
+    layers, kda_core without KDA, moe_act for a dense model)."""
+    mode = recompute if recompute is not None else ("full" if activation_checkpointing else "none")
+    if mode not in RECOMPUTE_MODES:
+        raise InputError(f"unknown recompute mode '{mode}' (known: {', '.join(RECOMPUTE_MODES)})", source=source,
+                         field="training.recompute")
+    modules = tuple(modules)
+    if modules and mode != "selective":
+        raise InputError(f"{', '.join(modules)} given with recompute {mode} (modules act only under selective "
+                         f"recompute); set training.recompute: selective, or remove it", source=source,
+                         field="training.recompute_modules")
+    if mode != "selective":
+        return mode, ()
+    for i, m in enumerate(modules):
+        if m not in RECOMPUTE_MODULE_NEEDS:
+            raise InputError(f"unknown recompute module '{m}' (known: {', '.join(RECOMPUTE_MODULES)})",
+                             source=source, field="training.recompute_modules")
+        if m in modules[:i]:
+            raise InputError(f"'{m}' appears twice; give each module once", source=source,
+                             field="training.recompute_modules")
+        need = RECOMPUTE_MODULE_NEEDS[m]
+        if need is not None and not getattr(model, _NEED_LAYERS[need][0]):
+            raise InputError(f"'{m}' recomputes part of the {_NEED_LAYERS[need][1]} and model '{model.name}' has "
+                             f"none; remove it", source=source, field="training.recompute_modules")
+    return mode, modules or DEEPSEEK_V3_RECOMPUTE
 
 # Pipeline schedules of the training step ("auto": 1F1B, interleaved 1F1B when virtual_stages > 1).
 TrainSchedule = Literal["auto", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipev"]
@@ -130,7 +168,7 @@ def check_redundant_experts(slots: int, experts: int, ep: int, source: str | Non
 
 
 # The dimensions of each mode's grid (`k3sim sweep`): the other mode's are refused by `Scenario`.
-TRAIN_SWEEP_FIELDS = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches")
+TRAIN_SWEEP_FIELDS = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "global_batch_sequences")
 SERVE_SWEEP_FIELDS = ("max_batch", "prefill_replicas")
 
 
@@ -146,7 +184,10 @@ class SweepSection(BaseModel):
     ep: list[Degree] | None = None
     cp: list[Degree] | None = None
     dp: list[Degree] | None = None
-    num_micro_batches: list[Count] | None = None
+    num_micro_batches: list[Count] | None = Field(
+        None, description="micro-batches per step; at a fixed global batch they set the micro-batch size")
+    global_batch_sequences: list[Count] | None = Field(
+        None, description="sequences per step (None: the scenario's dp x micro-batches x micro_batch_size)")
     max_batch: list[Count] | None = Field(None, description="serving: engine batch limits")
     prefill_replicas: list[bounded_int("replicas", lo=0)] | None = Field(
         None, description="serving: prefill replicas of a P:D split (0: the scenario's own fleet)")

@@ -8,77 +8,16 @@ fitted efficiencies absorb everything the formulas leave out. Shapes follow the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
 from k3sim.configs.bounds import BOUNDS
 from k3sim.errors import InputError, shorten
+from k3sim.kernels.ops_decode import DECODE_OPS
+from k3sim.kernels.opspec import (BF16, FP32, OpSpec, ParamRange, Params, _topk_le_e,  # noqa: F401 - re-exported
+                                  expected_distinct_experts, moe_flop)
 
 KDA_HEAD_DIM = 128  # the measured head dim (K = V = 128: K3 and Kimi-Linear); other K, V scale from it
 KDA_CHUNK = 64  # fla chunk_kda chunk size
-BF16 = 2  # bytes per element
-FP32 = 4
-
-Params = Mapping[str, int]
-
-
-class ParamRange(tuple):
-    """(lo, hi) of one op parameter, from the bounds table's `kind` (`k3sim.configs.bounds.BOUNDS`), so a
-    refusal can say why the upper end sits where it does; it unpacks as the plain pair callers read.
-    `lo` overrides the table's lower end (a collective needs 2 GPUs; gpus_per_node 0 means the default)."""
-
-    def __new__(cls, kind: str, lo: int | None = None):
-        r = BOUNDS[kind]
-        self = super().__new__(cls, (int(r.lo) if lo is None else int(lo), int(r.hi)))
-        self.kind = kind
-        return self
-
-    def __getnewargs__(self):  # pickling and copying rebuild it from its kind (processes of a sweep)
-        return self.kind, self[0]
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """One kernel: what it takes, what it costs in the ideal case.
-
-    `kind` is "compute" (roofline over FLOP and HBM bytes) or "collective" (alpha-beta over wire bytes).
-    `categorical` parameters are never interpolated across (a different GPU count is a different
-    machine configuration); `dtype` picks the peak FLOP/s in the hardware profile.
-    """
-
-    name: str
-    family: str
-    params: tuple[str, ...]
-    ranges: dict[str, tuple[int, int]]
-    flop: Callable[[Params], float]
-    bytes: Callable[[Params], float]
-    kind: str = "compute"
-    dtype: str = "bf16"
-    categorical: tuple[str, ...] = ()
-    check: Callable[[Params], tuple[str, str] | None] = field(default=lambda p: None)  # (field, reason)
-    eff_params: dict[str, float] = field(default_factory=dict)  # param -> reference value, see features()
-    shape_params: tuple[str, ...] = ()  # what names a layer shape (GEMM's N, K): leave-shape-out validation
-    # dependent steps one kernel program walks in sequence (see model.py's step_s); None: none modelled
-    serial_steps: Callable[[Params], float] | None = None
-    # parameters a caller may leave out (name -> default); not columns of the measured CSVs: KDA head
-    # dims K, V (measured at 128; other values scale by the fitted model, see predict.py) and a
-    # collective's gpus_per_node (0 = the profile's scale-up domain)
-    optional: dict[str, int] = field(default_factory=dict)
-
-    def features(self, rows: list[Params]):
-        """n x k log2(param / reference) of `eff_params`: the fitted model's efficiency exponents act on these."""
-        import numpy as np
-
-        return np.array([[math.log2(r[k] / ref) for k, ref in self.eff_params.items()] for r in rows],
-                        float).reshape(len(rows), len(self.eff_params))
-
-    def steps(self, rows: list[Params]):
-        """Dependent steps of each row (`serial_steps`), or None for an op without them."""
-        import numpy as np
-
-        return None if self.serial_steps is None else np.array([self.serial_steps(r) for r in rows], float)
-
-
 # ---- formulas -------------------------------------------------------------------------------------
 
 def gemm_flop(p: Params) -> float:
@@ -90,13 +29,14 @@ def gemm_bytes(p: Params, in_bytes: float = BF16, out_bytes: float = BF16) -> fl
     return in_bytes * (p["M"] * p["K"] + p["K"] * p["N"]) + out_bytes * p["M"] * p["N"]
 
 
-def expected_distinct_experts(B: float, E: float, topk: float) -> float:
-    """Expected number of experts hit by B tokens routing uniformly to topk of E: E(1-(1-k/E)^B)."""
-    return E * (1.0 - (1.0 - topk / E) ** B)
+FP8_BLOCK = 128  # DeepSeek-V3's fine-grained FP8 tiles: 1 x 128 activations, 128 x 128 weights (sec. 3.3.1)
 
 
-def moe_flop(p: Params) -> float:
-    return 2.0 * p["B"] * p["topk"] * p["K"] * p["N"]
+def gemm_fp8_block_bytes(p: Params) -> float:
+    """gemm_fp8_block: e4m3 A [M, K] and W [N, K] read once with their fp32 scales (one per 1 x 128 tile of A,
+    one per 128 x 128 block of W; a partial tile has one too), bf16 C [M, N] written once."""
+    kb = -(-p["K"] // FP8_BLOCK)
+    return gemm_bytes(p, in_bytes=1, out_bytes=BF16) + FP32 * (p["M"] * kb + -(-p["N"] // FP8_BLOCK) * kb)
 
 
 def moe_bytes(p: Params) -> float:
@@ -210,11 +150,6 @@ _DIM = ParamRange("kernel_dim")
 _GEMM_RANGES = {"M": _DIM, "N": _DIM, "K": _DIM}
 
 
-def _topk_le_e(p: Params) -> tuple[str, str] | None:
-    return None if p["topk"] <= p["E"] else ("topk", f"topk={p['topk']} exceeds E={p['E']} (each token is routed to "
-                                                     "topk of the E experts): give topk <= E")
-
-
 # fla's KDA kernels take head dims up to 256 (`chunk_delta_h.py`: "K <= 256")
 _HEAD_DIMS = {"K": ParamRange("head_dim"), "V": ParamRange("head_dim")}
 _KV_DEFAULT = {"K": KDA_HEAD_DIM, "V": KDA_HEAD_DIM}
@@ -230,10 +165,14 @@ def _collective(name: str) -> OpSpec:
                   kind="collective", categorical=("gpus",), optional={"gpus_per_node": 0})
 
 
-OPS: dict[str, OpSpec] = {s.name: s for s in [
+BASE_OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("gemm_bf16", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_bytes, shape_params=("N", "K")),
     OpSpec("gemm_fp8", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop,
            lambda p: gemm_bytes(p, in_bytes=1, out_bytes=BF16), dtype="fp8", shape_params=("N", "K")),
+    # the training linears' FP8 GEMM with DeepSeek-V3's block scales (forward, input and weight gradient at their
+    # shapes; harness k3sim/calibration/train_fp8.py, torch._scaled_mm blockwise through cuBLAS)
+    OpSpec("gemm_fp8_block", "gemm", ("M", "N", "K"), _GEMM_RANGES, gemm_flop, gemm_fp8_block_bytes, dtype="fp8",
+           shape_params=("N", "K")),
     OpSpec("hbm_copy", "hbm", ("bytes",), {"bytes": ParamRange("kernel_bytes")}, lambda p: 0.0,
            lambda p: 2.0 * p["bytes"]),
     OpSpec("hbm_read", "hbm", ("bytes",), {"bytes": ParamRange("kernel_bytes")}, lambda p: 0.0,
@@ -373,10 +312,34 @@ def _ep_op(name: str, phase: str) -> OpSpec:
                   kind="ep", categorical=EP_PARAMS, check=_topk_le_e)
 
 
-OPS.update({s.name: s for s in (_ep_op("ep_dispatch", "dispatch"), _ep_op("ep_combine", "combine"))})
+EP_SPECS: dict[str, OpSpec] = {s.name: s for s in (_ep_op("ep_dispatch", "dispatch"), _ep_op("ep_combine", "combine"))}
 EP_OPS = {"ep_dispatch": "dispatch", "ep_combine": "combine"}  # op -> phase
 
-import k3sim.kernels.ops_decode  # noqa: E402,F401 - registers the decode-step kernels (issue 10) into OPS
+
+# ---- the registry ----------------------------------------------------------------------------------------------
+# The tables that define ops, in registry order (the order `OPS` lists them, which the store and `k3sim
+# kernel-time`'s list follow): this module's, then the decode-step kernels of `ops_decode.py` (issue 10).
+REGISTRY_TABLES = (("k3sim.kernels.ops.BASE_OPS", BASE_OPS), ("k3sim.kernels.ops.EP_SPECS", EP_SPECS),
+                   ("k3sim.kernels.ops_decode.DECODE_OPS", DECODE_OPS))
+
+
+def build_registry(tables=REGISTRY_TABLES) -> dict[str, OpSpec]:
+    """The op registry, assembled explicitly from `tables` ((where, {name: OpSpec}) in order): no module adds ops
+    to another's by being imported. An op keyed under another name than its own, or one name in two tables, is
+    a programming error (ValueError naming both places), not a silent override."""
+    out: dict[str, OpSpec] = {}
+    where: dict[str, str] = {}
+    for place, table in tables:
+        for name, spec in table.items():
+            if spec.name != name:
+                raise ValueError(f"{place}: op {spec.name!r} is keyed as {name!r}")
+            if name in out:
+                raise ValueError(f"op {name!r} is defined twice: {where[name]} and {place}")
+            out[name], where[name] = spec, place
+    return out
+
+
+OPS: dict[str, OpSpec] = build_registry()
 
 # The one list of collective ops: the registry's kind (every other module derives its list from this)
 COLLECTIVE_OPS: tuple[str, ...] = tuple(name for name, spec in OPS.items() if spec.kind == "collective")

@@ -4,8 +4,8 @@ decode attention, the small kernels of `k3sim/calibration/decode_ops.py`, and th
 expert-parallel dispatch of `k3sim/calibration/dispatch_ops.py` (`fp8_quant_128`, `ep_permute`,
 `ep_unpermute`) with one grouped fp8 GEMM alone (`moe_grouped_fp8`; harness `k3sim/calibration/deployed.py`).
 
-`k3sim.kernels.ops` imports this module at its bottom; the module adds `DECODE_OPS` to `OPS` when it
-finishes (so either module may be imported first).
+The table `DECODE_OPS` is built over the ops' vocabulary (`k3sim.kernels.opspec`) and registers nothing:
+`k3sim.kernels.ops.build_registry` puts it into `OPS` after the ops of ops.py.
 
 Routed-expert ops cover one MoE layer's routed experts on one rank, gate/up + SwiGLU + down +
 weighted combine together (routing metadata untimed): B tokens, E local experts, each token routed
@@ -18,7 +18,7 @@ uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent),
 
 from __future__ import annotations
 
-from k3sim.kernels.ops import BF16, OPS, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts, moe_flop
+from k3sim.kernels.opspec import BF16, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts, moe_flop
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
 FP8 = 1
@@ -103,6 +103,18 @@ def _ep_rows(p, flop_per_pick_element: float = 0.0):
     return flop_per_pick_element * picks * p["D"], BF16 * (p["T"] + picks) * p["D"] + 12 * picks
 
 
+def _fp8_quant_t(p):
+    # fp8_quant_128_t: bf16 [T, D] read, e4m3 [D, T] written, one fp32 scale per (128 tokens, channel)
+    return 3.0 * p["T"] * p["D"], (BF16 + FP8) * p["T"] * p["D"] + 4 * p["D"] * -(-p["T"] // FP8_GROUP)
+
+
+def _unpermute_bwd_rows(p):
+    # dy [T, D] read, each pick's forward row read and its gradient written (bf16), the weight, inverse index
+    # and weight gradient of each pick; FLOP: w dy (1) and the dot <row, dy> (2) per pick element
+    picks = p["T"] * p["topk"]
+    return 3.0 * picks * p["D"], BF16 * (p["T"] + 2 * picks) * p["D"] + 12 * picks
+
+
 # ranges: kinds of the bounds table (`ParamRange`; k3sim/configs/bounds.py says why each ends where it does)
 _T = ParamRange("kernel_dim")
 _W = ParamRange("width")
@@ -144,5 +156,15 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            ("topk", "D")),
     _small("ep_unpermute", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
            lambda p: _ep_rows(p, 2.0), ("topk", "D")),
+    # training's fused routing glue and the weight gradient's FP8 operand (issue 22; harness
+    # k3sim/calibration/train_fp8.py, kernels k3sim/calibration/permute_fused.py and dispatch_ops.quant_128_t)
+    _small("fp8_quant_128_t", ("T", "D"), {"T": _T, "D": _W}, _fp8_quant_t, ("D",)),
+    _small("moe_permute_fused", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W}, _ep_rows,
+           ("topk", "D")),
+    _small("moe_permute_fused_bwd", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
+           lambda p: _ep_rows(p, 1.0), ("topk", "D")),
+    _small("moe_unpermute_fused", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
+           lambda p: _ep_rows(p, 2.0), ("topk", "D")),
+    _small("moe_unpermute_fused_bwd", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
+           _unpermute_bwd_rows, ("topk", "D")),
 ]}
-OPS.update(DECODE_OPS)

@@ -72,20 +72,22 @@ class OpPredictor:
 
     def __init__(self, spec: OpSpec, points: "PointSet", fit, hw: Any, fit_note: str, timers=None, host_s=None):
         self.spec, self.fit, self.hw, self.fit_note = spec, fit, hw, fit_note
-        # per measured shape: the timer of the row used ("graph" | "events") and its host time (s)
-        self.timers = {tuple(int(v) for v in row): str(t) for row, t in
-                       zip(points.params, timers if timers is not None else ["events"] * len(points.seconds))}
-        self.host = {tuple(int(v) for v in row): float(h) for row, h in
-                     zip(points.params, host_s if host_s is not None else [float("nan")] * len(points.seconds))}
-        self.exact = {tuple(int(v) for v in row): (float(s), int(n), r)
-                      for row, s, n, r in zip(points.params, points.seconds, points.rows, points.runs)}
+        # per measured shape (its parameters as Python ints, one `tolist` pass): the timer of the row used
+        # ("graph" | "events") and its host time (s)
+        shapes = [tuple(row) for row in np.asarray(points.params, "int64").tolist()]
+        self.timers = {row: str(t) for row, t in
+                       zip(shapes, timers if timers is not None else ["events"] * len(points.seconds))}
+        self.host = {row: float(h) for row, h in
+                     zip(shapes, host_s if host_s is not None else [float("nan")] * len(points.seconds))}
+        self.exact = {row: (float(s), int(n), r)
+                      for row, s, n, r in zip(shapes, points.seconds.tolist(), points.rows.tolist(), points.runs)}
         resid = np.log(points.seconds) - np.log(self._model(points.flop, points.nbytes, points))
         self.groups: dict[tuple, ResidualGrid] = {}
         cat_idx = [spec.params.index(c) for c in spec.categorical]
         num_idx = [i for i, n in enumerate(spec.params) if n not in spec.categorical]
         cat_vals = points.params[:, cat_idx]
         X = np.log2(points.params[:, num_idx].astype(float))
-        for g in {tuple(int(x) for x in v) for v in cat_vals}:
+        for g in {tuple(v) for v in cat_vals.tolist()}:
             m = (cat_vals == np.array(g, int)).all(axis=1)
             self.groups[g] = ResidualGrid(X[m], resid[m], points.sigma[m])
         self.n_points = len(points.seconds)
@@ -97,6 +99,17 @@ class OpPredictor:
         first call imports numpy.ma (~20 ms of a warm query's start)."""
         known = [h for h in self.host.values() if h == h]
         return float(np.median(known)) if known else float("nan")
+
+    @functools.cached_property
+    def timer_summary(self) -> tuple[str, str]:
+        """(which timer's rows an interpolated answer stands on: "graph" | "events" | "mixed", the note that says
+        so), over the measured shapes; once per op, not per answer."""
+        timers = set(self.timers.values())
+        used = "graph" if timers == {"graph"} else "events" if timers == {"events"} else "mixed"
+        note = (f"from {used}-timed rows" if used != "mixed"
+                else f"from graph- and event-timed rows ({sum(t == 'graph' for t in self.timers.values())} "
+                     f"of {len(self.timers)} shapes graph-timed)")
+        return used, note
 
     def _model(self, flop, nbytes, points: "PointSet") -> np.ndarray:
         if self.spec.kind != "collective":
@@ -260,6 +273,46 @@ class ProfilePredictor:
             self._ops[(name, convention)] = OpPredictor(spec, pts, fit, self.hw, note, timers, host)
         return self._ops[(name, convention)]
 
+    def series(self, name: str, timer: str) -> OpPredictor | None:
+        """A collective's predictor over the rows one timer made (`store.points(..., only=timer)`: "events" for the
+        barrier-started runs, "graph" for CUDA-graph replays), or None when the op has no such row. Each timing
+        convention of a collective is its own series of rows (`k3sim.comm.model.SERIES`): no row of one timer is
+        shifted into another's. The fit is the op's one fit (`op`'s, made on the graph-preferred points), as for
+        the kernel conventions: each series interpolates its own rows' residuals. From the disk cache like `op`."""
+        if name not in self._op_names:
+            return None
+        if (name, f"series:{timer}") not in self._ops:
+            from k3sim.kernels import cache
+
+            spec = get_op(name)
+            entry = cache.load(self._key, f"op.{name}.series-{timer}")
+            parts = None
+            if isinstance(entry, dict) and entry.get("empty") is True:
+                parts = ()
+            elif entry is not None:
+                parts = _op_from_entry(entry)
+            if parts is None:
+                parts = self._series_parts(spec, timer)
+                try:
+                    cache.save(self._key, f"op.{name}.series-{timer}", _op_entry(*parts) if parts else {"empty": True})
+                except TypeError:  # a value the cache does not hold: answered, not saved
+                    pass
+            self._ops[(name, f"series:{timer}")] = (
+                OpPredictor(spec, parts[0], parts[1], self.hw, parts[2], parts[3], parts[4]) if parts else None)
+        return self._ops[(name, f"series:{timer}")]
+
+    def _series_parts(self, spec: OpSpec, timer: str) -> tuple:
+        """(points, fit, fit note, timers, host seconds) of one timer's rows of an op with the op's fit; () when
+        there are none."""
+        from k3sim.kernels.fit import op_fit
+
+        pts_df = self.store.points(spec.name, "graph", only=timer)
+        if pts_df.empty:
+            return ()
+        fit, note = op_fit(self.store, self.fitted, spec.name, self.hw)
+        return (PointSet.from_points(spec, pts_df), fit, note, pts_df["timer"].tolist(),
+                pts_df["host_s"].tolist() if "host_s" in pts_df else None)
+
     def _op_parts(self, spec: OpSpec, convention: str) -> tuple:
         """(points, fit, fit note, timer per shape, host seconds per shape) of one op, from the store."""
         from k3sim.kernels.fit import op_fit
@@ -305,15 +358,11 @@ class ProfilePredictor:
         if opp is None:
             return dataclasses.replace(kt, convention=convention)
         key = tuple(p[k] for k in spec.params)
-        timers = set(opp.timers.values())
         if kt.method == "exact" and key in opp.timers:
             used = opp.timers[key]
             note = f"{used}-timed row"
         else:
-            used = "graph" if timers == {"graph"} else "events" if timers == {"events"} else "mixed"
-            note = (f"from {used}-timed rows" if used != "mixed"
-                    else f"from graph- and event-timed rows ({sum(t == 'graph' for t in opp.timers.values())} "
-                         f"of {len(opp.timers)} shapes graph-timed)")
+            used, note = opp.timer_summary
         if convention == "graph":
             if used == "events":
                 note += " (no graph-replay measurement: a lone kernel's event and launch latency included, an upper bound)"

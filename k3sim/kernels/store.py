@@ -126,7 +126,7 @@ class MeasurementStore:
         """Runs oldest first: by provenance `date_utc`, then directory name."""
         return sorted(self.runs, key=lambda r: (str(self.runs[r].get("date_utc", "")), r))
 
-    def points(self, op: str, convention: str = "graph") -> "pd.DataFrame":
+    def points(self, op: str, convention: str = "graph", only: str | None = None) -> "pd.DataFrame":
         """One row per measured shape. A shape measured by several runs takes the latest run's median
         (a re-measurement supersedes: e.g. runs that fixed a warm-up problem); `rows` counts all ok rows,
         `runs` names the run used; `spread` = (p80 - p20) / median of the repetitions (0 if absent);
@@ -143,7 +143,10 @@ class MeasurementStore:
         `graph-shifted`; with no shape timed both ways it is kept as measured. Without the shift the
         two timers' rows would meet at a step (at GEMM M = 1024 -> 1536: graph rows are 0.55-0.97x the
         event rows) that the fit and the interpolation cannot follow. `host_s` is the chosen row's host
-        time of one eager call."""
+        time of one eager call.
+
+        `only`: a timer name; only the rows that timer made, as measured (no shift; empty when there are none): one
+        series of a collective, whose conventions are separate series (`k3sim.comm.model.SERIES`)."""
         import numpy as np
         import pandas as pd
 
@@ -156,6 +159,10 @@ class MeasurementStore:
         order = {r: i for i, r in enumerate(self.run_order())}
         timer = (df["timer"].fillna("events").astype(str) if "timer" in df.columns
                  else pd.Series("events", index=df.index))
+        if only is not None:  # one timer's series
+            df, timer = df[timer == only], timer[timer == only]
+            if df.empty:
+                return df
         preferred = (timer == PREFERRED_TIMER[convention]).astype(int)
         df = df.assign(_order=df["run_id"].map(order), _pref=preferred, timer=timer)
         df = df.sort_values(["_pref", "_order"], kind="stable")
@@ -176,7 +183,7 @@ class MeasurementStore:
         last = g.tail(1).set_index(keys).sort_index()  # the chosen row itself (last() would mix NaN columns)
         out = last[["seconds", "spread", "warmup", "run_id", "timer", "host_s"]].rename(columns={"run_id": "runs"})  # params float: failed rows may lack them
         out.insert(1, "rows", g.size())
-        offset = self.timer_offset_s(op, df, keys)
+        offset = self.timer_offset_s(op, df, keys) if only is None else None
         if offset is not None:
             other = out["timer"] != PREFERRED_TIMER[convention]
             sign = 1.0 if convention == "graph" else -1.0  # graph = events + offset

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Parallelism
+from k3sim.errors import InputError
 
 
 def chunk_layers(num_layers: int, chunks: int) -> list[list[int]]:
@@ -17,11 +18,28 @@ def chunk_layers(num_layers: int, chunks: int) -> list[list[int]]:
     return out
 
 
-def rank_layers(model: ModelConfig, par: Parallelism) -> list[list[int]]:
+def check_chunks(chunks: list[list[int]], num_layers: int, num_chunks: int) -> None:
+    """Refuse a chunk list that is not `num_chunks` non-empty runs of consecutive 0-based layers covering
+    0 .. num_layers - 1 in order: the pipeline schedules and the AttnRes hand-off assume that order."""
+    flat = [i for c in chunks for i in c]
+    if len(chunks) != num_chunks or any(not c for c in chunks) or flat != list(range(num_layers)):
+        sizes = [len(c) for c in chunks]
+        raise InputError(f"a stage split must give pp x virtual_stages = {num_chunks} non-empty chunks of "
+                         f"consecutive layers covering all {num_layers} layers in order; got {len(chunks)} "
+                         f"chunks of {sizes} layers", source="stage split", field="stage_split")
+
+
+def rank_layers(model: ModelConfig, par: Parallelism, chunks: list[list[int]] | None = None) -> list[list[int]]:
     """Layers of each pipeline rank. With v virtual stages, rank r holds chunks r, r+pp, ... (loop
-    placement, as Megatron's interleaved 1F1B and torchtitan's K3 AttnRes cache require)."""
-    chunks = chunk_layers(model.num_layers, par.pp * par.virtual_stages)
-    return [sum((chunks[c] for c in range(r, len(chunks), par.pp)), []) for r in range(par.pp)]
+    placement, as Megatron's interleaved 1F1B and torchtitan's K3 AttnRes cache require). `chunks`: the
+    0-based layers of each of the pp*v chunks (a cost-balanced split, `k3sim.training.partition`); None =
+    the uniform split by layer count (`chunk_layers`)."""
+    n = par.pp * par.virtual_stages
+    if chunks is None:
+        chunks = chunk_layers(model.num_layers, n)
+    else:
+        check_chunks(chunks, model.num_layers, n)
+    return [sum((list(chunks[c]) for c in range(r, len(chunks), par.pp)), []) for r in range(par.pp)]
 
 
 def expert_tp(par: Parallelism) -> int:

@@ -13,7 +13,8 @@ from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Parallelism, Workload
-from k3sim.errors import DoesNotFit, InputError
+from k3sim.configs.planning import PRECISIONS, resolve_recompute
+from k3sim.errors import DoesNotFit, InputError, shorten
 from k3sim.memory import activations as act
 from k3sim.memory import sizes
 from k3sim.memory.layout import expert_tp, rank_layers
@@ -219,7 +220,7 @@ class TrainPlan:
     parallelism: dict
     seq_len_tokens: int
     micro_batch_size: int
-    activation_checkpointing: bool
+    activation_checkpointing: bool   # full per-layer recompute (recompute == "full")
     hbm_bytes: int
     params_per_gpu: int
     in_flight_micro_batches: float
@@ -228,6 +229,12 @@ class TrainPlan:
     per_gpu_bytes: dict[str, int]
     breakdown: list[Row]
     stages: list[dict] = field(default_factory=list)
+    recompute: str = "full"                      # none | full | selective
+    recompute_modules: tuple[str, ...] = ()      # the modules rebuilt under selective recompute
+    precision: str = "bf16"                      # bf16 | fp8 (FP8 activation caching)
+    fp8_tensors: tuple[str, ...] = ()            # saved tensors of the worst stage kept in e4m3 + 1x128 scales
+    e5m6_tensors: tuple[str, ...] = ()           # ... kept in DeepSeek's E5M6
+    parameter_copies: int = 1                    # copies of weights and gradients per GPU (DualPipe: 2)
 
 
 def in_flight_micro_batches(par: Parallelism, rank: int, num_micro_batches: int | None) -> float:
@@ -252,10 +259,107 @@ def in_flight_micro_batches(par: Parallelism, rank: int, num_micro_batches: int 
     return chunks / v
 
 
+def _stage_layers(model: ModelConfig, par: Parallelism, stage_layers, source: str | None) -> list[list[int]]:
+    """The layers (0-based) of each pipeline rank: `stage_layers` as given (one list per rank, every layer on
+    exactly one rank: a DualPipe rank's mirror copy is `parameter_copies`, not a second listing), or the
+    default placement (`memory.layout.rank_layers`)."""
+    if stage_layers is None:
+        return rank_layers(model, par)
+    out = [[int(i) for i in ls] for ls in stage_layers]
+    flat = sorted(i for ls in out for i in ls)
+    if len(out) != par.pp or flat != list(range(model.num_layers)):
+        raise InputError(f"needs one list per pipeline rank ({par.pp}) holding each of the model's "
+                         f"{model.num_layers} layers (0-based) exactly once; got {len(out)} lists of {len(flat)} "
+                         f"layers", source=source, field="stage_layers")
+    return out
+
+
+def _in_flight(par: Parallelism, num_micro_batches: int | None, in_flight, source: str | None) -> list[float]:
+    """Micro-batches in flight per rank: `in_flight` (one number for every rank, or one per rank) or the
+    1F1B / interleaved count of `in_flight_micro_batches`."""
+    if in_flight is None:
+        return [in_flight_micro_batches(par, r, num_micro_batches) for r in range(par.pp)]
+    vals = [float(in_flight)] * par.pp if isinstance(in_flight, (int, float)) else [float(x) for x in in_flight]
+    if len(vals) != par.pp or not all(0 < x <= 1e6 for x in vals):
+        raise InputError(f"needs one positive count (at most 1e6), or one per pipeline rank ({par.pp}); got "
+                         f"{shorten(str(in_flight), 60)}", source=source, field="in_flight")
+    return vals
+
+
+def _rank_counts(model: ModelConfig, par: Parallelism, layers: list[int], rank: int) -> tuple[int, int]:
+    """(non-expert, routed) parameters one GPU of pipeline rank `rank` holds: non-expert ones after TP (norms,
+    AttnRes queries, vision replicated), routed experts after EP."""
+    params = _rank_params(model, layers, rank, par.pp)
+    routed = math.ceil(params.get(ROUTED, 0) / par.ep)
+    dense = sum(math.ceil(n / par.tp) for k, n in params.items()
+                if k != ROUTED and k not in REPLICATED and k != "vision")
+    return dense + sum(params.get(k, 0) for k in REPLICATED) + params.get("vision", 0), routed
+
+
+def _state_rows(par: Parallelism, own: tuple[int, int], mirror: tuple[int, int] | None) -> list[Row]:
+    """Weights, gradients and optimizer states of one rank's (non-expert, routed) parameters `own`. ZeRO stage z
+    shards over the data-parallel replicas of each parameter (train_plan's docstring). `mirror`: DualPipe's
+    second copy (arXiv 2412.19437 sec. 3.2.1, "two copies of the model parameters"): rank r also runs the
+    reverse direction's stage pp-1-r, so it holds that stage's weights and gradients too; the fp32 master and
+    Adam states stay one ZeRO-sharded set per parameter, on the rank that owns the stage."""
+    z, dense_dp, expert_dp = par.zero_stage, par.dp * par.cp, par.stage_gpus // par.ep
+
+    def per_gpu(counts: tuple[int, int], per_param: float, sharded: bool) -> int:
+        return math.ceil(counts[0] * per_param / (dense_dp if sharded else 1)
+                         + counts[1] * per_param / (expert_dp if sharded else 1))
+
+    held = own if mirror is None else (own[0] + mirror[0], own[1] + mirror[1])
+    twice = "" if mirror is None else (f" (own stage + DualPipe's mirror stage: {mirror[0]:,} non-expert + "
+                                       f"{mirror[1]:,} expert params)")
+    return [
+        Row("weights", per_gpu(held, WEIGHT_BYTES, z >= 3),
+            f"({held[0]:,} non-expert + {held[1]:,} expert params) x {WEIGHT_BYTES} B bf16{twice}"
+            + (" / dp (ZeRO-3)" if z >= 3 else "")),
+        Row("gradients", per_gpu(held, GRAD_BYTES, z >= 2),
+            f"params x {GRAD_BYTES} B fp32" + (" / dp (ZeRO-2)" if z >= 2 else "")),
+        Row("optimizer_states", per_gpu(own, OPTIMIZER_BYTES, z >= 1),
+            f"({own[0]:,} + {own[1]:,} own params) x {OPTIMIZER_BYTES} B (fp32 master, Adam m, v)"
+            + (f" / dp (ZeRO-{z}: {dense_dp} non-expert, {expert_dp} expert)" if z >= 1 else "")),
+    ]
+
+
+def _activation_row(model: ModelConfig, layers: list[int], mode: str, modules: tuple[str, ...], precision: str,
+                    n_mb: float, tokens: float, tp: int) -> tuple[Row, tuple[str, ...], tuple[str, ...]]:
+    """The activations of one rank and the names of its FP8 / E5M6 tensors.
+
+    none: every saved tensor of every layer for each micro-batch in flight. full: each layer's input, plus one
+    layer's whole activations while it is rebuilt before its backward. selective: each layer's kept tensors,
+    plus one layer's rebuilt modules (`memory.activations.layer_activations`)."""
+    per = [act.layer_activations(model, i, () if mode == "full" else modules, precision) for i in layers]
+    if mode == "full":
+        kept = len(layers) * act.checkpointed_layer_bytes_per_token(model)
+        transient, how = max((p.full_bytes for p in per), default=0.0), \
+            f"{n_mb:g} micro-batches x {len(layers)} layer inputs + 1 recomputed layer"
+    elif mode == "selective":
+        kept = sum(p.kept_bytes for p in per)
+        transient = max((p.recomputed_bytes for p in per), default=0.0)
+        how = (f"{n_mb:g} micro-batches x {len(layers)} layers, selective recompute of {', '.join(modules)} "
+               f"+ 1 layer's rebuilt tensors")
+    else:
+        kept, transient = sum(p.kept_bytes for p in per), 0.0
+        how = f"{n_mb:g} micro-batches x {len(layers)} layers, no recompute"
+    fp8 = tuple(dict.fromkeys(n for p in per for n in p.fp8_tensors))
+    e5m6 = tuple(dict.fromkeys(n for p in per for n in p.e5m6_tensors))
+    if precision == "fp8":
+        held = " while a layer is rebuilt" if mode == "full" else ""
+        how += (f"; FP8-cached{held} (e4m3 + 1x128 fp32 scales, DeepSeek-V3 sec. 3.3.4): {', '.join(fp8) or 'none'}"
+                + (f"; E5M6: {', '.join(e5m6)}" if e5m6 else ""))
+    acts = (n_mb * kept + transient) * tokens / tp
+    return Row("activations", math.ceil(acts), f"{how}; {tokens:g} tokens / tp"), fp8, e5m6
+
+
 def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_len_tokens: int, *,
                micro_batch_size: int = 1, activation_checkpointing: bool = True,
                num_micro_batches: int | None = None, workspace_fraction: float = 0.10,
-               source: str | None = None, allow_overflow: bool = False) -> TrainPlan:
+               source: str | None = None, allow_overflow: bool = False, recompute: str | None = None,
+               recompute_modules: tuple[str, ...] = (), precision: str = "bf16",
+               stage_layers: list[list[int]] | None = None, parameter_copies: int = 1,
+               in_flight: float | list[float] | None = None) -> TrainPlan:
     """Per-GPU training memory: weights, grads, optimizer states, activations.
 
     Weights are a bf16 working copy of every parameter, whatever the serving format (K3's MXFP4 experts
@@ -266,55 +370,43 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     non-expert parameters, tp x cp x dp / ep for experts (Megatron's distributed optimizer shards over
     DP x CP, and expert-DP for experts). z >= 1 shards optimizer states, z >= 2 grads, z = 3 weights.
     Activations per token are divided by TP (sequence parallelism) and the sequence by CP; tokens per
-    micro-batch per GPU = micro_batch_size x seq_len / cp. With checkpointing each layer keeps its
-    input, plus one layer's full activations during recompute. AttnRes block representatives stay on
-    the GPU per micro-batch in flight (MISSION sec. 3). The last rank also holds fp32 logits of one
-    micro-batch. Vision tower activations are not modelled. `workspace_fraction` of HBM is held back
-    as in `serve_plan`; for training that 10 % default is a modelling choice (CUDA context, NCCL
-    buffers, allocator fragmentation), not a measured figure.
+    micro-batch per GPU = micro_batch_size x seq_len / cp. Recompute (`recompute`, None = from
+    `activation_checkpointing`: full if true, none if false; `recompute_modules` under selective, empty =
+    DeepSeek-V3's norms + MLA up-projections; `configs.planning.resolve_recompute`) and FP8 activation caching
+    (`precision` fp8) as `memory.activations` accounts them. AttnRes block representatives stay on the GPU
+    per micro-batch in flight (MISSION sec. 3). The last rank also holds fp32 logits of one micro-batch.
+    Vision tower activations are not modelled. `workspace_fraction` of HBM is held back as in `serve_plan`;
+    for training that 10 % default is a modelling choice (CUDA context, NCCL buffers, allocator
+    fragmentation), not a measured figure. For the pipeline schedules: `stage_layers` (the layers of each
+    rank, None = `rank_layers`), `parameter_copies` (2 for DualPipe: rank r also holds the weights and gradients
+    of the mirror stage pp-1-r), `in_flight` (micro-batches in flight per rank, one number or one per rank, None
+    = the 1F1B / interleaved count; the activations are those of the rank's own `stage_layers`).
     """
     par.check_against(model, source=source)
     if seq_len_tokens % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len_tokens}-token training sequence",
                          source=source, field="cp")
+    mode, modules = resolve_recompute(model, recompute, recompute_modules, activation_checkpointing, source)
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision '{shorten(str(precision), 40)}' (known: {', '.join(PRECISIONS)})",
+                         source=source, field="training.precision")
+    if isinstance(parameter_copies, bool) or parameter_copies not in (1, 2):
+        raise InputError(f"must be 1 or 2 (DualPipe), got {shorten(str(parameter_copies), 40)}", source=source,
+                         field="parameter_copies")
     hbm = int(hw.hbm_bytes)
     reserve = math.ceil(workspace_fraction * hbm)
-    dense_dp = par.dp * par.cp
-    expert_dp = par.stage_gpus // par.ep
     tokens = micro_batch_size * seq_len_tokens / par.cp
-    z = par.zero_stage
+    flights = _in_flight(par, num_micro_batches, in_flight, source)
+    placed = _stage_layers(model, par, stage_layers, source)
     stages = []
-    for r, layers in enumerate(rank_layers(model, par)):
-        params = _rank_params(model, layers, r, par.pp)
-        routed = math.ceil(params.get(ROUTED, 0) / par.ep)
-        dense = sum(math.ceil(n / par.tp) for k, n in params.items()
-                    if k != ROUTED and k not in REPLICATED and k != "vision")
-        dense += sum(params.get(k, 0) for k in REPLICATED) + params.get("vision", 0)
-
-        def per_gpu(per_param: int, sharded: bool) -> int:
-            return math.ceil(dense * per_param / (dense_dp if sharded else 1)
-                             + routed * per_param / (expert_dp if sharded else 1))
-
-        rows = [
-            Row("weights", per_gpu(WEIGHT_BYTES, z >= 3),
-                f"({dense:,} non-expert + {routed:,} expert params) x {WEIGHT_BYTES} B bf16"
-                + (" / dp (ZeRO-3)" if z >= 3 else "")),
-            Row("gradients", per_gpu(GRAD_BYTES, z >= 2),
-                f"params x {GRAD_BYTES} B fp32" + (" / dp (ZeRO-2)" if z >= 2 else "")),
-            Row("optimizer_states", per_gpu(OPTIMIZER_BYTES, z >= 1),
-                f"params x {OPTIMIZER_BYTES} B (fp32 master, Adam m, v)"
-                + (f" / dp (ZeRO-{z}: {dense_dp} non-expert, {expert_dp} expert)" if z >= 1 else "")),
-        ]
-        n_mb = in_flight_micro_batches(par, r, num_micro_batches)
-        full = [act.layer_activation_bytes_per_token(model, i) for i in layers]
-        if activation_checkpointing:
-            kept = len(layers) * act.checkpointed_layer_bytes_per_token(model)
-            acts = (n_mb * kept + max(full)) * tokens / par.tp
-            how = f"{n_mb:g} micro-batches x {len(layers)} layer inputs + 1 recomputed layer"
-        else:
-            acts = n_mb * sum(full) * tokens / par.tp
-            how = f"{n_mb:g} micro-batches x {len(layers)} layers, no recompute"
-        rows.append(Row("activations", math.ceil(acts), f"{how}; {tokens:g} tokens / tp"))
+    for r, layers in enumerate(placed):
+        dense, routed = _rank_counts(model, par, layers, r)
+        m = par.pp - 1 - r
+        rows = _state_rows(par, (dense, routed),
+                           _rank_counts(model, par, placed[m], m) if parameter_copies == 2 else None)
+        n_mb = flights[r]
+        row, fp8, e5m6 = _activation_row(model, layers, mode, modules, precision, n_mb, tokens, par.tp)
+        rows.append(row)
         attn_res = sizes.attn_res_block_bytes_per_token(model)
         if attn_res:
             rows.append(Row("attn_res_blocks", math.ceil(n_mb * attn_res * tokens / par.tp),
@@ -323,9 +415,9 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
             rows.append(Row("logits", math.ceil(tokens * model.vocab_size * 4 / par.tp),
                             "1 micro-batch x vocab x fp32 / tp"))
         rows.append(Row("workspace_reserve", reserve, f"{workspace_fraction:g} x HBM"))
-        stages.append((StageMemory(r, [i + 1 for i in layers], rows), dense + routed, n_mb))
+        stages.append((StageMemory(r, [i + 1 for i in layers], rows), dense + routed, n_mb, fp8, e5m6))
 
-    worst, params_gpu, n_mb = max(stages, key=lambda s: s[0].fixed_bytes)
+    worst, params_gpu, n_mb, fp8, e5m6 = max(stages, key=lambda s: s[0].fixed_bytes)
     total = worst.fixed_bytes
     fits = total <= hbm
     if not fits and not allow_overflow:
@@ -340,11 +432,14 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     return TrainPlan(
         model=model.name, hardware=hw.name, mode="train", parallelism=par.model_dump(),
         seq_len_tokens=seq_len_tokens, micro_batch_size=micro_batch_size,
-        activation_checkpointing=activation_checkpointing, hbm_bytes=hbm, params_per_gpu=params_gpu,
+        activation_checkpointing=mode == "full", hbm_bytes=hbm, params_per_gpu=params_gpu,
         in_flight_micro_batches=n_mb, fits=fits, worst_stage=worst.stage, per_gpu_bytes=per_gpu,
         breakdown=worst.rows,
-        stages=[{"stage": s.stage, "layers": s.layers, "params": p, "total_bytes": s.fixed_bytes}
-                for s, p, _ in stages],
+        stages=[{"stage": s.stage, "layers": s.layers, "params": p, "in_flight_micro_batches": n,
+                 "activation_bytes": next(r.bytes for r in s.rows if r.component == "activations"),
+                 "total_bytes": s.fixed_bytes} for s, p, n, _, _ in stages],
+        recompute=mode, recompute_modules=modules, precision=precision, fp8_tensors=fp8, e5m6_tensors=e5m6,
+        parameter_copies=parameter_copies,
     )
 
 

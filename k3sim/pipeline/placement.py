@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from k3sim.errors import InputError
 from k3sim.pipeline.engine import Program, Timeline, simulate
-from k3sim.pipeline.schedules import B, KIND_NAMES, F, Schedule
+from k3sim.pipeline.schedules import B, KIND_NAMES, F, Schedule, op_dependencies
 from k3sim.pipeline.stagecosts import StageCosts
 
 POLICIES = ("none", "serial", "decoupled", "bubble")
@@ -98,11 +98,99 @@ class _Builder:
         return Program(self.p, orders, self.cost, self.deps, self.out_link, self.out_seconds, self.labels, names)
 
 
+def paired_seconds(f_compute: float, f_comm: float, b_compute: float, b_comm: float, sm_share: float = 1.0) -> float:
+    """Seconds of one overlapped F&B op: a forward chunk of one micro-batch and a backward chunk of another,
+    each one's EP all-to-all (dispatch, combine) hidden under the other's compute.
+
+        T = max(Fc + Bc + (1 - s)(Fa + Ba),  Fa + Ba,  Fc + Fa,  Bc + Ba)
+
+    DeepSeek-V3 (arXiv 2412.19437 sec. 3.2.1, fig. 4; the profile-data arrangement as MindSpeed's fb-overlap
+    notes spell it per layer: attention(F) under combine(B), MLP(B) under dispatch(F), MLP(F) under
+    dispatch(B), attention(B) under combine(F)): the two chunks' compute (c) runs on the compute stream and
+    their all-to-alls (a) on the communication SMs, so the pair takes at least all the compute, at least all
+    the communication, and at least either chunk alone (its own all-to-all waits on its own compute and vice
+    versa); these bounds are what the per-layer interleave reaches when its slots balance (the report's "both
+    all-to-all and PP communication can be fully hidden"). Compute that runs while an all-to-all is in flight
+    keeps the share s of the SMs (DeepEP's normal kernels hold 20: `k3sim.comm.ep.comm_sms`, as the serving
+    step's two-batch overlap charges it), i.e. it is stretched by (1 - s) of the communication time. Without
+    communication T = Fc + Bc, the two chunks back to back."""
+    comm = f_comm + b_comm
+    return max(f_compute + b_compute + (1.0 - sm_share) * comm, comm, f_compute + f_comm, b_compute + b_comm)
+
+
+def _slot_seconds(members, costs: StageCosts, split: bool) -> tuple[float, str]:
+    """(seconds, label kind) of one slot: an op alone, a whole backward (B + W back to back), or an
+    overlapped forward + backward pair (`paired_seconds`)."""
+    cf, cb = costs.comm_forward_s, costs.comm_backward_s
+    fc = fa = bc = ba = 0.0
+    has_f = has_b = False
+    for k, st, _ in members:
+        if k == F:
+            has_f = True
+            a = cf[st] if cf is not None else 0.0
+            fa += a
+            fc += costs.forward_s[st] - a
+        elif k == B:
+            has_b = True
+            a = cb[st] if cb is not None else 0.0
+            ba += a
+            bc += costs.backward_input_s[st] - a + (0.0 if split else costs.backward_weight_s[st])
+        else:
+            has_b = True
+            bc += costs.backward_weight_s[st]
+    if has_f and has_b:
+        return paired_seconds(fc, fa, bc, ba, costs.comm_sm_share), "F&B"
+    return fc + fa + bc + ba, KIND_NAMES[members[0][0]]
+
+
+def _general_text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], "_Ids"]:
+    """Text ops of a schedule with slots, its own placement or per-micro-batch chains (DualPipe, DualPipeV,
+    the paired interleaved 1F1B). A slot becomes its ops in order, the first carrying the slot's seconds
+    and every input any of them needs from outside the slot, the rest zero seconds: so every op of a slot
+    finishes (and sends its output) when the slot does, as the repo's `_forward_backward_chunk` sends both
+    outputs after the overlapped compute."""
+    S, p, m = schedule.num_stages, schedule.p, schedule.m
+    split = schedule.split_backward
+    dev = [schedule.device_of(s) for s in range(S)]
+    chunk = [sorted(t for t in range(S) if dev[t] == dev[s]).index(s) for s in range(S)]
+    flat = [-1] * (3 * S * m)
+    head: dict[int, int] = {}
+    orders = []
+    for d, order in enumerate(schedule.orders):
+        ids, i = [], 0
+        for n in schedule.slot_sizes(d):
+            members = order[i:i + n]
+            i += n
+            sec, kind = _slot_seconds(members, costs, split)
+            first = -1
+            for j, (k, st, mb) in enumerate(members):
+                op = bld.op(sec if j == 0 else 0.0, (kind if j == 0 else KIND_NAMES[k], st, chunk[st], mb))
+                first = op if j == 0 else first
+                head[op] = first
+                flat[(k * S + st) * m + mb] = op
+                ids.append(op)
+        orders.append(ids)
+    sf, sb = costs.send_forward_s, costs.send_backward_s
+    for (k, st, mb), op in _Ids(flat, S, m).items():
+        lo, hi = schedule.chain(mb)
+        for dk, ds, dmb in op_dependencies(k, st, mb, S, split, first=lo, last=hi):
+            dep = flat[(dk * S + ds) * m + dmb]
+            if head[dep] != head[op]:
+                bld.add_dep(head[op], dep, dev[ds] != dev[st])
+        nxt = st + 1 if k == F and st < hi else st - 1 if k == B and st > lo else -1
+        if nxt >= 0 and dev[nxt] != dev[st]:
+            bld.out_link[op] = bld.link(dev[st], dev[nxt], "act" if k == F else "grad")
+            bld.out_seconds[op] = sf[st] if k == F else sb[st]
+    return orders, _Ids(flat, S, m)
+
+
 def _text(schedule: Schedule, costs: StageCosts, bld: _Builder) -> tuple[list[list[int]], "_Ids"]:
     """Text ops of `schedule` into `bld` (the hot part of building a program: kept to flat lists)."""
     S, p, m = schedule.num_stages, schedule.p, schedule.m
     if costs.num_stages != S:
         raise ValueError(f"costs for {costs.num_stages} virtual stages, schedule has {S}")
+    if schedule.general:
+        return _general_text(schedule, costs, bld)
     split = schedule.split_backward
     fwd = costs.forward_s
     bwd = costs.backward_input_s if split else tuple(a + b for a, b in zip(costs.backward_input_s,
@@ -202,6 +290,10 @@ def place(schedule: Schedule, costs: StageCosts, encoder: EncoderWork | None, po
                          source="--encoder-policy")
     if policy == "none" or encoder is None:
         return text_program(schedule, costs)
+    if schedule.chains is not None:
+        raise InputError(f"encoder policy {policy!r} places the encoder ahead of device 0, where {schedule.name} "
+                         "feeds only half the micro-batches: use --encoder-policy none, or dualpipev",
+                         source="--encoder-policy")
     m, p = schedule.m, schedule.p
     if len(encoder.forward_s) != m or len(encoder.backward_s) != m:
         raise ValueError(f"encoder work for {len(encoder.forward_s)} micro-batches, schedule has {m}")

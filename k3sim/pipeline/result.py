@@ -71,7 +71,7 @@ def in_flight(placed: Placed, activation_bytes: tuple[float, ...] | None) -> lis
         b = peak_b = 0.0
         for op in order:
             kind, s, _, _ = prog.labels[op]
-            if kind == "F":
+            if kind in ("F", "F&B"):       # an F&B slot's backward part is its own (zero-second) B / W op
                 n += 1
                 if activation_bytes is not None:
                     b += activation_bytes[s]

@@ -12,7 +12,7 @@ from k3sim.configs.bounds import BOUNDS, check_range
 from k3sim.errors import InputError
 from k3sim.pipeline.placement import POLICIES, EncoderWork
 from k3sim.pipeline.result import PipelineResult, run_pipeline
-from k3sim.pipeline.schedules import build_schedule
+from k3sim.pipeline.schedules import DUAL, build_schedule
 from k3sim.pipeline.stagecosts import uniform_costs
 
 # Work bounds (k3sim/configs/bounds.py, with their reasons): checked from the shape before any op is built.
@@ -64,10 +64,10 @@ def check_spec(spec: LayoutSpec) -> None:
     if spec.upfront is not None and not 0 <= spec.upfront <= spec.microbatches:
         raise InputError(f"{spec.upfront:,} up-front encodes: give 0 to {spec.microbatches:,} (one encode per "
                          "micro-batch)", source="--encoder-upfront")
-    ops = spec.stages * spec.virtual * spec.microbatches * (3 if spec.schedule == "zb-h1" else 2)
+    per = 3 if spec.schedule in ("zb-h1", "dualpipe", "dualpipev") else 2
+    ops = spec.stages * (2 if spec.schedule in DUAL else spec.virtual) * spec.microbatches * per
     if ops > MAX_OPS:
-        per = 3 if spec.schedule == "zb-h1" else 2
-        raise InputError(f"{ops:,} compute ops (stages x virtual x micro-batches x {per}) exceed the {MAX_OPS:,} "
+        raise InputError(f"{ops:,} compute ops (stages x chunks x micro-batches x {per}) exceed the {MAX_OPS:,} "
                          "one simulation runs (k3sim/configs/bounds.py: pipeline_ops); give "
                          "fewer micro-batches or stages", source="--microbatches")
 
@@ -82,6 +82,8 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
     check_spec(spec)
     sched = build_schedule(spec.schedule, spec.stages, spec.microbatches, spec.virtual)
     p, v, m = spec.stages, spec.virtual, spec.microbatches
+    # model chunks: DualPipe's p stages run twice over (two directions), DualPipeV's 2p stages in a V
+    v_model = 2 if spec.schedule == "dualpipev" else v
     need_encoder = spec.encoder_policy != "none"
     need_model = spec.uniform is None or (need_encoder and spec.encoder_cost is None)
     extra: dict = {}
@@ -92,7 +94,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
         from k3sim.configs.parallel import Parallelism, check_layout
 
         try:  # the one layout check (configs/parallel.py): heads, experts, pp x virtual <= layers
-            check_layout(model, Parallelism(tp=spec.tp, pp=p, virtual_stages=v, ep=spec.ep, cp=spec.cp),
+            check_layout(model, Parallelism(tp=spec.tp, pp=p, virtual_stages=v_model, ep=spec.ep, cp=spec.cp),
                          mode="train", hardware=hw)
         except InputError as err:
             f = (err.field or "").split(".")[-1]  # "parallelism.tp" from the hardware check -> --tp
@@ -100,7 +102,7 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
             raise InputError(err.reason, source=option) from None
         from k3sim.pipeline.costs import model_stage_costs
 
-        msc = model_stage_costs(model, hw, p, v, tp=spec.tp, ep=spec.ep, cp=spec.cp,
+        msc = model_stage_costs(model, hw, p, v_model, tp=spec.tp, ep=spec.ep, cp=spec.cp,
                                 tokens=spec.microbatch_tokens, seq_len=spec.seq_len,
                                 attn_res_cache=spec.attn_res_cache, kernel_time=kernel_time,
                                 layer_costs=layer_costs)
@@ -116,11 +118,11 @@ def simulate_layout(spec: LayoutSpec, model: Any = None, hw: Any = None, *,
                                  "hop_blocks_resend_all": list(a.hop_blocks_resend_all),
                                  "hop_blocks_cached": list(a.hop_blocks_cached)}
     if spec.uniform is not None:
-        f, b, w = spec.uniform
-        costs = uniform_costs(p, v, f, b, w)
+        f, b, w = spec.uniform   # DualPipe: one micro-batch meets one of a device's two chunks, a whole stage
+        costs = uniform_costs(p, sched.v, f, b, w, visits=1 if spec.schedule == "dualpipe" else None)
         stage_fwd = f
     else:
-        costs = msc.costs
+        costs = msc.costs.mirrored() if spec.schedule == "dualpipe" else msc.costs
         stage_fwd = msc.stage_forward_s
     encoder = None
     if need_encoder:

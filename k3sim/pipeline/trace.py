@@ -2,7 +2,8 @@
 a regular file written atomically (`k3sim.files`); the trace may also go to stdout (`-`), the PNG may not.
 
 One track per pipeline device; ops named `<kind><chunk>.mb<micro-batch>` (F forward, B backward or
-input gradient, W weight gradient, EF / EB encoder forward / backward); transfers on one track per link.
+input gradient, W weight gradient, F&B an overlapped forward and backward of two micro-batches, named by
+its forward, EF / EB encoder forward / backward); transfers on one track per link.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from k3sim.files import STDOUT, atomic_write_text, save_figure
 from k3sim.pipeline.engine import Timeline
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "EF": "#8172B3", "EB": "#C44E52"}
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "F&B": "#937860", "EF": "#8172B3", "EB": "#C44E52"}
 
 
 def op_name(label: tuple[str, int, int, int]) -> str:
@@ -89,7 +90,8 @@ def write_gantt(tl: Timeline, path: str | Path, title: str = "", label_ops: bool
     ax.set_xlim(0, step)
     ax.set_xlabel("time (s)")
     kinds = sorted({lab[0] for lab in prog.labels}, key=list(COLORS).index)
-    names = {"F": "forward", "B": "backward", "W": "weight grad", "EF": "encoder fwd", "EB": "encoder bwd"}
+    names = {"F": "forward", "B": "backward", "W": "weight grad", "F&B": "overlapped F&B", "EF": "encoder fwd",
+             "EB": "encoder bwd"}
     ax.legend(handles=[Patch(color=COLORS[k], label=names[k]) for k in kinds], loc="upper center",
               bbox_to_anchor=(0.5, -0.18 if p > 4 else -0.35), ncol=len(kinds), fontsize=8, frameon=False)
     ax.set_title(title or f"step {step:.4g} s", fontsize=10)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3sim.configs.planning import check_redundant_experts
+from k3sim.configs.planning import check_redundant_experts, resolve_recompute
 from k3sim.errors import InputError
 
 # Each `training:` knob: the model part it acts on (None: every model) and the parallel degree that must
@@ -70,6 +70,10 @@ def check_training(scenario: Any, model: Any, source: str, *, own_layout: bool) 
                              f"remove it, or raise parallelism.{degree}", source=source, field=f"training.{knob}")
     if own_layout and section.redundant_experts and model.moe is not None and par.ep > 1:
         check_redundant_experts(section.redundant_experts, model.moe.num_routed_experts, par.ep, source)
+    # recompute modules the model lacks, or given without `recompute: selective` (the step and memory refuse the
+    # same, here before any work)
+    resolve_recompute(model, section.recompute, section.recompute_modules,
+                      scenario.workload.activation_checkpointing, source)
 
 
 def load(path: str | Path, *, own_layout: bool = False) -> PlanInputs:

@@ -5,6 +5,8 @@ serving scenarios run the serving simulator (k3sim.serving) and the decode model
 they are installed, and say "not available" where not. Every scenario also gets the CP crossover
 (k3sim.cp), the calibration error table of the kernels it called and its assumptions with sources.
 Sections run in order and a section that cannot apply (a decode roofline for a training run) says so.
+A training scenario with a token budget (`training.tokens` and `training.days`, or `--tokens` / `--days`) also
+gets the smallest cluster and layout that trains it in time (`k3sim.planner.budget`, section `token_budget`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Callable
 
 from k3sim.errors import DoesNotFit, InputError
 
-SECTIONS = ("memory", "step", "serving", "decode", "cp", "prefix_cache", "pipeline", "calibration")
+SECTIONS = ("memory", "step", "token_budget", "serving", "decode", "cp", "prefix_cache", "pipeline", "calibration")
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Prefix-cache section: a short seeded synthetic multi-turn chat replay (k3sim.workloads.synthetic)
 # through each cache policy, unbounded pool: how much of the traffic's prefix reuse each policy can
@@ -86,6 +88,7 @@ class PlanResult:
     cp_degree: int = 0
     cp_crossovers: dict | None = None
     cp_geometry: Any = None
+    token_budget: Any = None           # planner.budget.TokenBudget: the smallest cluster for the token budget
     prefix_cache: list[dict] | None = None
     calibration: list[dict] = field(default_factory=list)
     kernel_calls: list[dict] = field(default_factory=list)
@@ -120,6 +123,8 @@ class PlanResult:
             out.update({k: v for k, v in self.serving.items() if k not in out})
         if self.decode is not None:
             out["decode"] = self.decode.to_dict(orient="records")
+        if self.token_budget is not None:
+            out["token_budget"] = self.token_budget.to_json()
         out["memory"] = self.memory
         out["notes"] = self.notes
         out["kernel_calls"] = self.kernel_calls
@@ -135,10 +140,12 @@ def _section(res: PlanResult, name: str, fn: Callable[[], None], progress: Calla
 
 
 def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Callable | None = None,
-         sections: tuple[str, ...] = SECTIONS, serving_requests: int | None = None, inputs=None) -> PlanResult:
+         sections: tuple[str, ...] = SECTIONS, serving_requests: int | None = None, inputs=None,
+         tokens: float | None = None, days: float | None = None, max_gpus: int | None = None) -> PlanResult:
     """Every section of the report for the scenario at `path` (bad input raises InputError). `inputs`: the
     `planner.inputs.load(path, own_layout=True)` the caller already made (the scenario is read once: it may
-    be a pipe)."""
+    be a pipe). `tokens`, `days`: the token budget (None: the scenario's training.tokens / training.days);
+    `max_gpus`: the largest cluster its sweep may use (None: the bounds table's maximum)."""
     from k3sim.planner.inputs import load
 
     inp = inputs if inputs is not None else load(path, own_layout=True)  # the plan runs the scenario's own layout: a knob idle there is refused
@@ -152,9 +159,12 @@ def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Cal
     res.model_path = str(resolve_relative(sc.model, Path(path).resolve().parent))
     if "memory" in sections:
         _section(res, "memory", lambda: _memory(res, inp), progress)
+    budget = budget_inputs(inp, tokens, days)
     if inp.mode == "train":
         if "step" in sections:
             _section(res, "step", lambda: _training(res, inp, kt), progress)
+        if "token_budget" in sections and budget is not None:
+            _section(res, "token_budget", lambda: _token_budget(res, inp, budget, max_gpus, kt.inner), progress)
         for s in ("serving", "decode", "prefix_cache"):
             res.notes[s] = "not applicable to a training scenario"
         if "pipeline" in sections and sc.parallelism.pp == 1:
@@ -207,7 +217,9 @@ def _memory(res: PlanResult, inp) -> None:
                                 micro_batch_size=w.micro_batch_size,
                                 activation_checkpointing=w.activation_checkpointing,
                                 num_micro_batches=w.num_micro_batches or sc.parallelism.pp * sc.parallelism.virtual_stages,
-                                workspace_fraction=w.workspace_fraction, source=src, allow_overflow=True)
+                                workspace_fraction=w.workspace_fraction, source=src, allow_overflow=True,
+                                recompute=inp.training.recompute, recompute_modules=inp.training.recompute_modules,
+                                precision=inp.training.precision)
         res.fits, res.verdict = res.memory.fits, memory_verdict(res.memory)
 
 
@@ -244,6 +256,39 @@ def _training(res: PlanResult, inp, kt) -> None:
     if not res.fits:
         res.notes["step"] = ("the layout does not fit in memory: the step time below is what it would take if "
                              "it did, not a runnable configuration")
+
+
+def budget_inputs(inp, tokens: float | None, days: float | None) -> tuple[float, float] | None:
+    """(tokens, days) of the token budget: the arguments (the command's --tokens / --days), else the scenario's
+    training.tokens / training.days; None without one. Half a budget is refused naming what is missing."""
+    tokens = inp.training.tokens if tokens is None else tokens
+    days = inp.training.days if days is None else days
+    if tokens is None and days is None:
+        return None
+    if inp.mode != "train":
+        raise InputError("a token budget sizes a training cluster and the scenario's workload.mode is serve; "
+                         "remove it, or plan a train scenario", source="--tokens" if tokens is not None else "--days")
+    if days is None:
+        raise InputError("a token budget needs the wall-clock days too: add training.days or --days, or remove "
+                         "training.tokens", source=str(inp.path), field="training.tokens")
+    if tokens is None:
+        raise InputError("a token budget needs the tokens to train too: add training.tokens or --tokens, or remove "
+                         "training.days", source=str(inp.path), field="training.days")
+    return float(tokens), float(days)
+
+
+def _token_budget(res: PlanResult, inp, budget: tuple[float, float], max_gpus: int | None, kernel_time) -> None:
+    """The smallest cluster and layout that trains the token budget in time (`k3sim.planner.budget`)."""
+    from k3sim.planner.budget import token_budget
+
+    b = token_budget(inp, *budget, max_gpus=max_gpus, kernel_time=kernel_time)
+    res.token_budget = b
+    res.notes["token_budget"] = (
+        f"Candidates: clusters of {inp.scenario.cluster.num_gpus:,} x 2^k GPUs up to {b.max_gpus:,} (none below the "
+        f"{b.ideal_gpus:,.0f} GPUs the rate needs at 100 % MFU), each with the sweep grid (the scenario's sweep: "
+        f"lists, else k3sim sweep's), dp filling it, at {', '.join(f'{t:,}' for t in b.global_batch_sequences)} "
+        "sequences per step; the analytic path (closed-form pipeline, as k3sim sweep) decides, k3sim plan's "
+        "event engine is shown beside it (k3sim.planner.budget).")
 
 
 def _serving(res: PlanResult, inp, kt, requests: int | None) -> None:

@@ -1,9 +1,16 @@
 """`sweep`: a grid of layouts through the analytic models, in local processes or on a Dask cluster.
 
-Training: every (tp, pp, virtual_stages, ep, cp, dp, micro-batches) point runs the training step model
-(closed-form pipeline: the analytic path) and the memory planner; by default dp fills the cluster and the
-micro-batch count keeps the scenario's global batch (sequences per step), so every point trains the same
-tokens per step. Serving: every (batch limit, prefill:decode replica split) point runs the serving
+Training: every (tp, pp, virtual_stages, ep, cp, dp, micro-batches, global batch) point runs the training
+step model (closed-form pipeline: the analytic path) and the memory planner. The global batch (sequences per
+step, `global_batch`) is the scenario's own (its layout's dp x micro-batches x micro_batch_size) unless the grid
+names one (`sweep.global_batch_sequences`, `--global-batch`), so every point of a sweep trains the same tokens
+per step: a layout's micro-batch count is derived, global batch / (dp x micro_batch_size); a grid that names
+micro-batch counts (`--micro-batches`) keeps the global batch too and sets the micro-batch size instead,
+global batch / (dp x micro-batches), as Megatron-LM's --global-batch-size / --micro-batch-size do. A point
+where that does not divide, or leaves fewer micro-batches than the pipeline needs (`pipeline_shortfall`), is
+skipped and counted by reason (`SweepResult.skipped`). By default dp fills the cluster. When the grid names
+several global batches the Pareto front is taken per global batch (a different batch is a different training
+run, not a faster layout). Serving: every (batch limit, prefill:decode replica split) point runs the serving
 simulation (k3sim.serving, the same run as `k3sim serve --workload chat`) on a seeded request sample:
 goodput per GPU against p99 TTFT.
 
@@ -23,16 +30,18 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from k3sim.errors import InputError
 
-TRAIN_DIMS = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches")
+TRAIN_DIMS = ("tp", "pp", "virtual_stages", "ep", "cp", "dp", "num_micro_batches", "global_batch_sequences")
 SERVE_DIMS = ("max_batch", "prefill_replicas")
-TRAIN_COLUMNS = ["index", *TRAIN_DIMS, "gpus", "status", "error", "step_time_s", "tokens_per_step", "tokens_per_s",
+TRAIN_COLUMNS = ["index", *TRAIN_DIMS, "micro_batch_size", "gpus", "status", "error", "step_time_s",
+                 "tokens_per_step", "tokens_per_s",
                  "tokens_per_s_per_gpu", "mfu", "fits", "memory_per_gpu_bytes", "bubble_ratio", "ep_imbalance",
                  "compute_s", "exposed_tp_s", "exposed_ep_s", "exposed_cp_s", "exposed_pp_s", "exposed_dp_s",
                  "bubble_s"]
@@ -60,12 +69,14 @@ class SweepResult:
     wall_s: float
     workers: int
     scheduler: str
+    skipped: dict = field(default_factory=dict)   # reason -> grid points skipped for it (training grids)
 
 
 # ------------------------------------------------------------------------------------------ the grid
 # Each dimension as the user writes it: the option of `k3sim sweep` (the scenario field is sweep.<dim>).
 DIM_OPTIONS = {"tp": "--tp", "pp": "--pp", "virtual_stages": "--virtual", "ep": "--ep", "cp": "--cp",
-               "dp": "--dp", "num_micro_batches": "--micro-batches", "max_batch": "--max-batch",
+               "dp": "--dp", "num_micro_batches": "--micro-batches", "global_batch_sequences": "--global-batch",
+               "max_batch": "--max-batch",
                "prefill_replicas": "--prefill-replicas"}
 
 
@@ -101,7 +112,7 @@ def check_grid_size(inp, lists: dict[str, list], given: dict[str, list[int] | No
     return n
 
 
-BLAME_ORDER = ("dp", "num_micro_batches", "virtual_stages", "cp", "ep", "pp", "tp")
+BLAME_ORDER = ("global_batch_sequences", "dp", "num_micro_batches", "virtual_stages", "cp", "ep", "pp", "tp")
 
 
 def _refuse_unused(inp, given: dict[str, list[int] | None], used: dict[str, set], why: dict, *,
@@ -121,59 +132,135 @@ def _refuse_unused(inp, given: dict[str, list[int] | None], used: dict[str, set]
                                  "other lists", source=written_as(inp, dim, values))
 
 
-def training_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
-    """Cartesian product of the given values (defaults derived from the scenario); dp None = fill the
-    cluster, micro-batches None = keep the scenario's global batch. A layout that needs more GPUs than the
-    cluster has (tp*pp*cp*dp > cluster.num_gpus) or has virtual stages without a pipeline is not a point;
-    a given value left in no point at all is refused with the reason (`_refuse_unused`), never dropped
-    silently."""
-    sc, model = inp.scenario, inp.model
-    par, w = sc.parallelism, sc.workload
+def global_batch(inp) -> int:
+    """Sequences per step of the scenario's own layout: its dp x micro-batches x micro_batch_size, the
+    micro-batch count defaulting as the step model's does (one per virtual pipeline stage)."""
+    par, w = inp.scenario.parallelism, inp.scenario.workload
+    return par.dp * (w.num_micro_batches or par.pp * par.virtual_stages) * w.micro_batch_size
+
+
+def pipeline_shortfall(pp: int, v: int, m: int, schedule: str = "auto") -> str | None:
+    """Why `m` micro-batches per step cannot fill a pipeline of `pp` ranks with `v` virtual stages each under
+    the training schedule (None: they can). 1F1B's steady state holds one micro-batch on every rank, so fewer
+    than pp leave ranks idle for the whole step (the bubble, (pp - 1) / m of the ideal step: Narayanan et
+    al., SC'21, sec. 2.2, exceeds the step itself); the interleaved schedule needs a multiple of pp (the step
+    model refuses others, as Megatron-LM's interleaved schedule does); the schedule's own rules (DualPipe's
+    even pp and micro-batch count) are `k3sim.training.schedule.check_schedule`'s."""
+    from k3sim.training.schedule import check_schedule
+
+    if m < pp:
+        return f"{m:,} micro-batches are fewer than the pp={pp} pipeline ranks 1F1B keeps busy"
+    if v > 1 and m % pp:
+        return f"interleaved 1F1B needs the micro-batches ({m:,}) in multiples of pp={pp}"
+    try:
+        check_schedule(schedule, pp, v, m)
+    except InputError as err:
+        return err.reason
+    return None
+
+
+# Why grid points are skipped (`SweepResult.skipped` keys): stable labels, the detail goes to the refusal of
+# a value no point uses.
+SKIP_VIRTUAL = "virtual stages without a pipeline"
+SKIP_GPUS = "more GPUs than the cluster"
+SKIP_FILL = "tp*pp*cp does not divide the cluster (dp fills it)"
+SKIP_DIVIDE = "global batch not divisible by dp x micro-batches x micro_batch_size"
+SKIP_PIPELINE = "micro-batches the pipeline schedule cannot run"
+
+
+def _train_lists(inp, given: dict[str, list[int] | None]) -> dict[str, list[int] | None]:
+    """Each training dimension's values: the given ones, else derived from the scenario (dp None: fill the
+    cluster; micro-batches None: derived from the global batch)."""
+    model, w = inp.model, inp.scenario.workload
     heads = math.gcd(*(c.num_heads for c in (model.kda, model.mla) if c is not None)) if (model.kda or model.mla) else 1
     domain = int(inp.hw.scaleup_domain_gpus)
-    tps = given.get("tp") or _divisors_in(heads, [t for t in (1, 2, 4, 8) if t <= domain])
-    pps = given.get("pp") or [p for p in (1, 2, 4, 8, 16, 32) if p <= model.num_layers]
-    vs = given.get("virtual_stages") or [1, 2]
     experts = model.moe.num_routed_experts if model.moe else 1
-    eps = given.get("ep") or ([e for e in (1, 8, 16, 32, 64, 128) if experts % e == 0] if model.moe else [1])
-    cps = given.get("cp") or [c for c in (1, 2, 4, 8) if w.context_tokens % (2 * c) == 0]
-    dps = given.get("dp")
-    mbs = given.get("num_micro_batches")
-    check_grid_size(inp, {"tp": tps, "pp": pps, "virtual_stages": vs, "ep": eps, "cp": cps, "dp": dps or [0],
-                          "num_micro_batches": mbs or [0]}, given)
-    m0 = w.num_micro_batches or par.pp * par.virtual_stages
-    global_seqs = m0 * par.dp * w.micro_batch_size
-    gpus = sc.cluster.num_gpus
-    used: dict[str, set] = {d: set() for d in TRAIN_DIMS}
-    why: dict = {}
+    return {"tp": given.get("tp") or _divisors_in(heads, [t for t in (1, 2, 4, 8) if t <= domain]),
+            "pp": given.get("pp") or [p for p in (1, 2, 4, 8, 16, 32) if p <= model.num_layers],
+            "virtual_stages": given.get("virtual_stages") or [1, 2],
+            "ep": given.get("ep") or ([e for e in (1, 8, 16, 32, 64, 128) if experts % e == 0] if model.moe else [1]),
+            "cp": given.get("cp") or [c for c in (1, 2, 4, 8) if w.context_tokens % (2 * c) == 0],
+            "dp": given.get("dp"), "num_micro_batches": given.get("num_micro_batches"),
+            "global_batch_sequences": given.get("global_batch_sequences") or [global_batch(inp)]}
 
-    def drop(reason: str, **combo) -> None:
+
+def _batch_shapes(lists: dict, pp: int, v: int, dp: int, size: int, skip,
+                  schedule: str = "auto") -> list[tuple[int, int, int]]:
+    """(global batch, micro-batches, micro-batch size) of one layout at one dp: the micro-batches derived from
+    each global batch at the scenario's micro-batch size, or (micro-batches named) the micro-batch size
+    derived; a shape that does not divide or starves the pipeline is skipped (`skip(kind, reason, **dims)`)."""
+    out = []
+    for b in lists["global_batch_sequences"]:
+        for m_given in (lists["num_micro_batches"] or [None]):
+            per_rank = dp * (m_given if m_given is not None else size)
+            if b % per_rank:
+                what = f"dp x micro-batches = {dp:,} x {m_given:,}" if m_given else \
+                    f"dp x micro_batch_size = {dp:,} x {size:,}"
+                skip(SKIP_DIVIDE, f"a global batch of {b:,} sequences is not divisible by {what}",
+                     global_batch_sequences=b, dp=dp, **({"num_micro_batches": m_given} if m_given else {}))
+                continue
+            m, s = (m_given, b // per_rank) if m_given is not None else (b // per_rank, size)
+            short = pipeline_shortfall(pp, v, m, schedule)
+            if short:
+                skip(SKIP_PIPELINE, f"{short} (global batch {b:,} over dp={dp:,})", global_batch_sequences=b,
+                     dp=dp, pp=pp, virtual_stages=v, **({"num_micro_batches": m_given} if m_given else {}))
+                continue
+            out.append((b, m, s))
+    return out
+
+
+def training_points(inp, lists: dict, gpus: int, skipped: Counter, why: dict, used: dict) -> list[dict]:
+    """The points of the training lists on a cluster of `gpus` GPUs (no index, no refusal): every skipped
+    point counted in `skipped` by kind (the full product's points: skipped + points = the product of the
+    list lengths, dp and micro-batches counting one when derived), the first detailed reason per (dimension,
+    value) in `why`, the values the points use in `used`."""
+    size, schedule = inp.scenario.workload.micro_batch_size, inp.training.pipeline_schedule
+    dps = lists["dp"]
+    inner = len(dps or [0]) * len(lists["global_batch_sequences"]) * len(lists["num_micro_batches"] or [0])
+    per_dp = inner // len(dps or [0])
+
+    def skip(kind: str, reason: str, n: int = 1, **combo) -> None:
+        skipped[kind] += n
         for d, v in combo.items():
             why.setdefault((d, v), reason)
 
     points = []
-    for tp, pp, v, ep, cp in itertools.product(tps, pps, vs, eps, cps):
+    for tp, pp, v, ep, cp in itertools.product(*(lists[d] for d in ("tp", "pp", "virtual_stages", "ep", "cp"))):
         combo = dict(tp=tp, pp=pp, virtual_stages=v, ep=ep, cp=cp)
-        if pp == 1 and v > 1:
-            drop("virtual stages need a pipeline (pp > 1)", **combo)
-            continue
         base = tp * pp * cp
-        if base > gpus:
-            drop(f"tp*pp*cp={base:,} GPUs exceed the cluster's {gpus:,} (cluster.num_gpus)", **combo)
-            continue
-        if dps is None and gpus % base:
-            drop(f"tp*pp*cp={base:,} does not divide the cluster's {gpus:,} GPUs (dp fills the cluster)", **combo)
-            continue
-        for dp in (dps or [gpus // base]):
-            if base * dp > gpus:
-                drop(f"tp*pp*cp*dp={base * dp:,} GPUs exceed the cluster's {gpus:,} (cluster.num_gpus)",
-                     **combo, dp=dp)
-                continue
-            for m in (mbs or [max(1, global_seqs // (dp * w.micro_batch_size))]):
-                p = {**combo, "dp": dp, "num_micro_batches": m}
-                points.append(p)
-                for d, x in p.items():
-                    used[d].add(x)
+        if pp == 1 and v > 1:
+            skip(SKIP_VIRTUAL, "virtual stages need a pipeline (pp > 1)", inner, **combo)
+        elif base > gpus:
+            skip(SKIP_GPUS, f"tp*pp*cp={base:,} GPUs exceed the cluster's {gpus:,} (cluster.num_gpus)", inner, **combo)
+        elif dps is None and gpus % base:
+            skip(SKIP_FILL, f"tp*pp*cp={base:,} does not divide the cluster's {gpus:,} GPUs (dp fills the cluster)",
+                 inner, **combo)
+        else:
+            for dp in (dps or [gpus // base]):
+                if base * dp > gpus:
+                    skip(SKIP_GPUS, f"tp*pp*cp*dp={base * dp:,} GPUs exceed the cluster's {gpus:,} "
+                         "(cluster.num_gpus)", per_dp, **combo, dp=dp)
+                    continue
+                for b, m, s in _batch_shapes(lists, pp, v, dp, size, skip, schedule):
+                    p = {**combo, "dp": dp, "num_micro_batches": m, "global_batch_sequences": b, "micro_batch_size": s}
+                    points.append(p)
+                    for d in TRAIN_DIMS:
+                        used[d].add(p[d])
+    return points
+
+
+def training_grid(inp, given: dict[str, list[int] | None], skipped: Counter | None = None) -> list[dict]:
+    """Cartesian product of the given values (defaults derived from the scenario: `_train_lists`) on the
+    scenario's cluster. A layout that needs more GPUs than the cluster has (tp*pp*cp*dp > cluster.num_gpus),
+    has virtual stages without a pipeline, or whose batch shape does not divide or starves the pipeline is
+    not a point (counted in `skipped` by reason); a given value left in no point at all is refused with the
+    reason (`_refuse_unused`), never dropped silently."""
+    lists = _train_lists(inp, given)
+    check_grid_size(inp, {d: lists[d] or [0] for d in TRAIN_DIMS}, given)
+    used: dict[str, set] = {d: set() for d in TRAIN_DIMS}
+    why: dict = {}
+    skipped = Counter() if skipped is None else skipped
+    points = training_points(inp, lists, inp.scenario.cluster.num_gpus, skipped, why, used)
     if not points:
         _refuse_unused(inp, given, used, why, empty=True)  # names the value the user gave, when there is one
         first = next(iter(why.values()), "no layout")
@@ -205,9 +292,10 @@ def serving_grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
     return [{"index": i, **q} for i, q in enumerate(pts)]
 
 
-def grid(inp, given: dict[str, list[int] | None]) -> list[dict]:
-    """The points of a sweep; an empty grid is refused (nothing to run is bad input, not an empty result)."""
-    pts = training_grid(inp, given) if inp.mode == "train" else serving_grid(inp, given)
+def grid(inp, given: dict[str, list[int] | None], skipped: Counter | None = None) -> list[dict]:
+    """The points of a sweep; an empty grid is refused (nothing to run is bad input, not an empty result).
+    `skipped`: filled with the training grid's skipped points by reason."""
+    pts = training_grid(inp, given, skipped) if inp.mode == "train" else serving_grid(inp, given)
     if not pts:
         raise InputError("the sweep grid is empty: no layout of the given values uses the cluster's "
                          f"{inp.scenario.cluster.num_gpus} GPUs (check --tp/--pp/--cp/--dp or the sweep: section)",
@@ -236,23 +324,30 @@ def register_kernel_time(name: str, fn: Callable) -> None:
     _KERNELS[name] = fn
 
 
-def _train_point(inp, ctx, p: dict) -> dict:
+def _train_point(inp, ctx, p: dict, *, engine: bool | None = False, with_memory: bool = True) -> dict:
+    """One training point through the step model: the analytic path (`engine` False: closed-form pipeline) or
+    the scenario's pipeline clock (None: the event engine, as `k3sim plan`); `with_memory` False skips the
+    memory plan (`fits` and `memory_per_gpu_bytes` None: not known)."""
     from k3sim.configs.parallel import Parallelism
     from k3sim.training import train_step
 
     w = inp.scenario.workload
     par = Parallelism(tp=p["tp"], pp=p["pp"], virtual_stages=p["virtual_stages"], ep=p["ep"], cp=p["cp"],
                       dp=p["dp"], zero_stage=inp.scenario.parallelism.zero_stage)
-    r = train_step(inp.model, inp.hw, par, seq_len=w.context_tokens, micro_batch_size=w.micro_batch_size,
+    size = p.get("micro_batch_size") or w.micro_batch_size  # a point built by hand: the scenario's
+    r = train_step(inp.model, inp.hw, par, seq_len=w.context_tokens, micro_batch_size=size,
                    num_micro_batches=p["num_micro_batches"], activation_checkpointing=w.activation_checkpointing,
-                   workspace_fraction=w.workspace_fraction, options=inp.training.options(False), context=ctx,
-                   source="sweep point")
+                   workspace_fraction=w.workspace_fraction, options=inp.training.options(engine), context=ctx,
+                   source="sweep point", with_memory=with_memory)
     e = r.exposed_comm_s
-    return {"gpus": par.gpus, "step_time_s": r.step_time_s, "tokens_per_step": r.tokens_per_step,
+    return {"gpus": par.gpus, "micro_batch_size": size, "global_batch_sequences": par.dp * p["num_micro_batches"] * size,
+            "step_time_s": r.step_time_s, "tokens_per_step": r.tokens_per_step,
             "tokens_per_s": r.tokens_per_s, "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,
-            "fits": bool(r.fits), "memory_per_gpu_bytes": float(r.memory.per_gpu_bytes["total"]),
+            "fits": bool(r.fits) if with_memory else None,
+            "memory_per_gpu_bytes": float(r.memory.per_gpu_bytes["total"]) if with_memory else None,
             "bubble_ratio": r.bubble_ratio, "ep_imbalance": r.ep_imbalance, "compute_s": r.compute_s,
-            **{f"exposed_{k}_s": e[k] for k in ("tp", "ep", "cp", "pp", "dp")}, "bubble_s": r.bubble_s}
+            **{f"exposed_{k}_s": e[k] for k in ("tp", "ep", "cp", "pp", "dp")}, "bubble_s": r.bubble_s,
+            "pipeline_source": r.pipeline_source}
 
 
 def _serve_point(inp, kt, p: dict, requests: int) -> dict:
@@ -271,22 +366,26 @@ def _serve_point(inp, kt, p: dict, requests: int) -> dict:
             "token_hit_rate": s["token_hit_rate"], "requests": s["requests"]}
 
 
+def evaluate(inp, ctx, kt, p: dict, requests: int = SERVING_REQUESTS, **train: Any) -> dict:
+    """One point's row: its dimensions, the model's answer and status "ok", or status "error" with the
+    one-line reason a model refusing gave (recorded, never fatal to a sweep). `train`: `_train_point`'s
+    keywords (the pipeline clock, the memory plan)."""
+    row = dict(p)
+    try:
+        row.update(_train_point(inp, ctx, p, **train) if inp.mode == "train" else _serve_point(inp, kt, p, requests))
+        row["status"], row["error"] = "ok", ""
+    except InputError as err:
+        row["status"], row["error"] = "error", str(err)
+    except (ValueError, ArithmeticError, KeyError, RuntimeError) as err:  # a model refusing: recorded, not fatal
+        row["status"], row["error"] = "error", f"{type(err).__name__}: {err}"
+    return row
+
+
 def evaluate_chunk(args: tuple) -> list[dict]:
     """Run one chunk of points (top-level: picklable for process pools and Dask)."""
     path, points, kernel_key, requests = (*args, SERVING_REQUESTS)[:4]
     inp, ctx, kt = _worker_state(path, kernel_key)
-    out = []
-    for p in points:
-        row = dict(p)
-        try:
-            row.update(_train_point(inp, ctx, p) if inp.mode == "train" else _serve_point(inp, kt, p, requests))
-            row["status"], row["error"] = "ok", ""
-        except InputError as err:
-            row["status"], row["error"] = "error", str(err)
-        except (ValueError, ArithmeticError, KeyError, RuntimeError) as err:  # a model refusing: recorded, not fatal
-            row["status"], row["error"] = "error", f"{type(err).__name__}: {err}"
-        out.append(row)
-    return out
+    return [evaluate(inp, ctx, kt, p, requests) for p in points]
 
 
 def _chunks(points: list[dict], size: int) -> list[list[dict]]:
@@ -390,6 +489,16 @@ def pareto_front(df, minimize: str, maximize: str):
     return d.loc[keep]
 
 
+def training_front(ok, x: str, y: str):
+    """The Pareto front of fitting training rows, taken per global batch: a layout trained at another batch
+    is another training run (another optimisation), so it never beats one at this batch on the front."""
+    import pandas as pd
+
+    if not len(ok) or ok["global_batch_sequences"].nunique() <= 1:
+        return pareto_front(ok, x, y) if len(ok) else ok
+    return pd.concat([pareto_front(g, x, y) for _, g in ok.groupby("global_batch_sequences", sort=True)])
+
+
 def sweep(path: str | Path, *, given: dict[str, list[int] | None] | None = None,
           workers: int = 1, scheduler: str | None = None, chunk_size: int | None = None,
           kernel_key: str | None = None, progress: Callable | None = None,
@@ -404,7 +513,8 @@ def sweep(path: str | Path, *, given: dict[str, list[int] | None] | None = None,
     merged.update({k: v for k, v in (given or {}).items() if v})
     if workers < 1:
         raise InputError(f"must be >= 1 (got {workers})", source="--workers")
-    points = grid(inp, merged)
+    skipped: Counter = Counter()
+    points = grid(inp, merged, skipped)
     t0 = time.perf_counter()
     rows = run_points(path, points, workers=workers, scheduler=scheduler, chunk_size=chunk_size,
                       kernel_key=kernel_key, progress=progress, serving_requests=serving_requests)
@@ -424,5 +534,9 @@ def sweep(path: str | Path, *, given: dict[str, list[int] | None] | None = None,
         x, y = "ttft_p99_s", "goodput_requests_per_s_per_gpu"
         xl, yl = "p99 TTFT (s)", "goodput (requests/s) per GPU"
     ok = df[(df["status"] == "ok") & (df["fits"] == True)]  # noqa: E712 (pandas mask)
-    front = pareto_front(ok, x, y) if len(ok) else ok
-    return SweepResult(inp.scenario.name, inp.mode, df, ok, front, x, y, xl, yl, wall, used, label)
+    if inp.mode == "train":
+        front = training_front(ok, x, y)
+    else:
+        front = pareto_front(ok, x, y) if len(ok) else ok
+    return SweepResult(inp.scenario.name, inp.mode, df, ok, front, x, y, xl, yl, wall, used, label,
+                       dict(sorted(skipped.items())))

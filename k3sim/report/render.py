@@ -221,7 +221,10 @@ def _trust_sections(res) -> list[dict]:
 
 def build_context(res, fig_dir: Path) -> dict:
     """Tables and figures of every section (figures drawn into `fig_dir`), in report order."""
-    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _serving_sections(res, fig_dir)
+    from k3sim.report.budget import budget_sections
+
+    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + budget_sections(res)
+                + _serving_sections(res, fig_dir)
                 + _decode_sections(res, fig_dir) + _prefix_cache_sections(res, fig_dir) + _cp_sections(res, fig_dir)
                 + _pipeline_sections(res, fig_dir) + _trust_sections(res))
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in res.timings_s.items())

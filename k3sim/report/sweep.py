@@ -36,22 +36,29 @@ def write_sweep(res: Any, out: str | Path) -> list[str]:
         atomic_write_text(out / "sweep.json", json.dumps(to_jsonable({
             "scenario": res.scenario, "mode": res.mode, "points": len(df),
             "ok": int((df["status"] == "ok").sum()), "fit": len(ok), "errors": int((df["status"] == "error").sum()),
-            "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler, "pareto_x": res.x,
-            "pareto_y": res.y, "pareto": front.to_dict(orient="records")}), indent=2) + "\n")
+            "skipped": res.skipped, "wall_s": res.wall_s, "workers": res.workers, "scheduler": res.scheduler,
+            "pareto_x": res.x, "pareto_y": res.y, "pareto": front.to_dict(orient="records")}), indent=2) + "\n")
         return sorted(str(out / n) for n in names)
 
 
 def front_markdown(res: Any) -> str:
-    """`pareto.md`: the front's layouts with both axes and, for training, MFU and memory per GPU."""
+    """`pareto.md`: the front's layouts with both axes and, for training, the micro-batch size, tokens per
+    step, MFU and memory per GPU (a front per global batch when the grid names several)."""
     from k3sim.planner.sweep import SERVE_DIMS, TRAIN_DIMS
 
     df, front, x, y = res.table, res.front, res.x, res.y
     dims = list(TRAIN_DIMS if res.mode == "train" else SERVE_DIMS)
-    head = dims + [x, y] + (["mfu", "memory_per_gpu_bytes"] if res.mode == "train" else ["tpot_p99_s"])
+    head = dims + (["micro_batch_size", "tokens_per_step"] if res.mode == "train" else []) + [x, y] + (
+        ["mfu", "memory_per_gpu_bytes"] if res.mode == "train" else ["tpot_p99_s"])
+    skipped = getattr(res, "skipped", None) or {}
     lines = [f"# Sweep of {res.scenario}: Pareto front ({y} up, {x} down)", "",
              f"{len(df)} points, {int((df['status'] == 'ok').sum())} evaluated, "
-             f"{int((df['status'] == 'error').sum())} refused with their error (see sweep.parquet).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"{int((df['status'] == 'error').sum())} refused with their error (see sweep.parquet)"
+             + (f"; {sum(skipped.values()):,} grid points skipped ("
+                + "; ".join(f"{k}: {v:,}" for k, v in skipped.items()) + ")" if skipped else "") + ".", ""]
+    if res.mode == "train" and "global_batch_sequences" in df and df["global_batch_sequences"].nunique() > 1:
+        lines += ["One front per global batch (a layout at another batch trains another run).", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in front.itertuples():
         vals = []
         for h in head:

@@ -17,7 +17,7 @@ Megatron-Core names the same idea `--recompute-modules` (core_attn, moe_act, lay
 
 from __future__ import annotations
 
-from k3sim.configs.planning import RECOMPUTE_MODULES
+from k3sim.configs.planning import RECOMPUTE_MODULE_NEEDS, RECOMPUTE_MODULES
 
 _COMPONENTS: dict[str, tuple[str, ...]] = {
     "norms": ("attn_norm", "ffn_norm", "mla_q_a_norm", "mla_kv_a_norm", "moe_latent_norm", "kda_out_norm"),
@@ -29,9 +29,9 @@ _COMPONENTS: dict[str, tuple[str, ...]] = {
 assert set(_COMPONENTS) == set(RECOMPUTE_MODULES)
 _MODULE_OF = {c: m for m, comps in _COMPONENTS.items() for c in comps}
 
-# The layer part a module needs: a recompute module the model lacks is refused, naming it.
-MODULE_NEEDS: dict[str, str | None] = {"norms": None, "mla_up_proj": "mla", "attention_core": "mla",
-                                        "moe_act": "moe", "kda_core": "kda"}
+# The layer part a module needs: a recompute module the model lacks is refused, naming it (the table lives in
+# `configs.planning`, below the memory planner, which refuses the same modules).
+MODULE_NEEDS: dict[str, str | None] = RECOMPUTE_MODULE_NEEDS
 
 
 def module_of(component: str) -> str | None:

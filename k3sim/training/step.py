@@ -14,8 +14,9 @@ Composition (each term's source is in its row):
 - CP: KCP on KDA layers, the chosen scheme on MLA layers (`k3sim.cp`): what CP adds on top of the local
   attention kernel (exposed communication and the scheme's own compute: KCP pre-process and fold, latent
   up-projection);
-- PP: the schedule (k3sim.training.schedule: the pipeline engine, or Megatron's closed form) over the
-  per-stage micro-batch costs gives the bubble; stage-to-stage sends are overlapped in steady state and
+- PP: layers split over the stages by cost (k3sim.training.partition, `training.stage_split: balanced`, the
+  default) or by count; the schedule (k3sim.training.schedule: the pipeline engine, or Megatron's closed form)
+  over the per-stage micro-batch costs gives the bubble; stage-to-stage sends are overlapped in steady state and
   exposed along the fill and drain chains (2 (p v - 1) hops; modelling choice);
 - DP with ZeRO-1: gradient reduce-scatter after the last micro-batch's backward and parameter all-gather
   before the next step's first forward, overlapped with that micro-batch's backward / forward (Megatron
@@ -36,9 +37,10 @@ from k3sim.configs.parallel import Parallelism
 from k3sim.configs.planning import TrainOptions, check_redundant_experts
 from k3sim.cp.groups import Collectives
 from k3sim.errors import InputError
+from k3sim.step.training import precision_assumption
 from k3sim.training.placement import groups, pp_hop_links
 from k3sim.comm.routing import ep_imbalance
-from k3sim.training.schedule import pipeline_time
+from k3sim.training.overlap import schedule_pipeline
 
 BF16 = 2
 SUBLAYERS_PER_LAYER = 2   # attention block + FFN block, each AG in / RS out under sequence parallelism
@@ -113,6 +115,7 @@ class TrainStepResult:
     pipeline: Any = field(default=None, repr=False)   # PipelineTime (engine timeline for the Gantt chart)
     hardware_flop_per_step: float = 0.0   # FLOP the GPUs execute, recompute included (HFU's numerator)
     hfu: float = 0.0                      # hardware FLOP / (step time x GPUs x bf16 peak)
+    stage_split: str = "uniform"          # layers over pipeline stages: "balanced" (by cost) | "uniform" (by count)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -135,15 +138,17 @@ class TrainingContext:
         self._flop: dict[int, float] = {}
         self._hw_flop: dict[tuple, float] = {}
         self._stages: dict[tuple, list] = {}
+        self._splits: dict[tuple, list[list[int]] | None] = {}
 
-    def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated") -> list:
-        key = (tp, ep, cp, tokens, seq_len, glue)
+    def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated",
+                    precision: str = "bf16") -> list:
+        key = (tp, ep, cp, tokens, seq_len, glue, precision)
         if key not in self._layers:
             from k3sim.step.glue import glue_for
 
             self._layers[key] = list(self.layer_costs_fn(self.model, self.hw, tp=tp, ep=ep, cp=cp, tokens=tokens,
                                                          seq_len=seq_len, kernel_time=self.kernel_time,
-                                                         glue=glue_for(self.hw, glue)))
+                                                         glue=glue_for(self.hw, glue, self.model), precision=precision))
         return self._layers[key]
 
     def cp_overhead(self, tp: int, cp: int, seq_len: int, opts: TrainOptions, source: str | None) -> dict:
@@ -192,23 +197,26 @@ class TrainingContext:
         self._cp[key] = out
         return out
 
-    def expert_compute(self, tp: int, ep: int, tokens: int, fold: int = 1) -> tuple[float, str]:
+    def expert_compute(self, tp: int, ep: int, tokens: int, fold: int = 1,
+                       precision: str = "bf16") -> tuple[float, str]:
         """Forward seconds of the routed-expert GEMMs of one MoE layer on one rank for a micro-batch of
         `tokens` per TP group (the step package's calls, timed by its Timer): the part EP load imbalance
-        stretches. `fold`: how many TP groups' tokens meet in one EP group (the step layout's attention DP)."""
-        key = (tp, ep, tokens, fold)
+        stretches. `fold`: how many TP groups' tokens meet in one EP group (the step layout's attention DP).
+        `precision`: fp8 prices the grouped GEMMs as the layer costs do (`k3sim.step.training.call_forward`)."""
+        key = (tp, ep, tokens, fold, precision)
         if key not in self._experts:
             from k3sim.step.batch import Batch
             from k3sim.step.calls import Timer
             from k3sim.step.layers import expert_calls
             from k3sim.step.layout import StepLayout
+            from k3sim.step.training import call_forward
 
             lay = StepLayout(tp=tp, ep=ep, attention_dp=fold)
             timer = Timer(self.hw, self.kernel_time)
-            rows = [timer.row(c, 0) for c in expert_calls(self.model, lay, Batch(prefill=((tokens, 0),)),
-                                                          "grouped_bf16")]
-            main = max(rows, key=lambda r: r.seconds) if rows else None
-            self._experts[key] = (sum(r.seconds for r in rows), f"{main.op} {main.source}" if main else "none")
+            batch = Batch(prefill=((tokens, 0),))
+            rows = [call_forward(timer, c, precision) for c in expert_calls(self.model, lay, batch, "grouped_bf16")]
+            main = max(rows) if rows else None
+            self._experts[key] = (sum(r[0] for r in rows), main[1] if main else "none")
         return self._experts[key]
 
     def model_flop_per_token(self, seq_len: int) -> float:
@@ -221,32 +229,35 @@ class TrainingContext:
             self._flop[seq_len] = training_flop_per_token(self.model, seq_len)
         return self._flop[seq_len]
 
-    def hardware_flop_per_token(self, seq_len: int, recompute: bool) -> float:
+    def hardware_flop_per_token(self, seq_len: int, recompute: bool | tuple[str, ...]) -> float:
         """FLOP the GPUs execute per token (HFU's numerator): the GEMMs' model count (a GEMM executes what it
         is counted with) x 3, the attention kernels' own registry counts (`sdpa_causal_fwd_bwd`: FlashAttention's
         3.5 x forward, V padded to the QK dim; `chunk_kda_fwd_bwd`: padded chunks), and under full activation
-        checkpointing the forward of all of it once more. Not counted: CP schemes' own extra work (KCP fold,
-        latent up-projection), redundant experts, elementwise kernels."""
-        key = (seq_len, bool(recompute))
+        checkpointing the forward of all of it once more; under selective recompute (`recompute` a tuple of
+        modules) the forward of those modules only. Not counted: CP schemes' own extra work (KCP fold, latent
+        up-projection), redundant experts, elementwise kernels (so norms and moe_act add none)."""
+        key = (seq_len, recompute if isinstance(recompute, tuple) else bool(recompute))
         if key not in self._hw_flop:
-            self._hw_flop[key] = _hardware_flop_per_token(self.model, seq_len, bool(recompute))
+            self._hw_flop[key] = _hardware_flop_per_token(self.model, seq_len, key[1])
         return self._hw_flop[key]
 
-    def stage_sums(self, par: Parallelism, tokens: int, seq_len: int,
-                   glue: str = "calibrated") -> list[tuple[list[int], dict]]:
+    def stage_sums(self, par: Parallelism, tokens: int, seq_len: int, glue: str = "calibrated",
+                   chunks: list[list[int]] | None = None, precision: str = "bf16") -> list[tuple[list[int], dict]]:
         """Per pipeline rank: its layers and the sums a step needs (compute of its layers, the embedding
-        on the first rank and the LM head on the last; layer counts by kind), memoised per layout shape."""
-        key = (par.tp, par.ep, par.cp, par.pp, par.virtual_stages, tokens, seq_len, glue)
+        on the first rank and the LM head on the last; layer counts by kind), memoised per layout shape.
+        `chunks`: the 0-based layers of each virtual chunk (`_stage_split`); None = uniform by layer count."""
+        split = None if chunks is None else tuple(tuple(c) for c in chunks)
+        key = (par.tp, par.ep, par.cp, par.pp, par.virtual_stages, tokens, seq_len, glue, split, precision)
         hit = self._stages.get(key)
         if hit is None:
             from k3sim.memory.layout import rank_layers
 
-            costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len, glue)
+            costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len, glue, precision)
             by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
             extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
             kinds, ffn = self.model.layer_kinds, self.model.ffn_kinds
             hit = []
-            for r, layers in enumerate(rank_layers(self.model, par)):
+            for r, layers in enumerate(rank_layers(self.model, par, chunks)):
                 agg = {"forward_s": 0.0, "backward_s": 0.0, "layer_forward_s": 0.0, "moe": 0, "kda": 0, "mla": 0,
                        "moe_layer_compute_s": []}
                 for i in layers:
@@ -267,16 +278,17 @@ class TrainingContext:
             self._stages[key] = hit
         return hit
 
-    def rank_params(self, par: Parallelism) -> list[tuple[int, int]]:
-        """(non-expert, routed-expert) parameters held by each pipeline rank before TP/EP sharding."""
-        key = (par.pp, par.virtual_stages)
+    def rank_params(self, par: Parallelism, chunks: list[list[int]] | None = None) -> list[tuple[int, int]]:
+        """(non-expert, routed-expert) parameters held by each pipeline rank before TP/EP sharding, for the
+        chunks' layers (`stage_sums`; None = uniform)."""
+        key = (par.pp, par.virtual_stages, None if chunks is None else tuple(tuple(c) for c in chunks))
         if key not in self._rank_params:
             from k3sim.memory.layout import rank_layers
             from k3sim.memory.params import ROUTED
             from k3sim.memory.plan import _rank_params
 
             out = []
-            for r, layers in enumerate(rank_layers(self.model, par)):
+            for r, layers in enumerate(rank_layers(self.model, par, chunks)):
                 p = _rank_params(self.model, layers, r, par.pp)
                 out.append((sum(v for k, v in p.items() if k != ROUTED), p.get(ROUTED, 0)))
             self._rank_params[key] = out
@@ -300,12 +312,31 @@ class _MicroBatch:
     tokens: int          # tokens of one micro-batch
     tokens_rank: int     # ... on one CP rank (one TP group)
     sp_tokens: float     # ... the sequence-parallel shard on one TP rank
+    recompute_mode: str = "full"                  # none | full | selective (configs.planning.resolve_recompute)
+    recompute_modules: tuple[str, ...] = ()       # the modules re-run under selective recompute
+    precision: str = "bf16"                       # bf16 | fp8: the memory plan's activation caching
 
     @classmethod
-    def of(cls, par: Parallelism, seq_len: int, size: int, count: int, checkpointing: bool) -> "_MicroBatch":
+    def of(cls, par: Parallelism, seq_len: int, size: int, count: int, checkpointing: bool,
+           opts: TrainOptions | None = None, model=None, source: str | None = None) -> "_MicroBatch":
+        """`opts.recompute` (the scenario's `training.recompute`) wins over `checkpointing` (the workload's
+        `activation_checkpointing`) when given: `recompute: none` with checkpointing true runs no recompute."""
+        from k3sim.configs.planning import resolve_recompute
+
         tokens = size * seq_len
         tokens_rank = tokens // par.cp
-        return cls(seq_len, size, count, 1 if checkpointing else 0, tokens, tokens_rank, tokens_rank / par.tp)
+        opts = opts or TrainOptions()
+        if model is None:  # no model to check modules against: the workload's checkpointing alone
+            mode, modules = ("full" if checkpointing else "none"), ()
+        else:
+            mode, modules = resolve_recompute(model, opts.recompute, opts.recompute_modules, checkpointing, source)
+        return cls(seq_len, size, count, 1 if mode == "full" else 0, tokens, tokens_rank, tokens_rank / par.tp,
+                   mode, modules, opts.precision)
+
+    @property
+    def flop_recompute(self) -> bool | tuple[str, ...]:
+        """What the recompute re-runs, for the hardware FLOP: True (every layer), or the selective modules."""
+        return True if self.recompute else self.recompute_modules
 
 
 @dataclass
@@ -333,6 +364,10 @@ def _check_step(model, hw, par: Parallelism, seq_len: int, num_micro_batches: in
         check_redundant_experts(opts.redundant_experts, model.moe.num_routed_experts, par.ep, source)
     if seq_len % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len}-token sequence", source=source, field="cp")
+    if opts.precision == "fp8" and not (hw.peak_flops_per_s or {}).get("fp8"):
+        raise InputError(f"FP8 training needs FP8 tensor cores; profile '{hw.name}' has no fp8 peak in "
+                         "peak_flops_per_s: set training.precision: bf16, or use a profile with an fp8 peak",
+                         source=source, field="training.precision")
     m = num_micro_batches or par.pp * par.virtual_stages
     if par.virtual_stages > 1 and m % par.pp:
         raise InputError(f"interleaved 1F1B needs the micro-batch count ({m}) to be a multiple of pp={par.pp}",
@@ -352,9 +387,16 @@ def _tp_comm(coll: Collectives, g: dict, par: Parallelism, mb: _MicroBatch, d: i
 
 
 def _ep_comm(ctx: TrainingContext, model, par: Parallelism, g: dict, mb: _MicroBatch, opts: TrainOptions) -> _EpCost:
-    """EP per MoE layer forward: dispatch + combine of the latent tokens, stretched by the routing imbalance,
-    which also stretches the routed-expert GEMMs; MoonEP's redundant experts add their weights' prefetch.
-    Apart from the stages because it depends on the layout only, not on which layers a stage holds."""
+    """EP per MoE layer forward: the DeepEP-class dispatch + combine of the latent tokens (ops ep_dispatch /
+    ep_combine, `k3sim.comm.ep`: normal kernels, FP8 dispatch under training.precision fp8 and BF16 combine,
+    node-limited routing when the model has it; `k3sim.training.overlap.ep_all_to_all`), whose busiest link
+    already carries the routing distribution (no imbalance stretch on top); the routing imbalance stretches
+    the routed-expert GEMMs; MoonEP's redundant experts add their weights' prefetch. The backward runs the
+    same two in reverse (the gradient of combine has dispatch's shape and vice versa: the same bytes) and
+    the recompute repeats the forward's (`_stage_compute` counts them). `training.ep_overlap` given: that
+    share is hidden here; None: the pipeline schedule hides what its paired chunks can
+    (`k3sim.training.overlap`). Apart from the stages because it depends on the layout only, not on which
+    layers a stage holds."""
     moe, coll = model.moe, ctx.coll
     ep = _EpCost()
     # Training folds EP over the stage's ranks: an EP group wider than TP gathers the tokens of ep/tp TP
@@ -362,22 +404,22 @@ def _ep_comm(ctx: TrainingContext, model, par: Parallelism, g: dict, mb: _MicroB
     # package's layer costs assume the tokens of one TP group (k / ep pairs each): add the difference.
     fold = max(1, par.ep // par.tp)
     if moe is not None and fold > 1:
-        e_true, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold)
-        e_step, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, 1)
+        e_true, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold, precision=mb.precision)
+        e_step, _ = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, 1, precision=mb.precision)
         ep.fold_fix_fwd_s = e_true - e_step
     if moe is None or par.ep <= 1:
         return ep
-    width = moe.latent_width or model.hidden_size
-    a2a_bytes = mb.sp_tokens * moe.num_active_experts * width * BF16
-    t_a2a, src_a2a, link_ep = coll.time("all_to_all", a2a_bytes, g["ep"])
+    from k3sim.training.overlap import ep_all_to_all, overlap_note
+
+    a2a = ep_all_to_all(ctx.kernel_time, ctx.hw, model, par, mb.sp_tokens, opts, ctx.__dict__.setdefault("_ep_a2a", {}))
     im = ep_imbalance(moe.num_routed_experts, par.ep, moe.num_active_experts,
                       int(round(mb.sp_tokens * par.ep)), skew=opts.routing_skew,
                       redundant_per_rank=opts.redundant_experts, seed=opts.seed)
     imb = ep.imbalance = im.max_over_mean
-    ep.layer_fwd_s = 2 * t_a2a * imb * (1 - (opts.ep_overlap or 0.0))
-    ep.expert_fwd_s, src_exp = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold)
+    ep.layer_fwd_s = a2a.seconds * (1 - (opts.ep_overlap or 0.0))
+    ep.expert_fwd_s, src_exp = ctx.expert_compute(par.tp, par.ep, mb.tokens_rank, fold, precision=mb.precision)
     ep.imbalance_source = f"{im.describe()}; routed-expert GEMMs: {src_exp}"
-    ep.source = f"2 all_to_all {src_a2a} over ep={par.ep} ({link_ep}) x max/mean {imb:.3f} ({im.describe()})"
+    ep.source = f"{a2a.source}; {overlap_note(opts, par)}"
     if opts.redundant_experts:
         from k3sim.memory.params import routed_expert_params
 
@@ -389,13 +431,20 @@ def _ep_comm(ctx: TrainingContext, model, par: Parallelism, g: dict, mb: _MicroB
 
 
 def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue: str, tp_layer_fwd: float,
-                   ep: _EpCost, cp: dict) -> list[StageCost]:
+                   ep: _EpCost, cp: dict, chunks: list[list[int]] | None = None,
+                   precision: str = "bf16") -> list[StageCost]:
     """Per pipeline rank, one micro-batch: the compute of its layers (with the EP fold correction and the
     recompute) and the exposed TP, EP and CP seconds of those layers, forward and backward apart, because the
     pipeline schedule takes each stage's forward and backward separately."""
     recompute, fold_fix_f = mb.recompute, ep.fold_fix_fwd_s
+    # selective: the chosen modules' forward again (`LayerCost.module_forward_s`); no TP / EP all-to-all or expert
+    # GEMM is re-run, and CP's forward repeats only for an attention / KDA core that is
+    modules = mb.recompute_modules
+    by_layer = ({c.layer: c for c in ctx.layer_costs(par.tp, par.ep, par.cp, mb.tokens, mb.seq_len, glue, precision)}
+                if modules else {})
+    cp_again = {"mla": recompute or "attention_core" in modules, "kda": recompute or "kda_core" in modules}
     stages = []
-    for r, (layers, agg) in enumerate(ctx.stage_sums(par, mb.tokens, mb.seq_len, glue)):
+    for r, (layers, agg) in enumerate(ctx.stage_sums(par, mb.tokens, mb.seq_len, glue, chunks, precision)):
         F, B, Rf = agg["forward_s"], agg["backward_s"], agg["layer_forward_s"]
         n, n_moe = len(layers), agg["moe"]
         F += fold_fix_f * n_moe
@@ -415,14 +464,58 @@ def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue
             f_cp = mb.size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
             b_cp = mb.size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
             comm_f["cp"] += agg[kind] * f_cp
-            comm_b["cp"] += agg[kind] * (b_cp + recompute * f_cp)
-        R = recompute * (Rf + fold_fix_f * n_moe)
+            comm_b["cp"] += agg[kind] * (b_cp + cp_again.get(kind, recompute) * f_cp)
+        R = recompute * (Rf + fold_fix_f * n_moe) + sum(by_layer[i].module_forward_s.get(mod, 0.0)
+                                                         for i in layers for mod in modules)
         st = StageCost(r, [i + 1 for i in layers], F, B, R,
                        {k: comm_f[k] + comm_b[k] for k in COMM_KINDS}, imb_extra)
         st.comm_fwd = sum(comm_f.values())
         st.comm_bwd = sum(comm_b.values())
         stages.append(st)
     return stages
+
+
+def _stage_split(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, opts: TrainOptions, tp_layer_fwd: float,
+                 ep: _EpCost, cp: dict) -> list[list[int]] | None:
+    """The 0-based layers of each virtual chunk under `opts.stage_split`: None (uniform by layer count) unless
+    balanced with pp > 1 and the balanced split is not the uniform one. Balanced = `k3sim.training.partition.balanced_split` over each layer's seconds per
+    micro-batch as `_stage_compute` prices a stage of that one layer: forward, backward, recompute, the EP
+    fold correction, the EP imbalance of its routed experts, and its exposed TP, EP (and MoonEP prefetch) and
+    CP seconds (the CP scheme's attention to other ranks' keys included); the embedding rides with layer 0 and
+    the LM head with the last layer, which always sit in the first and last chunk. Not counted: PP sends
+    (one per hop, the same for every cut) and DP / optimizer time (outside the micro-batch loop). Memoised
+    per layout, micro-batch shape and options (a sweep's micro-batch counts share it)."""
+    if opts.stage_split != "balanced" or par.pp == 1:
+        return None
+    from dataclasses import replace
+
+    from k3sim.memory.layout import chunk_layers
+    from k3sim.training.partition import balanced_split
+
+    key = (par, replace(mb, count=0), opts)
+    hit = ctx._splits.get(key, key)
+    if hit is key:
+        one_per_rank = par.model_copy(update={"pp": ctx.model.num_layers, "virtual_stages": 1})
+        per_layer = [s.per_micro_batch_s for s in _stage_compute(ctx, one_per_rank, mb, opts.moe_glue,
+                                                                    tp_layer_fwd, ep, cp, precision=opts.precision)]
+        split = balanced_split(per_layer, par.pp, par.virtual_stages)
+        hit = ctx._splits[key] = None if split == chunk_layers(len(per_layer), len(split)) else split
+    return hit
+
+
+def _fastest_fitting(runs: list[tuple], memory_of: Callable[[tuple], tuple]) -> tuple[tuple, tuple]:
+    """Of the stage splits priced by `train_step` (fastest first; the cost-balanced one first on a tie), the
+    fastest whose memory plan fits, with that plan; the fastest when none fits. The balanced split is kept
+    unless the uniform one runs faster (the schedule sees more than the slowest rank: which ranks fill and drain
+    the pipeline, forward and backward apart) or only the uniform one fits (balancing time can put more layers,
+    hence more weights and activations, on a rank)."""
+    first = None
+    for run in runs:
+        mem = memory_of(run)
+        if mem[1]:
+            return run, mem
+        first = first or (run, mem)
+    return first
 
 
 def _pp_sends(model, hw, par: Parallelism, coll: Collectives, mb: _MicroBatch) -> tuple[float, str]:
@@ -444,7 +537,8 @@ def _pp_sends(model, hw, par: Parallelism, coll: Collectives, mb: _MicroBatch) -
                    f"{out} of {len(links)} hops scale-out, mean hop; {how}")
 
 
-def _dp_exposure(ctx: TrainingContext, par: Parallelism, g: dict, stages: list[StageCost], m: int) -> tuple[float, str]:
+def _dp_exposure(ctx: TrainingContext, par: Parallelism, g: dict, stages: list[StageCost], m: int,
+                 chunks: list[list[int]] | None = None) -> tuple[float, str]:
     """Exposed DP seconds and their source, on the stage where they are largest: the gradient reduction
     (all-reduce without ZeRO, reduce-scatter with it) and the parameter all-gather, each beyond the
     micro-batch backward / forward it overlaps (Megatron overlap_grad_reduce / overlap_param_gather); ZeRO-3
@@ -454,7 +548,7 @@ def _dp_exposure(ctx: TrainingContext, par: Parallelism, g: dict, stages: list[S
     coll, zero = ctx.coll, par.zero_stage
     gd, ge = g["dp"], g["edp"]
     dp_exposed, dp_src = 0.0, "none"
-    for st, (dense, routed) in zip(stages, ctx.rank_params(par)):
+    for st, (dense, routed) in zip(stages, ctx.rank_params(par, chunks)):
         dense_rank = dense / par.tp
         routed_rank = routed / par.ep
         if zero == 0:
@@ -477,7 +571,8 @@ def _dp_exposure(ctx: TrainingContext, par: Parallelism, g: dict, stages: list[S
     return dp_exposed, dp_src
 
 
-def _optimizer_step(ctx: TrainingContext, par: Parallelism, g: dict) -> tuple[float, str]:
+def _optimizer_step(ctx: TrainingContext, par: Parallelism, g: dict,
+                    chunks: list[list[int]] | None = None) -> tuple[float, str]:
     """Seconds of the optimizer update on the slowest pipeline rank and their source: it streams the rank's
     shard of weights, grads and Adam states through HBM once (ZeRO >= 1 shards them over DP)."""
     from k3sim.memory.plan import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
@@ -485,7 +580,7 @@ def _optimizer_step(ctx: TrainingContext, par: Parallelism, g: dict) -> tuple[fl
     zero = par.zero_stage
     gd, ge = g["dp"], g["edp"]
     opt_s, opt_src = 0.0, "none"
-    for dense, routed in ctx.rank_params(par):
+    for dense, routed in ctx.rank_params(par, chunks):
         dense_rank = dense / par.tp
         routed_rank = routed / par.ep
         shard = (dense_rank / (gd.gpus if zero >= 1 else 1) + routed_rank / (ge.gpus if zero >= 1 else 1))
@@ -496,15 +591,18 @@ def _optimizer_step(ctx: TrainingContext, par: Parallelism, g: dict) -> tuple[fl
 
 
 def _breakdown(m: int, crit: StageCost, tp_src: str, ep: _EpCost, cp: dict, pipe, pp_src: str,
-               dp: tuple[float, str], opt: tuple[float, str]) -> list[Row]:
+               dp: tuple[float, str], opt: tuple[float, str], glue_note: str = "") -> list[Row]:
     """The step's rows, the per-stage ones from the critical (slowest) pipeline rank times the micro-batches,
     in the order a reader adds them up: compute, EP imbalance, exposed TP / EP / CP, bubble, PP sends, DP,
-    optimizer. Zero rows are dropped except the bubble and the optimizer, which a reader looks for."""
+    optimizer. Zero rows are dropped except the bubble and the optimizer, which a reader looks for.
+    `glue_note`: how the layer costs priced the glue (`GlueCalibration.note`), in each compute row's source."""
     (dp_exposed, dp_src), (opt_s, opt_src) = dp, opt
+    g = f"; {glue_note}" if glue_note else ""
     breakdown = [
-        Row("compute: forward", m * crit.forward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
-        Row("compute: backward", m * crit.backward_s, "k3sim.step.training_layer_costs (calibrated kernels)"),
-        Row("compute: recompute (activation checkpointing)", m * crit.recompute_s, "forward again before backward"),
+        Row("compute: forward", m * crit.forward_s, f"k3sim.step.training_layer_costs (calibrated kernels){g}"),
+        Row("compute: backward", m * crit.backward_s, f"k3sim.step.training_layer_costs (calibrated kernels){g}"),
+        Row("compute: recompute (activation checkpointing)", m * crit.recompute_s,
+            f"forward again before backward{g}"),
     ]
     if crit.imbalance_s:
         breakdown.append(Row("compute: EP imbalance (busiest rank)", m * crit.imbalance_s, ep.imbalance_source, "ep"))
@@ -537,18 +635,27 @@ def _totals(breakdown: list[Row]) -> tuple[dict[str, float], float]:
 
 
 def _memory_plan(model, hw, par: Parallelism, mb: _MicroBatch, activation_checkpointing: bool,
-                 workspace_fraction: float, source: str | None) -> tuple[Any, bool, str]:
-    """(plan, fits, verdict) from `k3sim.memory.plan.train_plan`: memory is never re-derived here."""
+                 workspace_fraction: float, source: str | None,
+                 stage_layers: list[list[int]] | None = None, pipe=None) -> tuple[Any, bool, str]:
+    """(plan, fits, verdict) from `k3sim.memory.plan.train_plan`: memory is never re-derived here.
+    `stage_layers`: each pipeline rank's 0-based layers when the stages are split by cost (None = uniform).
+    `pipe` (`k3sim.training.schedule.PipelineTime`): the schedule's parameter copies (DualPipe: 2) and
+    micro-batches in flight per rank (None: the 1F1B / interleaved count)."""
     from k3sim.memory.plan import train_plan
 
     memory = train_plan(model, hw, par, mb.seq_len, micro_batch_size=mb.size,
                         activation_checkpointing=activation_checkpointing, num_micro_batches=mb.count,
-                        workspace_fraction=workspace_fraction, source=source, allow_overflow=True)
+                        workspace_fraction=workspace_fraction, source=source, allow_overflow=True,
+                        recompute=mb.recompute_mode, recompute_modules=mb.recompute_modules,
+                        precision=mb.precision, stage_layers=stage_layers,
+                        parameter_copies=pipe.parameter_copies if pipe is not None else 1,
+                        in_flight=pipe.in_flight if pipe is not None else None)
     return memory, memory.fits, memory_verdict(memory)
 
 
-def _hardware_flop_per_token(model, seq_len: int, recompute: bool) -> float:
-    """See `TrainingContext.hardware_flop_per_token`: whole model, all ranks, per token of `seq_len` sequences."""
+def _hardware_flop_per_token(model, seq_len: int, recompute: bool | tuple[str, ...]) -> float:
+    """See `TrainingContext.hardware_flop_per_token`: whole model, all ranks, per token of `seq_len` sequences.
+    `recompute`: True (full), False / () (none), or the selectively recomputed modules."""
     from k3sim.configs.mla import mla_attention_head_dims
     from k3sim.kernels.ops import OPS
     from k3sim.memory.flops import FWD_BWD_FACTOR
@@ -564,7 +671,31 @@ def _hardware_flop_per_token(model, seq_len: int, recompute: bool) -> float:
         p = {"T": seq_len, "H": model.kda.num_heads, "K": model.kda.head_dim_k, "V": model.kda.head_dim_v}
         fwd += model.num_kda_layers * OPS["chunk_kda_fwd"].flop(p) / seq_len
         fwd_bwd += model.num_kda_layers * OPS["chunk_kda_fwd_bwd"].flop(p) / seq_len
+    if isinstance(recompute, tuple):
+        return FWD_BWD_FACTOR * gemm + fwd_bwd + _module_flop_per_token(model, seq_len, recompute)
     return FWD_BWD_FACTOR * gemm + fwd_bwd + (gemm + fwd if recompute else 0.0)
+
+
+def _module_flop_per_token(model, seq_len: int, modules: tuple[str, ...]) -> float:
+    """Forward FLOP per token of the selectively recomputed modules, whole model: the MLA up-projection GEMMs
+    (q_b: q_lora x H x d_qk, kv_b: kv_lora x H x (d_nope + d_v), 2 FLOP per multiply-add), the attention and
+    chunked-KDA kernels' registry forward counts; norms and the SwiGLU are elementwise (not counted)."""
+    from k3sim.configs.mla import mla_attention_head_dims
+    from k3sim.kernels.ops import OPS
+
+    out, mla = 0.0, model.mla
+    if mla is not None and model.num_mla_layers:
+        h, qk = mla.num_heads, mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if "mla_up_proj" in modules:
+            up = (mla.q_lora_rank or 0) * h * qk + mla.kv_lora_rank * h * (mla.qk_nope_head_dim + mla.v_head_dim)
+            out += model.num_mla_layers * 2.0 * up
+        if "attention_core" in modules:
+            p = {"T": seq_len, "H": h, "D": mla_attention_head_dims(mla).kernel_head_dim}
+            out += model.num_mla_layers * OPS["sdpa_causal_fwd"].flop(p) / seq_len
+    if "kda_core" in modules and model.kda is not None and model.num_kda_layers:
+        p = {"T": seq_len, "H": model.kda.num_heads, "K": model.kda.head_dim_k, "V": model.kda.head_dim_v}
+        out += model.num_kda_layers * OPS["chunk_kda_fwd"].flop(p) / seq_len
+    return out
 
 
 def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: int = 1,
@@ -574,32 +705,43 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                context: TrainingContext | None = None, source: str | None = None,
                with_memory: bool = True) -> TrainStepResult:
     """Step time, breakdown, tokens/s, MFU and the memory plan of one training layout, built from the parts the
-    module docstring lists, in its order: per-layer TP, EP and CP; the stages; the PP schedule over them with
-    its sends; DP and the optimizer; the breakdown of the slowest stage."""
+    module docstring lists, in its order: per-layer TP, EP and CP; the stages (split by cost, `_stage_split`,
+    or by layer count; `_fastest_fitting` keeps one); the PP schedule over them with its sends; DP and the
+    optimizer; the breakdown of the slowest stage."""
     opts = options or TrainOptions()   # a pydantic schema: its ranges were checked when it was built
     m = _check_step(model, hw, par, seq_len, num_micro_batches, opts, source)
     ctx = context or TrainingContext(model, hw, kernel_time, layer_costs)
     g = groups(par)
-    mb = _MicroBatch.of(par, seq_len, micro_batch_size, m, activation_checkpointing)
+    mb = _MicroBatch.of(par, seq_len, micro_batch_size, m, activation_checkpointing, opts, model, source)
     tp_layer_fwd, tp_src = _tp_comm(ctx.coll, g, par, mb, model.hidden_size, opts)
     ep = _ep_comm(ctx, model, par, g, mb, opts)
     cp = ctx.cp_overhead(par.tp, par.cp, seq_len, opts, source) if par.cp > 1 else {}  # per sequence
-    stages = _stage_compute(ctx, par, mb, opts.moe_glue, tp_layer_fwd, ep, cp)
     t_hop, pp_src = _pp_sends(model, hw, par, ctx.coll, mb)
-    pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
-                         virtual_stages=par.virtual_stages, micro_batches=m, send_s=t_hop,
-                         use_engine=opts.use_pipeline_engine)
+
+    def priced(chunks):   # one stage split through the schedule, DP and the optimizer
+        stages = _stage_compute(ctx, par, mb, opts.moe_glue, tp_layer_fwd, ep, cp, chunks, precision=opts.precision)
+        pipe = schedule_pipeline(stages, model, hw, par, m, t_hop, ep, opts, mb.recompute,
+                                 ctx.layer_costs(par.tp, par.ep, par.cp, mb.tokens, mb.seq_len, opts.moe_glue,
+                                                 opts.precision), source)
+        dp, opt = _dp_exposure(ctx, par, g, stages, m, chunks), _optimizer_step(ctx, par, g, chunks)
+        return pipe.step_time_s + dp[0] + opt[0], chunks, stages, pipe, dp, opt
+
+    def memory_of(run):   # the memory plan of that split's ranks (None: the uniform default placement)
+        placed = None if run[1] is None else [[i - 1 for i in s.layers] for s in run[2]]
+        return (_memory_plan(model, hw, par, mb, activation_checkpointing, workspace_fraction, source, placed, run[3])
+                if with_memory else (None, True, ""))
+
+    balanced = _stage_split(ctx, par, mb, opts, tp_layer_fwd, ep, cp)
+    runs = sorted((priced(c) for c in ([balanced, None] if balanced else [None])), key=lambda x: x[0])
+    (step, chunks, stages, pipe, dp, opt), (memory, fits, verdict) = _fastest_fitting(runs, memory_of)
     crit = max(stages, key=lambda s: s.per_micro_batch_s)
-    dp, opt = _dp_exposure(ctx, par, g, stages, m), _optimizer_step(ctx, par, g)
-    step = pipe.step_time_s + dp[0] + opt[0]
-    breakdown = _breakdown(m, crit, tp_src, ep, cp, pipe, pp_src, dp, opt)
+    breakdown = _breakdown(m, crit, tp_src, ep, cp, pipe, pp_src, dp, opt,
+                           glue_note(hw, opts.moe_glue, model))
     exposed, compute = _totals(breakdown)
     tokens_step = m * micro_batch_size * seq_len * par.dp
     flop = tokens_step * ctx.model_flop_per_token(seq_len)
-    hw_flop = tokens_step * ctx.hardware_flop_per_token(seq_len, bool(mb.recompute))
+    hw_flop = tokens_step * ctx.hardware_flop_per_token(seq_len, mb.flop_recompute)
     peak = float(hw.peak_flops_per_s.get("bf16", 0.0)) * par.gpus
-    memory, fits, verdict = (_memory_plan(model, hw, par, mb, activation_checkpointing, workspace_fraction, source)
-                             if with_memory else (None, True, ""))
     return TrainStepResult(
         model=model.name, hardware=hw.name, parallelism=par.model_dump(), gpus=par.gpus, seq_len_tokens=seq_len,
         micro_batch_size=micro_batch_size, num_micro_batches=m, tokens_per_step=tokens_step, step_time_s=step,
@@ -612,23 +754,64 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                  "recompute_s": s.recompute_s, "exposed_comm_s": s.comm_s, "imbalance_s": s.imbalance_s,
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
         options=opts.model_dump(), pipeline=pipe,
-        assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue)],
-        hardware_flop_per_step=hw_flop, hfu=hw_flop / (step * peak) if peak else 0.0)
+        assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue, model)]
+        + precision_assumption(opts.precision, hw, ctx.kernel_time) + [split_assumption(opts.stage_split, chunks)],
+        hardware_flop_per_step=hw_flop, hfu=hw_flop / (step * peak) if peak else 0.0,
+        stage_split="uniform" if chunks is None else "balanced")
 
 
-def glue_assumption(hw, mode: str = "calibrated") -> dict:
-    """The training glue the layer costs used (`k3sim.step.glue`), as an assumption row."""
-    from k3sim.step.glue import glue_for, load_glue
+def split_assumption(requested: str, chunks: list[list[int]] | None) -> dict:
+    """The stage split the step used, as an assumption row."""
+    src = ("k3sim.training.partition: contiguous layers, the slowest rank's forward + backward + recompute + "
+           "exposed TP/EP/CP per micro-batch minimised (embedding and LM head counted); what Megatron-LM's "
+           "--decoder-first/last-pipeline-num-layers and torchtitan's manual split set by hand")
+    if chunks is not None:
+        return {"assumption": "layers over pipeline stages balanced by cost (training.stage_split: balanced)",
+                "source": src}
+    why = ("requested" if requested == "uniform" else
+           "the cost-balanced split is the uniform one, runs slower in the schedule or does not fit")
+    return {"assumption": f"layers over pipeline stages by layer count (uniform: {why})",
+            "source": "k3sim.memory.layout.chunk_layers (Megatron's default split)" +
+                      ("" if requested == "uniform" else f"; balanced candidate: {src}")}
 
-    g = glue_for(hw, mode)
+
+def glue_note(hw, mode: str, model) -> str:
+    """How the layer costs priced the glue, for the source of every compute row (`GlueCalibration.note`)."""
+    from k3sim.step.glue import glue_for
+
+    return glue_for(hw, mode, model).note
+
+
+def glue_assumption(hw, mode: str = "calibrated", model=None) -> dict:
+    """The training glue the layer costs used (`k3sim.step.glue`), as an assumption row: which mode, why (for
+    "auto": the model's published training stack), the factors or kernels, and where they were measured
+    (a profile without its own calibration says "carried from h200")."""
+    from k3sim.step.glue import glue_for, load_glue, resolve_mode
+
+    used = resolve_mode(mode, model)
+    g = glue_for(hw, used)
+    why = ""
+    if mode == "auto":
+        stack = ("uses fused permute / unpermute kernels" if used == "fused"
+                 else "is not known to fuse the permute")
+        why = (f"training.moe_glue: auto -> {used}: {model.name}'s published training stack {stack} "
+               "(model field training_stack_fused_permute, source in its YAML); ")
     what = "unmeasured kernels (MoE permute/combine, short conv; the gated norm stays a plain proxy): HBM-copy time"
-    if mode == "proxy":
+    if used == "proxy":
         cal = load_glue(hw)
-        return {"assumption": f"{what} of their bytes (training.moe_glue: proxy, a fused-permute stack)",
+        return {"assumption": f"{why}{what} of their bytes (training.moe_glue: proxy, bytes only)",
                 "source": f"modelling choice (not measured); the measured unfused glue is x {cal.fwd:.1f} forward, "
                           f"x {cal.bwd:.1f} backward ({cal.source}): reports/training"}
-    return {"assumption": f"{what} of their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused routing glue)",
+    if used == "fused":
+        return {"assumption": f"{why}MoE permute / combine: {g.fused_note}; the other unmeasured glue (short "
+                              f"conv, KV write, gate multiply, AttnRes read) as calibrated, HBM-copy time x "
+                              f"{g.fwd:.1f} forward, x {g.bwd:.1f} backward, the gated norm a plain proxy (no fused "
+                              "stack of ours measured them)",
+                "source": f"{g.source}; held-out check reports/training/README.md"}
+    return {"assumption": f"{why}{what} of their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused "
+                          "routing glue)",
             "source": f"{g.source}; held-out check reports/training/README.md"}
+
 
 def memory_verdict(plan) -> str:
     GB = 1e9
@@ -648,8 +831,13 @@ ASSUMPTIONS = [
     {"assumption": "sequence parallelism: 1 all-gather + 1 reduce-scatter per sublayer (2 per layer), "
                    "forward, backward and recompute; not overlapped unless tp_overlap > 0",
      "source": "Korthikanti et al. MLSys'23; MISSION sec. 3"},
-    {"assumption": "EP dispatch/combine in the latent width, bf16, per token x top-k (no dedup of same-rank picks)",
-     "source": "modelling choice; LatentMoE (MISSION sec. 4)"},
+    {"assumption": "EP dispatch/combine in the latent width as DeepEP-class normal kernels (a token crosses the "
+                   "network once per destination node, then NVLink; node-limited routing where the model has it; "
+                   "FP8 dispatch under training.precision fp8, BF16 combine), the backward the same two reversed, "
+                   "the recompute the forward's again; hidden only where the pipeline schedule pairs a forward and "
+                   "a backward chunk (interleaved 1F1B + 1 warm-up, DualPipe), or by an explicit ep_overlap",
+     "source": "k3sim.comm.ep (DeepEP V1 tables, H800); LatentMoE (MISSION sec. 4); k3sim.training.overlap "
+               "(DeepSeek-V3 sec. 3.2; Kimi K2 sec. 2.4.2; Megatron-Core combined_1f1b)"},
     {"assumption": "backward of the routed-expert GEMMs = 2x forward (input + weight gradients) for the "
                    "imbalance term", "source": "GEMM FLOP count (dgrad + wgrad)"},
     {"assumption": "CP adds, beyond the local tokens' own attention (in the layer costs): MLA attention against "
@@ -663,7 +851,9 @@ ASSUMPTIONS = [
     {"assumption": "gradients reduced in fp32 (4 B), parameters gathered in bf16 (2 B)",
      "source": "k3sim.memory.plan GRAD_BYTES / WEIGHT_BYTES (Megatron distributed optimizer)"},
     {"assumption": "MFU = model FLOP per token (6 x active params + 3 H S (d_qk + d_v) per causal MLA layer + 3 x "
-                   "KDA chunkwise work) x tokens / (step time x GPUs x bf16 peak)",
+                   "KDA chunkwise work) x tokens / (step time x GPUs x bf16 peak); the bf16 peak under "
+                   "training.precision fp8 too, so MFU and HFU compare across precisions and FP8's gain shows "
+                   "as a higher MFU (convention)",
      "source": "Megatron-LM num_floating_point_operations (megatron/training/training.py); PaLM appendix B; "
                "k3sim.memory.flops"},
     {"assumption": "HFU = hardware FLOP (GEMMs x 3, the attention kernels' own counts: FlashAttention 3.5 x, V "

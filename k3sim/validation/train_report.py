@@ -94,11 +94,16 @@ def _header(S, glue) -> list[str]:
             "combine, short conv, gated norm) priced as HBM copies of the bytes they move.",
             f"* **glue**: the same with the glue calibration `{glue.source}`: forward x{glue.fwd:.2f}, "
             f"backward x{glue.bwd:.2f} on the proxy-priced calls of the glue families (`step/glue.py`, "
-            "`is_glue`: all but the gated norm), fitted on that one point only; every other row is held "
-            "out. The predictions committed before runs c, d and e applied the factors to the gated norm's "
-            "proxy as well, which the fit had not counted (found in review after the runs; the rule now "
-            "matches the fit). Their errors as committed are a row of the summary; every other figure is "
-            "today's code.",
+            f"`is_glue`: all but the gated norm), the mean of the configurations' own factors at the "
+            f"{len(glue.points)} points marked `fit` (`k3sim check fit-glue`, command in "
+            "`hardware_profiles/measured/h200/training_glue.yaml`); every other row is held out, and "
+            "[Glue factors across configurations](#glue-factors-across-configurations) leaves each configuration "
+            "out in turn. The predictions committed before runs c, d and e applied the factors (then fitted on "
+            "one point of run b) to the gated norm's proxy as well, which the fit had not counted (found in "
+            "review after the runs; the rule now matches the fit). Their errors as committed are a row of the "
+            "summary; every other figure is today's code. Until 2026-12-02 the check also priced K3's Block "
+            "AttnRes reads, which the measured model does not run (no manifest lists one); the K3 slices are "
+            "now priced without them, which lowered their plain predictions and raised their fitted factors.",
             f"* **GPU-bound**: the profiled kernels fill >= {GPU_BOUND:.0%} of the measured step. Below that "
             "the host's launches set the pace, which the step model does not price; those rows are compared "
             f"with their kernel time instead. Eager PyTorch on the device machine issued a launch in "
@@ -143,6 +148,89 @@ def _summary(S) -> list[str]:
         lines.append(f"| host-bound (glue vs kernel time) | {len(hb)} | | "
                      f"{100 * hb.error_glue_vs_kernels.abs().mean():.1f} % | "
                      f"{100 * hb.error_glue_vs_kernels.abs().max():.1f} % |")
+    return lines
+
+
+def _glue_spread(hw) -> list[str]:
+    """Per-configuration glue factors, the pooled fit, its spread and leave-one-configuration-out whole-step
+    errors (`glue_fit.glue_spread`), GPU-bound points."""
+    from k3sim.validation.glue_fit import glue_spread
+    from k3sim.validation.train_step import spec_model
+
+    r = glue_spread(hw)
+    p, sp = r["pooled"], r["spread"]
+
+    def err(row, k):
+        return f"{100 * row[k + '_mape']:.1f} % ({100 * row[k + '_bias']:+.1f} %)"
+
+    lines = ["", "## Glue factors across configurations", "",
+             "Each configuration's own factors at its fit point, the range of the factors over all its profiled "
+             "points (shapes), and the whole-step error at its GPU-bound points (mean absolute, mean signed in "
+             "brackets) under its own factors, under the pooled (committed) factors, and under the factors "
+             "fitted on the other configurations alone (leave one configuration out: the error to expect on a "
+             "configuration that was never measured).", "",
+             "| configuration | fit point (run) | fwd | bwd | fwd over its points | bwd over its points | "
+             "GPU-bound steps | error, own | error, pooled | factors without it | error without it | "
+             "max without it |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by_model: dict[str, list[dict]] = {}
+    for c in r["configs"]:
+        by_model.setdefault(spec_model(c["config"])[1].name, []).append(c)
+        lines.append(f"| {c['config']} | {', '.join(x.rpartition(':')[2] for x in c['points'])} "
+                     f"({', '.join(x[9:] for x in c['run'])}) | {c['fwd']:.2f} | {c['bwd']:.2f} | "
+                     f"{c['shape_fwd'][0]:.2f}-{c['shape_fwd'][1]:.2f} ({c['profiled_points']}) | "
+                     f"{c['shape_bwd'][0]:.2f}-{c['shape_bwd'][1]:.2f} | {c['steps']} | {err(c, 'own')} | "
+                     f"{err(c, 'pooled')} | {c['loo_fwd']:.2f} / {c['loo_bwd']:.2f} | {err(c, 'loo')} | "
+                     f"{100 * c['loo_max']:.1f} % |")
+    models = "; ".join(f"{m}: forward x{min(c['fwd'] for c in cs):.2f}-{max(c['fwd'] for c in cs):.2f}, backward "
+                       f"x{min(c['bwd'] for c in cs):.2f}-{max(c['bwd'] for c in cs):.2f}"
+                       for m, cs in sorted(by_model.items()))
+    worst = max(r["configs"], key=lambda c: c["loo_max"])
+    lines += ["", f"Pooled over {len(r['configs'])} configurations: forward x{p['fwd']:.2f}, backward "
+              f"x{p['bwd']:.2f}. Spread of the configurations' own factors: forward x{sp['fwd'][0]:.2f}-"
+              f"{sp['fwd'][1]:.2f} ({100 * (sp['fwd'][0] / p['fwd'] - 1):+.0f} % to "
+              f"{100 * (sp['fwd'][1] / p['fwd'] - 1):+.0f} % of the pooled), backward x{sp['bwd'][0]:.2f}-"
+              f"{sp['bwd'][1]:.2f} ({100 * (sp['bwd'][0] / p['bwd'] - 1):+.0f} % to "
+              f"{100 * (sp['bwd'][1] / p['bwd'] - 1):+.0f} %). By model: {models}. Left out, a configuration's "
+              f"steps are missed by at most {100 * worst['loo_max']:.1f} % ({worst['config']}). The factor is a "
+              "property of the software's glue on a model's shapes, not a constant: it is carried to the "
+              "planner's configurations (the full K3, other layouts, other GPUs) with this spread as its "
+              "uncertainty.", ""]
+    return lines
+
+
+def _fused(hw) -> list[str]:
+    """What `training.moe_glue: fused` prices, and where the glue of a K3 32K micro-batch goes per op."""
+    from k3sim.configs import load_model
+    from k3sim.files import project_root
+    from k3sim.step.glue import FUSED_GLUE_OPS, fused_source, glue_for
+    from k3sim.validation.glue_fit import glue_by_op
+
+    model = load_model(str(project_root() / "models" / "kimi-k3.yaml"))
+    modes = ("calibrated", "fused", "proxy")
+    by_op = glue_by_op(model, hw, {m: glue_for(hw, m) for m in modes}, tp=8, ep=64, seq=32768)
+    lines = ["## Fused permute (`training.moe_glue: fused`)", "",
+             f"`fused` prices the MoE permute and combine from measured kernels: {fused_source(hw)}. Every other "
+             "unmeasured glue call keeps the calibrated factors (the gated norm its plain proxy): no fused stack "
+             "of ours measured them. The runs above ran the unfused glue, so this mode is a prediction these "
+             "runs cannot check. `auto` (the default) is `fused` for a model whose published training stack "
+             "fuses the permute (`training_stack_fused_permute`: K3's MoonEP, DeepSeek-V3's DeepEP; sources in "
+             "the model YAMLs), `calibrated` otherwise.", "",
+             "Where the glue of one K3 micro-batch goes (32K tokens, TP8 EP64 as `scenarios/k3-h200-train-32k."
+             "yaml`; all 93 layers on one GPU, forward+backward seconds per op; the step model's layout, bf16):",
+             "", "| op | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
+    for op, v in sorted(by_op.items(), key=lambda kv: -kv[1]["calibrated"]):
+        lines.append(f"| {op} | " + " | ".join(f"{v[m]:.3f}" for m in modes) + " |")
+    total = {m: sum(v[m] for v in by_op.values()) for m in modes}
+    moe = sum(by_op.get(op, {}).get("calibrated", 0.0) - by_op.get(op, {}).get("fused", 0.0)
+              for op in FUSED_GLUE_OPS)
+    top = sorted(by_op, key=lambda op: -by_op[op]["calibrated"])[:2]
+    shares = " and ".join(f"{op} ({100 * by_op[op]['calibrated'] / total['calibrated']:.0f} %)" for op in top)
+    lines += ["| all glue | " + " | ".join(f"{total[m]:.3f}" for m in modes) + " |", "",
+              f"The fused kernels take {moe:.3f} s off the calibrated {total['calibrated']:.3f} s of glue here; "
+              f"the largest calibrated items are {shares}."]
+    if "attn_res_read" in by_op:
+        lines[-1] += (" The AttnRes read takes the factors fitted on the routing glue of models that ran no "
+                      "AttnRes read (no measured configuration has one): an extrapolation, not a measurement.")
     return lines
 
 
@@ -191,7 +279,7 @@ def _beyond(hw) -> list[str]:
             "and host launch time is not priced (the planner's K3 micro-batches are GPU-bound at these "
             "per-rank shapes). The glue factors describe this implementation's routing glue (unfused "
             "gather / select / scatter-add, the pattern of Megatron-core's unfused permute); a stack with "
-            "fused permute kernels would sit nearer the plain model.", "",
+            "fused permute kernels is priced by `training.moe_glue: fused` (below).", "",
             "![predicted vs measured](wholestep_train.png)", ""]
 
 
@@ -232,7 +320,8 @@ def build(out: str | Path) -> str:
     with output_dir(out, kind="check", source="OUT_DIR", part="train-report") as d:
         hw = load_hardware("h200")
         S, F = _checks(hw)
-        lines = _header(S, load_glue(hw)) + _summary(S) + _every_point(S) + _families(F) + _beyond(hw)
+        lines = (_header(S, load_glue(hw)) + _summary(S) + _glue_spread(hw) + _fused(hw) + _every_point(S)
+                 + _families(F) + _beyond(hw))
         text = "\n".join(lines)
         _figure(S, d / "wholestep_train.png")
         atomic_write_text(d / "README.md", text)

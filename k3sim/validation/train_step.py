@@ -10,10 +10,11 @@ split by kernel family against a torch.profiler pass of the same point.
 
 Glue: kernels the op registry has not measured (MoE permute/combine, routing sort and scatter, copies,
 the small ops' backward) are priced by the HBM-copy proxy over the bytes they must move. The calibration
-replaces that by `k x proxy` with one factor k per phase (forward; backward), fitted on profiled points
-of one configuration: k = profiled glue seconds / predicted glue seconds. It is a per-byte efficiency of
-the implementation's glue, so it is carried to other shapes and to the other configuration unchanged;
-points that did not fit k are the out-of-sample test.
+replaces that by `k x proxy` with one factor k per phase (forward; backward), each configuration's
+k = profiled glue seconds / predicted glue seconds at its fit point, pooled as their mean over several
+configurations (`glue_fit`). It is a per-byte efficiency of the implementation's glue, carried to other
+shapes and configurations unchanged; points that did not fit k are the out-of-sample test, and
+`glue_fit.glue_spread` leaves each configuration out in turn.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ def train_calls(model, hw: Any, *, tp: int, ep: int, layers: list[int], seq: int
 
 
 def spec_model(cfg: str):
-    """(harness spec, model, 0-based layers) of a measured configuration of `specs.json`."""
+    """(harness spec, model, 0-based layers) of a measured configuration of `specs.json`. The model is the
+    harness's: without Block AttnRes (`attn_res_block_size` None), because the measured model runs no AttnRes
+    read (calibration/wholestep/spec.py lists none; no run's manifest.json has one): pricing K3's AttnRes reads
+    here put a kernel the GPU never ran into the prediction and the glue fit's denominator (found 2026-12-02)."""
     from k3sim.calibration.wholestep import spec as S
     from k3sim.configs import load_model
 
     spec = S.load_specs(S.SPECS_PATH)[cfg]
-    return spec, load_model(spec.model), [r["index"] - 1 for r in spec.layers]
+    model = load_model(spec.model).model_copy(update={"attn_res_block_size": None})
+    return spec, model, [r["index"] - 1 for r in spec.layers]
 
 
 def slice_calls(cfg: str, hw: Any, seq: int, mb: int, kernel_time: Callable | None,

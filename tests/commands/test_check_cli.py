@@ -21,8 +21,8 @@ FIT_POINT = "kimi-linear-48b-l5-8:4096x1"
 @pytest.mark.parametrize("argv, needle", [
     (["train-predict", "x.csv", "--points", "k3-tp8-ep8-l5-8:4096"], "--points"),
     (["train-predict", "x.csv", "--points", "nope:4096x1"], "--points"),
-    (["fit-glue", "RUN", "out.yaml", "--points", "k3-tp8-ep8-l5-8:4096x1,kimi-linear-48b-l5-8:4096x1"],
-     "one configuration"),
+    (["fit-glue", "RUN", "out.yaml", "--points", "k3-tp8-ep8-l5-8:4096x1,k3-tp8-ep8-l5-8:4096x1"],
+     "given twice"),
     (["train", "RUN"], "OUT_DIR"),
     (["train", "/nonexistent/run", "out"], "not found"),
 ])
@@ -88,12 +88,15 @@ def test_check_decode_writes_the_committed_tables(tmp_path, capsys):
 
 def test_fit_glue_writes_the_committed_factors_and_the_command_that_made_them(tmp_path, capsys):
     out = tmp_path / "glue.yaml"
-    code, _, err = run_main(capsys, "check", "fit-glue", TRAIN_B, out, "--points", FIT_POINT)
-    assert code == 0 and err == ""
-    doc, committed = yaml.safe_load(out.read_text()), yaml.safe_load((RUNS / "training_glue.yaml").read_text())
-    assert {k: doc[k] for k in ("fwd", "bwd", "config", "points", "run")} == \
-        {k: committed[k] for k in ("fwd", "bwd", "config", "points", "run")}
-    assert doc["command"] == f"k3sim check fit-glue {TRAIN_B} {out} --points {FIT_POINT}"
+    committed = yaml.safe_load((RUNS / "training_glue.yaml").read_text())
+    runs = [RUNS / r for r in dict.fromkeys(committed["runs"].values())]  # several runs, in the order given
+    points = ",".join(committed["points"])
+    code, text, err = run_main(capsys, "check", "fit-glue", *runs, out, "--points", points)
+    assert code == 0 and err == "" and text.startswith(f"pooled over {len(committed['per_config'])} configuration")
+    doc = yaml.safe_load(out.read_text())
+    assert {k: doc[k] for k in ("fwd", "bwd", "points", "runs", "per_config")} == \
+        {k: committed[k] for k in ("fwd", "bwd", "points", "runs", "per_config")}
+    assert doc["command"] == f"k3sim check fit-glue {' '.join(map(str, runs))} {out} --points {points}"
 
 
 @pytest.mark.parametrize("flags, columns", [

@@ -142,6 +142,61 @@ def test_scenario_fields(tmp_path, capsys, edits, field, words):
     assert not out_dir.exists()
 
 
+def test_fp8_training_on_a_profile_without_fp8_is_refused_naming_the_field(tmp_path, capsys):
+    """`training.precision: fp8` on a GPU profile with no fp8 peak (issue 22, bad input): one line naming the
+    scenario and the field, with the fix, exit 2, before any step is priced and nothing written."""
+    hw = _hardware(tmp_path, name="h200-no-fp8", peak_flops_per_s={"bf16": 989.0e12, "fp16": 989.0e12})
+    text = (ROOT / "scenarios" / "k3-h200-train-32k.yaml").read_text()
+    text = text.replace("../models/kimi-k3.yaml", str(K3)).replace("hardware: h200", f"hardware: {hw}")
+    p = tmp_path / "s.yaml"
+    p.write_text(text.replace("workload:", "training: {precision: fp8}\nworkload:", 1))
+    out_dir = tmp_path / "report"
+    t0 = time.perf_counter()
+    assert_one_line(*run_main(capsys, "plan", "--scenario", p, "--out", out_dir), str(p), "field 'training.precision'",
+                    "h200-no-fp8", "training.precision: bf16")
+    assert time.perf_counter() - t0 < 30 and not out_dir.exists()  # a hang guard: refused before any pricing
+
+
+@pytest.mark.parametrize("model, training, words", [
+    # DeepSeek-V3 has no KDA layers (issue 22, bad input: a recompute module the model does not have)
+    ("deepseek-v3.yaml", "{recompute: selective, recompute_modules: [norms, kda_core]}", "has none; remove it"),
+    # modules act only under selective recompute (the workload's checkpointing makes it full)
+    ("kimi-k3.yaml", "{recompute_modules: [norms]}", "set training.recompute: selective"),
+])
+def test_recompute_modules_refused_naming_the_field(tmp_path, capsys, model, training, words):
+    text = (ROOT / "scenarios" / "k3-h200-train-32k.yaml").read_text()
+    text = text.replace("../models/kimi-k3.yaml", str(ROOT / "models" / model))
+    p = tmp_path / "s.yaml"
+    p.write_text(text.replace("workload:", f"training: {training}\nworkload:", 1))
+    out_dir = tmp_path / "report"
+    assert_one_line(*run_main(capsys, "plan", "--scenario", p, "--out", out_dir), str(p),
+                    "field 'training.recompute_modules'", words)
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("edits, field, words", [
+    # DualPipe's two directions meet in the middle: an even pp (deepseek-ai/DualPipe asserts num_ranks % 2 == 0)
+    ((("pp: 16", "pp: 15"), ("virtual_stages: 2", "virtual_stages: 1"), ("num_gpus: 8192", "num_gpus: 7680")),
+     "training.pipeline_schedule", "even number"),
+    # and at least 2 x pp micro-batches (its num_chunks >= num_ranks * 2)
+    ((("virtual_stages: 2", "virtual_stages: 1"), ("activation_checkpointing: true",
+                                                   "activation_checkpointing: true\n  num_micro_batches: 16")),
+     "num_micro_batches", "at least 2 x pp = 32"),
+])
+def test_dualpipe_with_an_odd_pp_or_too_few_micro_batches_is_one_line(tmp_path, capsys, edits, field, words):
+    """Issue 22, bad input: DualPipe with an odd PP or too few micro-batches: one line naming the field, exit 2,
+    nothing written."""
+    text = (ROOT / "scenarios" / "k3-h200-train-32k.yaml").read_text().replace("../models/kimi-k3.yaml", str(K3))
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    p = tmp_path / "s.yaml"
+    p.write_text(text.replace("workload:", "training: {pipeline_schedule: dualpipe}\nworkload:", 1))
+    out_dir = tmp_path / "report"
+    assert_one_line(*run_main(capsys, "plan", "--scenario", p, "--out", out_dir), str(p), f"field '{field}'", words)
+    assert not out_dir.exists()
+
+
 def test_a_directory_given_as_a_file_says_so(tmp_path, capsys):
     (tmp_path / "d").mkdir()
     assert_one_line(*run_main(capsys, "model-info", "--model", tmp_path / "d"), "is a directory")

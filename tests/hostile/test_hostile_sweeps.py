@@ -31,8 +31,9 @@ SERVE = ROOT / "scenarios/default.yaml"
 
 
 def test_a_grid_past_its_bound_is_refused_from_the_list_lengths_alone():
-    """10^7 points (seven lists of 10) are refused from the product of the lengths: no point is built, so the
-    refusal takes well under a second and allocates next to nothing (10^7 dicts would be GBs)."""
+    """10^8 points (eight lists of 10: the layout dimensions and the global batch) are refused from the product
+    of the lengths: no point is built, so the refusal takes well under a second and allocates next to nothing
+    (10^8 dicts would be GBs)."""
     import time
     import tracemalloc
 
@@ -53,7 +54,7 @@ def test_a_grid_past_its_bound_is_refused_from_the_list_lengths_alone():
     assert peak < 10 ** 6 and elapsed < 30, (elapsed, peak)  # no grid built: memory is the check, time a hang guard
     cap = int(BOUNDS["sweep_points_train"].hi)
     line = str(err.value)
-    assert "10,000,000 points" in line and f"{cap:,}" in line and "give fewer values" in line
+    assert len(TRAIN_DIMS) == 8 and "100,000,000 points" in line and f"{cap:,}" in line and "give fewer values" in line
 
 
 @pytest.mark.parametrize("argv, needles", [

@@ -82,7 +82,10 @@ def test_every_contract_op_is_registered():
                 # EP dispatch / combine (issue 21; answered by k3sim/comm/ep.py, tests/comm/test_ep.py)
                 "ep_dispatch", "ep_combine",
                 # around the dispatch, deployed expert GEMMs (issue 21 item 5, calibration/deployed.py)
-                "fp8_quant_128", "ep_permute", "ep_unpermute", "moe_grouped_fp8"]
+                "fp8_quant_128", "ep_permute", "ep_unpermute", "moe_grouped_fp8",
+                # training (issue 22, calibration/train_fp8.py): block-scaled FP8 GEMM, fused routing glue
+                "gemm_fp8_block", "fp8_quant_128_t", "moe_permute_fused", "moe_permute_fused_bwd",
+                "moe_unpermute_fused", "moe_unpermute_fused_bwd"]
     assert sorted(OPS) == sorted(contract)
     for spec in OPS.values():
         p = {k: min(hi, max(lo, 64 if k != "gpus" else 2)) for k, (lo, hi) in spec.ranges.items()}

@@ -38,7 +38,7 @@ def test_training_plan_sections_and_json(tmp_path):
     assert j["tokens_per_s"] == pytest.approx(4 * 4 * 4096 / t.step_time_s)
     # every kernel the step called is listed with how its time was obtained
     ops = {k["op"] for k in res.kernel_calls}
-    assert {"gemm_bf16", "chunk_kda_fwd", "all_gather", "reduce_scatter", "all_to_all"} <= ops
+    assert {"gemm_bf16", "chunk_kda_fwd", "all_gather", "reduce_scatter", "ep_dispatch", "ep_combine"} <= ops
     assert {c["op"] for c in res.calibration} <= ops and res.calibration
     assert res.notes["decode"] == "not applicable to a training scenario"
 

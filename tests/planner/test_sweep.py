@@ -108,3 +108,75 @@ def test_sweep_section_values_are_the_grid_and_unknown_fields_refused(tmp_path):
     with pytest.raises(InputError) as err:
         load(bad)
     assert "use_all_gpus" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ the global batch
+def test_named_micro_batches_keep_the_global_batch_and_set_the_micro_batch_size(tmp_path):
+    """The scenario's 16 sequences per step (dp 4 x 4 micro-batches x 1): at tp2 pp2 (dp 4) 2 micro-batches
+    are 2 sequences each, 4 are 1; 8 would be half a sequence, so the value is refused with the reason."""
+    inp = load(kl_train(tmp_path))
+    base = {"tp": [2], "pp": [2], "ep": [8], "cp": [1], "virtual_stages": [1]}
+    pts = grid(inp, {**base, "num_micro_batches": [2, 4]})
+    assert [(p["num_micro_batches"], p["micro_batch_size"], p["global_batch_sequences"]) for p in pts] == \
+        [(2, 2, 16), (4, 1, 16)]
+    with pytest.raises(InputError) as err:
+        grid(inp, {**base, "num_micro_batches": [4, 8]})
+    assert err.value.source == "--micro-batches" and "16 sequences is not divisible by dp x micro-batches = 4 x 8" \
+        in str(err.value)
+
+
+def test_micro_batches_below_the_pipeline_are_skipped_and_counted(tmp_path):
+    from collections import Counter
+
+    from k3sim.planner.sweep import SKIP_DIVIDE, SKIP_PIPELINE, SKIP_VIRTUAL, pipeline_shortfall
+
+    assert pipeline_shortfall(4, 1, 4) is None and pipeline_shortfall(4, 2, 8) is None
+    assert "fewer than the pp=4" in pipeline_shortfall(4, 1, 3)
+    assert "multiples of pp=4" in pipeline_shortfall(4, 2, 6)
+    inp = load(kl_train(tmp_path))
+    skipped: Counter = Counter()
+    lists = {"tp": [1, 2], "pp": [1, 2, 8], "virtual_stages": [1, 2], "ep": [8], "cp": [1]}
+    pts = grid(inp, lists, skipped)
+    # 2 x 3 x 2 = 12 combinations: pp1 v2 (2) have no pipeline; on 16 GPUs pp8 leaves dp 2 (tp1: m 8, fine for
+    # v1 and v2) or dp 1 (tp2: m 16, fine); tp2 pp2 -> dp 4, m 4; tp1 pp2 -> dp 8, m 2 (v2: 2 % 2 = 0, fine)
+    assert skipped[SKIP_VIRTUAL] == 2 and sum(skipped.values()) + len(pts) == 12
+    assert all(p["num_micro_batches"] * p["dp"] * p["micro_batch_size"] == 16 for p in pts)
+    skipped.clear()
+    from k3sim.planner.sweep import TRAIN_DIMS, _train_lists, training_points
+
+    one = _train_lists(inp, {**lists, "tp": [1], "pp": [8], "virtual_stages": [1], "global_batch_sequences": [8, 16, 12]})
+    pts = training_points(inp, one, 16, skipped, {}, {d: set() for d in TRAIN_DIMS})
+    # dp 2: 8 sequences -> m 4 < pp 8 (pipeline), 16 -> m 8, 12 -> m 6 < 8 (pipeline)
+    assert skipped == {SKIP_PIPELINE: 2} and [(p["global_batch_sequences"], p["num_micro_batches"]) for p in pts] == [(16, 8)]
+    with pytest.raises(InputError) as err:  # a given value in no point is refused with the first reason
+        grid(inp, {**lists, "tp": [1], "pp": [8], "virtual_stages": [1], "global_batch_sequences": [8, 16]})
+    assert err.value.source == "--global-batch" and "4 micro-batches are fewer than the pp=8" in str(err.value)
+    skipped.clear()
+    with pytest.raises(InputError, match="global batch of 7 sequences is not divisible"):
+        grid(inp, {**lists, "tp": [2], "pp": [2], "virtual_stages": [1], "global_batch_sequences": [7]}, skipped)
+    assert skipped[SKIP_DIVIDE] == 1
+
+
+def test_every_row_and_the_front_carry_the_global_batch(tmp_path):
+    """Two named global batches: tokens_per_step in every row, and one Pareto front per batch (the larger batch
+    would otherwise win on tokens/s per GPU)."""
+    path = kl_train(tmp_path)
+    res = sweep(path, given={"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1],
+                             "global_batch_sequences": [16, 32]})
+    df = res.table
+    assert set(df["global_batch_sequences"]) == {16, 32}
+    assert (df["tokens_per_step"] == df["global_batch_sequences"] * 4096).all()
+    assert (df["num_micro_batches"] * df["dp"] * df["micro_batch_size"] == df["global_batch_sequences"]).all()
+    assert set(res.front["global_batch_sequences"]) == {16, 32}
+    for b, group in res.fitting.groupby("global_batch_sequences"):
+        front_b = res.front[res.front["global_batch_sequences"] == b]
+        assert front_b["tokens_per_s_per_gpu"].max() == group["tokens_per_s_per_gpu"].max()
+    out = tmp_path / "out"
+    write_sweep(res, out)
+    md = (out / "pareto.md").read_text()
+    assert "global_batch_sequences" in md and "tokens_per_step" in md and "One front per global batch" in md
+
+
+def test_a_default_sweep_keeps_the_scenarios_tokens_per_step(tmp_path):
+    res = sweep(kl_train(tmp_path), given={"tp": [1, 2], "pp": [1, 2], "ep": [8], "cp": [1], "virtual_stages": [1]})
+    assert set(res.table["tokens_per_step"]) == {16 * 4096} and res.skipped == {}

@@ -1,0 +1,199 @@
+"""Training as it is deployed, side by side (`reports/training/deployed.md`, `k3sim check train-deployed`).
+
+Each case is a published (or the project's committed) training layout with the recipe large MoE models are
+trained with: FP8 block-scaled GEMMs, DualPipe, selective recompute of the norms and MLA up-projections,
+cost-balanced pipeline stages, fused MoE permute kernels, the DeepEP-class all-to-all with node-limited
+routing. Every case is run with the whole recipe and with each of the four headline features off in turn
+(FP8 -> BF16, DualPipe -> 1F1B / interleaved 1F1B with the schedule's own EP overlap, selective -> full
+recompute, balanced -> uniform stages), so a reader sees what each feature is worth in the model.
+
+Nothing here is fitted to a run's throughput: the layout and recipe are inputs, the figures are what
+`k3sim.training.train_step` answers. Public figures of the same runs are compared only after these
+predictions were committed (`PREDICTIONS_COMMIT`), every gap above 20 % explained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+KIND, PART = "check", "train-deployed"  # beside the whole-step check report in reports/training
+
+DSV3_SOURCE = ("DeepSeek-V3 technical report (arXiv 2412.19437) sec. 3.1-3.3: 2048 H800, PP16 with DualPipe, EP64 "
+               "over 8 nodes, ZeRO-1 DP, no TP; FP8 GEMMs with 1x128 / 128x128 scaling; recompute of RMSNorm and "
+               "MLA up-projections; tokens to at most 4 nodes; sequence 4096 (sec. 4.2)")
+DSV3_BATCH = ("global batch 15,360 sequences after the ramp (sec. 4.2: 3,072 -> 15,360 over the first 469B "
+              "tokens): 120 micro-batches of one 4K sequence per DP rank (DP = 2048 / 16 = 128); the micro-batch "
+              "size is not published (one sequence taken)")
+K3_SOURCE = ("the project's committed K3 training scenarios (scenarios/k3-h200-train-32k.yaml, -1m.yaml) with the "
+             "DeepSeek-V3 recipe: K3 trains with FP8 GEMMs (issue 22), MoonEP's fused permute")
+
+# The whole recipe, and what each feature is replaced by when it is off.
+RECIPE = {"precision": "fp8", "pipeline_schedule": "dualpipe", "recompute": "selective", "stage_split": "balanced"}
+FEATURE_OFF = {"fp8": {"precision": "bf16"}, "dualpipe": {"pipeline_schedule": "auto"},
+               "selective recompute": {"recompute": "full"}, "balanced stages": {"stage_split": "uniform"}}
+
+
+@dataclass(frozen=True)
+class TrainCase:
+    """One training layout to predict: `parallelism` are `Parallelism` fields; `options` `TrainOptions` fields
+    on top of the recipe."""
+
+    name: str
+    model: str
+    hardware: str
+    parallelism: dict
+    seq_len: int
+    num_micro_batches: int
+    source: str
+    point: str
+    micro_batch_size: int = 1
+    options: dict = field(default_factory=dict)
+
+
+def cases() -> list[TrainCase]:
+    """DeepSeek-V3 as DeepSeek trained it (H800, derived profile), K3 at 32K and 1M on the calibrated H200."""
+    return [
+        TrainCase("deepseek-v3, 2048 H800 (DeepSeek's layout)", "models/deepseek-v3.yaml", "h800",
+                  dict(tp=1, pp=16, ep=64, dp=128, zero_stage=1), 4096, 120, DSV3_SOURCE, DSV3_BATCH),
+        TrainCase("kimi-k3 32K, 8192 H200", "models/kimi-k3.yaml", "h200",
+                  dict(tp=8, pp=16, ep=64, dp=64, zero_stage=1), 32768, 32, K3_SOURCE,
+                  "32K sequences, 32 micro-batches of one sequence per DP rank (two per virtual stage of the "
+                  "committed scenario's 16 x 2)"),
+        TrainCase("kimi-k3 1M, 8192 H200", "models/kimi-k3.yaml", "h200",
+                  dict(tp=8, pp=16, ep=64, cp=32, dp=2, zero_stage=1), 1048576, 32, K3_SOURCE,
+                  "1M-token sequences over CP32, 32 micro-batches per DP rank (the committed scenario's)"),
+    ]
+
+
+def variants(case: TrainCase) -> list[tuple[str, dict]]:
+    """(label, options) of the whole recipe and of each feature off in turn."""
+    base = {**RECIPE, **case.options}
+    return [("recipe", base)] + [(f"no {k}", {**base, **off}) for k, off in FEATURE_OFF.items()]
+
+
+COLUMNS = ("case", "variant", "model", "hardware", "gpus", "seq_len", "tokens_per_step", "step_time_s",
+           "tokens_per_s_per_gpu", "mfu", "hfu", "compute_s", "bubble_s", "exposed_tp_s", "exposed_ep_s",
+           "exposed_cp_s", "exposed_pp_s", "exposed_dp_s", "optimizer_s", "stage_max_over_min",
+           "memory_per_gpu_bytes", "fits", "days_per_trillion_tokens")
+
+
+def predict(case: TrainCase, label: str, options: dict) -> dict[str, Any]:
+    """One variant's figures (SI units)."""
+    from k3sim.configs import load_hardware, load_model
+    from k3sim.configs.parallel import Parallelism
+    from k3sim.configs.planning import TrainOptions
+    from k3sim.files import project_path
+    from k3sim.training.step import train_step
+
+    model = load_model(project_path(case.model))
+    hw = load_hardware(case.hardware)
+    par = Parallelism(**case.parallelism)
+    r = train_step(model, hw, par, seq_len=case.seq_len, micro_batch_size=case.micro_batch_size,
+                   num_micro_batches=case.num_micro_batches, options=TrainOptions(**options))
+    per_mb = [s["per_micro_batch_s"] for s in r.stages]
+    mem = r.memory.per_gpu_bytes["total"] if r.memory is not None else None
+    return {"case": case.name, "variant": label, "model": model.name, "hardware": hw.name, "gpus": r.gpus,
+            "seq_len": case.seq_len, "tokens_per_step": r.tokens_per_step, "step_time_s": r.step_time_s,
+            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu, "hfu": r.hfu, "compute_s": r.compute_s,
+            "bubble_s": r.bubble_s, **{f"exposed_{k}_s": r.exposed_comm_s.get(k, 0.0) for k in
+                                        ("tp", "ep", "cp", "pp", "dp")},
+            "optimizer_s": r.optimizer_s, "stage_max_over_min": max(per_mb) / min(per_mb),
+            "memory_per_gpu_bytes": mem, "fits": r.fits,
+            "days_per_trillion_tokens": 1e12 / r.tokens_per_s / 86400}
+
+
+def predictions() -> list[dict[str, Any]]:
+    return [predict(c, label, opts) for c in cases() for label, opts in variants(c)]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def readme(rows: list[dict], cases_: list[TrainCase]) -> str:
+    """The generated reports/training/deployed.md."""
+    lines = ["# Training as it is deployed: predictions", "",
+             "Generated by `k3sim check train-deployed --out reports/training` "
+             "(`k3sim/validation/train_deployed.py`); do not edit. Each case is a published training layout run "
+             "with the whole recipe (FP8 block-scaled GEMMs, DualPipe, selective recompute of the norms and MLA "
+             "up-projections, balanced stages, fused MoE permute, DeepEP-class all-to-all) and with each feature "
+             "off in turn. Nothing is fitted to a run's throughput.", "",
+             "| case | variant | GPUs | step | tokens/s per GPU | MFU | HFU | bubble | exposed EP | exposed TP | "
+             "exposed CP | exposed DP | slowest/fastest stage | GiB per GPU | fits | days per 1T tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gib = "" if r["memory_per_gpu_bytes"] is None else f"{r['memory_per_gpu_bytes'] / 2 ** 30:.1f}"
+        lines.append(f"| {r['case']} | {r['variant']} | {r['gpus']:,} | {r['step_time_s']:.2f} s | "
+                     f"{r['tokens_per_s_per_gpu']:,.0f} | {100 * r['mfu']:.1f} % | {100 * r['hfu']:.1f} % | "
+                     f"{r['bubble_s']:.2f} s | {r['exposed_ep_s']:.2f} s | {r['exposed_tp_s']:.2f} s | "
+                     f"{r['exposed_cp_s']:.2f} s | {r['exposed_dp_s']:.2f} s | {r['stage_max_over_min']:.2f} | "
+                     f"{gib} | {'yes' if r['fits'] else 'no'} | {r['days_per_trillion_tokens']:.1f} |")
+    lines += ["", "MFU counts model FLOP (6 x active parameters + causal attention, Megatron's convention) against "
+              "the bf16 peak of every GPU, for FP8 runs too (the convention of DeepSeek's and NVIDIA's tables); "
+              "HFU counts what the kernels executed, recompute included.", "", "## Cases and their sources", ""]
+    for c in cases_:
+        lay = ", ".join(f"{k}={v}" for k, v in c.parallelism.items())
+        lines += [f"- **{c.name}**: `{c.model}` on `{c.hardware}`; {lay}; sequence {c.seq_len:,}, "
+                  f"{c.num_micro_batches} micro-batches of {c.micro_batch_size}.", f"  - layout: {c.source}",
+                  f"  - batch: {c.point}"]
+    lines += ["", "Recipe: " + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + "; each 'no X' row replaces one "
+              "feature: " + "; ".join(f"{k} -> {', '.join(f'{a}={b}' for a, b in v.items())}"
+                                      for k, v in FEATURE_OFF.items()) + "."]
+    lines += _comparison(rows)
+    return "\n".join(lines) + "\n"
+
+
+PREDICTIONS_COMMIT = ""  # set once the predictions are committed, before any public figure is compared
+
+
+@dataclass(frozen=True)
+class PublicFigure:
+    case: str
+    variant: str
+    metric: str
+    value: float
+    source: str
+    note: str
+
+
+PUBLIC: tuple[PublicFigure, ...] = ()
+
+
+def _comparison(rows: list[dict]) -> list[str]:
+    if not PUBLIC:
+        return []
+    by = {(r["case"], r["variant"]): r for r in rows}
+    out = ["", f"## Against public figures (predictions committed first: {PREDICTIONS_COMMIT})", "",
+           "| case | metric | predicted | public | predicted / public | source | what the figure counts, the gap |",
+           "|---|---|---|---|---|---|---|"]
+    for f in PUBLIC:
+        pred = by[(f.case, f.variant)][f.metric]
+        out.append(f"| {f.case} ({f.variant}) | {f.metric} | {pred:,.3g} | {f.value:,.3g} | {pred / f.value:.2f} | "
+                   f"{f.source} | {f.note} |")
+    return out
+
+
+def write_report(out: str | Path) -> Path:
+    """deployed_predictions.csv and deployed.md in `out` (reports/training), through k3sim.files."""
+    import csv
+    import io
+
+    from k3sim.files import atomic_write_text, output_dir
+
+    cs = cases()
+    with output_dir(out, kind=KIND, part=PART) as d:
+        rows = [predict(c, label, opts) for c in cs for label, opts in variants(c)]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([_fmt(r.get(k)) for k in COLUMNS])
+        atomic_write_text(Path(d) / "deployed_predictions.csv", buf.getvalue())
+        atomic_write_text(Path(d) / "deployed.md", readme(rows, cs))
+    return Path(out)
