@@ -4,8 +4,6 @@ and comm sit side by side; the facade is above both)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 import k3sim.kernels
@@ -26,13 +24,15 @@ def test_the_registry_has_collectives():
 @pytest.mark.parametrize("gpus, gpus_per_node", [(2, 0), (8, 0), (16, 0), (4, 2)])
 @pytest.mark.parametrize("convention", ["graph", "eager"])
 def test_a_collective_is_the_collective_models_answer(op, gpus, gpus_per_node, convention):
-    """Same seconds, source, detail and method as `collective_time` on the measured (barrier) rows; the label
-    is the caller's convention, as `k3sim kernel-time` has always printed it."""
+    """The collective model's answer itself, seconds, source, detail, method and convention: a CUDA-graph step
+    ("graph") asks for the graph-timed series, an eager call for the barrier-started one, and the answer keeps the
+    convention of the rows it came from (`k3sim.comm.model.SERIES`; issue 20: never relabelled)."""
     params = {"bytes": 3 * 2 ** 20, "gpus": 2 if op == "send_recv" else gpus, "gpus_per_node": gpus_per_node}
     got = predict_kernel_time(op, params, "h200", convention)
+    series = {"graph": "graph", "eager": "barrier"}[convention]
     ref = collective_time(op, params["bytes"], params["gpus"], "h200", gpus_per_node=gpus_per_node or None,
-                          convention="barrier")
-    assert got == dataclasses.replace(ref, convention=convention)
+                          convention=series)
+    assert got == ref and got.convention in ("graph", "barrier")
 
 
 @pytest.mark.parametrize("op, params", [

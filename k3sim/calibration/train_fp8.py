@@ -179,11 +179,12 @@ def time_gemm_any(M: int, N: int, K: int, recipe: str = OP_RECIPE):
         return time_gemm(M, N, K, recipe)
     except CheckFailed:
         raise
-    except Exception:  # noqa: BLE001 - torch or cuBLAS refused the shape: retried padded
+    except Exception as err:  # noqa: BLE001 - torch or cuBLAS refused the shape: retried padded
         if N % BLOCK == 0 and K % BLOCK == 0:
             raise
         _free()
-        return time_gemm(M, N, K, recipe, pad=True)
+        t, ex = time_gemm(M, N, K, recipe, pad=True)
+        return t, dict(ex, pad_why=_why(err)[:120])
 
 
 GEMM_CHECK_SHAPES = [(1024, 4096, 7168), (2048, 7168, 2304), (384, 1536, 512), (1024, 2112, 7168),
@@ -228,7 +229,7 @@ def _todo(op: str, params: list[str], cases: list[dict]) -> list[dict]:
 
 
 def gemm_block(out_dir: Path, deadline: float) -> int:
-    w = OpWriter(out_dir, "gemm_fp8_block", ["M", "N", "K"], ["rel_err", "recipe", "pad"] + GRAPH_EXTRAS)
+    w = OpWriter(out_dir, "gemm_fp8_block", ["M", "N", "K"], ["rel_err", "recipe", "pad", "pad_why"] + GRAPH_EXTRAS)
     cases = _todo("gemm_fp8_block", ["M", "N", "K"], grids.train_gemm_cases(GEMM_TOKENS or None))
     print(f"[gemm_block] {len(cases)} shapes", flush=True)
     count = [0]
@@ -269,7 +270,8 @@ def time_bf16(M: int, N: int, K: int):
 
 
 def gemm_reference(out_dir: Path, deadline: float) -> int:
-    w = OpWriter(out_dir, "gemm_train_reference", ["M", "N", "K", "kernel"], ["rel_err", "pad"] + GRAPH_EXTRAS)
+    w = OpWriter(out_dir, "gemm_train_reference", ["M", "N", "K", "kernel"], ["rel_err", "pad", "pad_why"]
+                 + GRAPH_EXTRAS)
     n = 0
     for M, N, K in REFERENCE_SHAPES:
         line = []
@@ -290,7 +292,8 @@ def gemm_reference(out_dir: Path, deadline: float) -> int:
                 w.failed(p, err)
                 line.append(f"{kernel} FAILED {_why(err)[:100]}")
                 _free()
-        print(f"[reference] {M}x{N}x{K}: " + ", ".join(line), flush=True)
+        if line:
+            print(f"[reference] {M}x{N}x{K}: " + ", ".join(line), flush=True)
     w.close()
     return n
 

@@ -26,6 +26,12 @@ def print_plan(plan: Any, json_out: bool) -> None:
             ("context per request", f"{plan.context_tokens:,} tokens"),
             ("KDA state per request (model)", human_bytes(plan.kda_state_bytes_per_request)),
             ("MLA KV per token (model)", human_bytes(plan.mla_kv_bytes_per_token)),
+        ]
+        if plan.recurrent_state_bytes_per_request != plan.kda_state_bytes_per_request or \
+                plan.kv_bytes_per_token != plan.mla_kv_bytes_per_token:  # kinds beyond KDA and MLA
+            pairs[-2:] = [("recurrent state per request (model)", human_bytes(plan.recurrent_state_bytes_per_request)),
+                          ("KV per token, full-context attention (model)", human_bytes(plan.kv_bytes_per_token))]
+        pairs += [
             ("per request on this GPU (fullest stage)", human_bytes(plan.per_request_bytes_per_gpu)),
             ("max concurrent requests (each at the full context)", plan.max_concurrent_requests),
         ]

@@ -150,6 +150,12 @@ def _run_grid(scenario: Path, given: dict, *, workers: int, scheduler, chunk_siz
     return res
 
 
+# Column names of the terminal table, short enough for 80 columns (the files keep the full names).
+SHORT = {"virtual_stages": "v", "num_micro_batches": "m", "micro_batch_size": "mbs",
+         "global_batch_sequences": "batch", "tokens_per_step": "tok/step", "step_time_s": "step_s",
+         "tokens_per_s_per_gpu": "tok/s/GPU", "prefill_replicas": "prefill", "decode_replicas": "decode"}
+
+
 def _print_sweep(res, name: str, out: Path, files, json_out: bool) -> None:
     """Counts of points evaluated / refused / fitting and the Pareto front (or all of it as JSON)."""
     from k3sim.output import print_json, print_table
@@ -172,7 +178,10 @@ def _print_sweep(res, name: str, out: Path, files, json_out: bool) -> None:
     if res.skipped:
         print(f"{sum(res.skipped.values()):,} grid points skipped: "
               + "; ".join(f"{k} {v:,}" for k, v in res.skipped.items()))
-    print_table(f"Pareto front: {res.y} up, {res.x} down", dims + [res.x, res.y],
-                [[r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}" for c in dims + [res.x, res.y]]
-                 for r in res.front.to_dict(orient="records")])
+    per_batch = " (one front per global batch)" if res.mode == "train" and len(res.front) and \
+        res.front["global_batch_sequences"].nunique() > 1 else ""
+    cols = dims + [res.x, res.y]
+    print_table(f"Pareto front: {res.y} up, {res.x} down{per_batch}", [SHORT.get(c, c) for c in cols],
+                [[f"{r[c]:,}" if c == "tokens_per_step" else r[c] if not isinstance(r[c], float) else f"{r[c]:.4g}"
+                  for c in cols] for r in res.front.to_dict(orient="records")])
     print(f"wrote {', '.join(files)}")

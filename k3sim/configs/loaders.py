@@ -83,10 +83,11 @@ def read_mapping(path: str | Path, *, what: str = "config file", max_bytes: int 
 
 
 def _schema_fields() -> set[str]:
-    from k3sim.configs import hardware, model, parallel
+    from k3sim.configs import hardware, kinds, model, parallel
 
-    classes = [hardware.HardwareProfile, model.ModelConfig, model.KDAConfig, model.MLAConfig, model.MoEConfig,
-               model.VisionConfig, parallel.Parallelism, parallel.Cluster, parallel.Workload, parallel.Scenario]
+    classes = [hardware.HardwareProfile, model.ModelConfig, model.MoEConfig, model.VisionConfig,
+               *(k.schema for k in kinds.MIXERS.values()), parallel.Parallelism, parallel.Cluster,
+               parallel.Workload, parallel.Scenario]
     return {name for c in classes for name in c.model_fields}
 
 

@@ -1,4 +1,6 @@
-"""Model architecture schema: which layer is KDA or MLA, dense or MoE, and each block's shapes.
+"""Model architecture schema: a list of layers, each with its sequence mixers and its FFN, and the shapes of
+every kind it uses (one section per kind: `kda`, `mla`, `gdn`, `mamba2`, `mamba`, `lightning`, `gqa`, `swa`,
+`moe`; the kinds themselves live in `configs/kinds/`).
 
 Field names follow the published Hugging Face configs where one exists (see `hf.py` for the mapping).
 All sizes are element counts (widths, heads, ranks); dtypes are names understood by `dtypes.py`.
@@ -9,79 +11,27 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3sim.configs.bounds import bounded_int
 from k3sim.configs.dtypes import check_dtype
+from k3sim.configs.kinds import (FFNS, MIXERS, NONE, GDNConfig, GQAConfig, KDAConfig, Layer, LightningConfig,
+                                 MambaConfig, Mamba2Config, MLAConfig, MoEConfig, SWAConfig, canonical_entries,
+                                 parse_pattern)
+
+__all__ = ["GDNConfig", "GQAConfig", "KDAConfig", "Layer", "LightningConfig", "MLAConfig", "Mamba2Config",
+           "MambaConfig", "ModelConfig", "MoEConfig", "SWAConfig", "VisionConfig"]
 
 # Every count and width has a documented range (k3sim/configs/bounds.py); booleans are not numbers.
 Layers = bounded_int("layers")
 LayerCount = bounded_int("layers", lo=0)
 Heads = bounded_int("heads")
-Experts = bounded_int("experts")
-ExpertCount = bounded_int("experts", lo=0)
 Vocab = bounded_int("vocab")
 Width = bounded_int("width")
 Taps = bounded_int("kernel")
 
 DType = Annotated[str, AfterValidator(check_dtype)]
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-
-
-class KDAConfig(BaseModel):
-    """Kimi Delta Attention (linear attention with a per-head d_k x d_v recurrent state)."""
-
-    model_config = _STRICT
-    num_heads: Heads
-    head_dim_k: Width
-    head_dim_v: Width
-    conv_kernel_size: Taps = Field(4, description="short causal conv width (tokens) on q, k, v")
-    state_dtype: DType = Field("fp32", description="recurrent state dtype (fla keeps it in fp32)")
-    conv_state_dtype: DType = Field("bf16", description="dtype of the cached last (kernel-1) conv inputs")
-    alpha_gate_rank: Width | None = Field(
-        None, description="low-rank width of the per-channel decay gate projection; None = full rank "
-        "(K3 `use_full_rank_gate: true`; Kimi-Linear f_a/f_b use head_dim)")
-    output_gate_rank: Width | None = Field(
-        None, description="low-rank width of the output gate projection (g_a/g_b); None = full rank")
-
-
-class MLAConfig(BaseModel):
-    """Multi-head latent attention (DeepSeek-V2 style); the KV cache holds kv_lora + rope per token."""
-
-    model_config = _STRICT
-    num_heads: Heads
-    q_lora_rank: Width | None = Field(None, description="None = direct q projection")
-    kv_lora_rank: Width
-    qk_nope_head_dim: Width
-    qk_rope_head_dim: Width
-    v_head_dim: Width
-    kv_cache_dtype: DType = "bf16"
-    output_gate: bool = Field(False, description="K3 gated MLA: sigmoid gate d -> heads*v_head_dim")
-
-
-class MoEConfig(BaseModel):
-    """(Latent) MoE FFN. With `latent_width` the routed experts run in a down-projected latent space."""
-
-    model_config = _STRICT
-    num_routed_experts: Experts
-    num_active_experts: Experts = Field(description="routed experts per token (top-k)")
-    num_shared_experts: ExpertCount = 0
-    expert_ffn_width: Width = Field(description="intermediate width of one routed expert")
-    shared_expert_ffn_width: Width | None = Field(
-        None, description="intermediate width of one shared expert; None = expert_ffn_width")
-    latent_width: Width | None = Field(None, description="None = no latent projection")
-    latent_norm: bool = Field(False, description="RMSNorm on the latent (K3 latent_moe_use_norm)")
-    router_bias: bool = Field(True, description="per-expert score-correction bias (noaux_tc)")
-    routed_weight_format: DType = "bf16"
-    max_nodes_per_token: Experts | None = Field(
-        None, description="node-limited (group-limited) routing: a token's experts on at most this many nodes "
-                          "(None: unlimited); the EP all-to-all of training reads it (cite the source in the YAML)")
-
-    @model_validator(mode="after")
-    def _topk_le_experts(self) -> "MoEConfig":
-        if self.num_active_experts > self.num_routed_experts:
-            raise ValueError("num_active_experts exceeds num_routed_experts")
-        return self
 
 
 class VisionConfig(BaseModel):
@@ -97,12 +47,19 @@ class VisionConfig(BaseModel):
     mlp_gated: bool = False
 
 
-class ModelConfig(BaseModel):
-    """A hybrid KDA/MLA (Latent)MoE language model.
+# Sections of the mixer kinds (`configs/kinds/`): KDA and MLA are read by the old `full_attn_layers` rule too;
+# the others need `layer_pattern` to say which layers are theirs.
+PATTERN_ONLY = ("gdn", "mamba2", "mamba", "lightning", "gqa", "swa")
 
-    Layer pattern: `full_attn_layers` lists the 1-based MLA layers (as in config.json's
-    `linear_attn_config.full_attn_layers`); every other layer is KDA. None means all layers are MLA
-    (K2). The first `first_k_dense` layers use a dense FFN of width `dense_ffn_width`; the rest are MoE.
+
+class ModelConfig(BaseModel):
+    """A language model as a list of layers, each a sequence mixer and an FFN (`layers`).
+
+    Layer pattern, either way: `layer_pattern` (one entry per run of layers, `"<mixers>/<ffn>[ xN]"`, see
+    `configs/kinds`), or the Kimi rule: `full_attn_layers` lists the 1-based MLA layers (as in config.json's
+    `linear_attn_config.full_attn_layers`) and every other layer is KDA, None meaning all MLA (K2); the first
+    `first_k_dense` layers use a dense FFN of width `dense_ffn_width`, the rest MoE. A kind's shapes are the
+    section of its name (`kda`, `mla`, `gdn`, `mamba2`, `mamba`, `lightning`, `gqa`, `swa`, `moe`).
     """
 
     model_config = _STRICT
@@ -116,12 +73,23 @@ class ModelConfig(BaseModel):
     tie_word_embeddings: bool = False
     full_attn_layers: list[Layers] | None = None
     first_k_dense: LayerCount = 0
+    layer_pattern: list[str] | None = Field(
+        None, description="per run of layers '<mixers>/<ffn>[ xN]' (configs/kinds); None = the full_attn_layers "
+                          "and first_k_dense rule")
     dense_ffn_width: Width | None = None
+    ffn_gated: bool = Field(True, description="FFNs are GLUs (gate, up, down); false: up, down only (squared "
+                                              "ReLU, Nemotron-H) for the dense FFN and the experts alike")
     weight_format: DType = Field("bf16", description="non-routed linear weights")
     embedding_format: DType = "bf16"
     activation_dtype: DType = "bf16"
     kda: KDAConfig | None = None
     mla: MLAConfig | None = None
+    gdn: GDNConfig | None = None
+    mamba2: Mamba2Config | None = None
+    mamba: MambaConfig | None = None
+    lightning: LightningConfig | None = None
+    gqa: GQAConfig | None = None
+    swa: SWAConfig | None = None
     moe: MoEConfig | None = None
     attn_res_block_size: Layers | None = Field(None, description="layers per Block-AttnRes block")
     vision: VisionConfig | None = None
@@ -129,75 +97,132 @@ class ModelConfig(BaseModel):
         False, description="the model's published training stack permutes / unpermutes MoE tokens with fused "
                            "kernels (training.moe_glue auto prices them so; cite the source in the YAML)")
 
+    @field_validator("layer_pattern")
+    @classmethod
+    def _canonical(cls, entries: list[str] | None) -> list[str] | None:
+        return None if entries is None else canonical_entries(entries)
+
     @model_validator(mode="after")
     def _consistent(self) -> "ModelConfig":
         L = self.num_layers
-        if self.full_attn_layers is not None:
+        if self.layer_pattern is not None:
+            self._check_pattern_mode()
+        elif self.full_attn_layers is not None:
             bad = [i for i in self.full_attn_layers if i > L]
             if bad:
                 raise ValueError(f"full_attn_layers {bad} beyond num_layers {L} (indices are 1-based)")
             if len(set(self.full_attn_layers)) != len(self.full_attn_layers):
                 raise ValueError("full_attn_layers has duplicates")
-        kinds = self.layer_kinds
-        if "kda" in kinds and self.kda is None:
-            raise ValueError("kda section missing but the layer pattern has KDA layers")
-        if "mla" in kinds and self.mla is None:
-            raise ValueError("mla section missing but the layer pattern has MLA layers")
+        if self.layer_pattern is None:
+            for kind in PATTERN_ONLY:
+                if getattr(self, kind) is not None:
+                    raise ValueError(f"{kind} section given but no layer_pattern says which layers are "
+                                     f"{MIXERS[kind].title}: add layer_pattern")
+        used = set(self._pattern()["count"])
+        for kind in MIXERS:
+            if kind in used and getattr(self, kind) is None:
+                raise ValueError(f"{kind} section missing but the layer pattern has {MIXERS[kind].title} layers")
         if self.first_k_dense > L:
             raise ValueError(f"first_k_dense {self.first_k_dense} exceeds num_layers {L}")
-        if "dense" in self.ffn_kinds and self.dense_ffn_width is None:
+        if "dense" in used and self.dense_ffn_width is None:
             raise ValueError("dense_ffn_width is not set but there are dense FFN layers")
-        if "moe" in self.ffn_kinds and self.moe is None:
+        if "moe" in used and self.moe is None:
             raise ValueError("moe section missing but there are MoE layers")
         return self
 
+    def _check_pattern_mode(self) -> None:
+        """layer_pattern excludes the Kimi rule's fields and every section it does not use."""
+        for name in ("full_attn_layers", "first_k_dense"):
+            if name in self.model_fields_set:
+                raise ValueError(f"{name} cannot be combined with layer_pattern, which gives every layer's "
+                                 "mixer and FFN: remove it")
+        layers = parse_pattern(self.layer_pattern, self.num_layers)  # the layer count, with the field named
+        used = {k for layer in layers for k in layer.mixers} | {layer.ffn for layer in layers}
+        for kind in (*MIXERS, "moe"):
+            if getattr(self, kind) is not None and kind not in used:
+                raise ValueError(f"{kind} section given but no layer_pattern entry uses {kind}: remove it")
+
     def _pattern(self) -> dict:
-        """Layer and FFN kinds, built once per model (O(layers)) and reused: building them per call made
+        """Layers and their kinds, built once per model (O(layers)) and reused: building them per call made
         every per-layer loop quadratic (a 10,000-layer model took minutes). The cache sits in the instance
         dict keyed by the fields it derives from, so a `model_copy(update=...)` cannot see a stale one.
         Callers must not mutate the lists."""
-        key = (self.num_layers, id(self.full_attn_layers), self.first_k_dense, self.moe is None)
+        key = (self.num_layers, id(self.full_attn_layers), self.first_k_dense, self.moe is None,
+               id(self.layer_pattern))
         cached = self.__dict__.get("_k3sim_pattern")
         if cached is None or cached["key"] != key:
-            L = self.num_layers
-            if self.full_attn_layers is None:
-                kinds = ["mla"] * L
-            else:
-                kinds = ["kda"] * L
-                for i in self.full_attn_layers:
-                    if 1 <= i <= L:
-                        kinds[i - 1] = "mla"
-            ffn = ["dense"] * L if self.moe is None else (
-                ["dense"] * min(self.first_k_dense, L) + ["moe"] * max(L - self.first_k_dense, 0))
-            cached = {"key": key, "layer": kinds, "ffn": ffn, "mla": kinds.count("mla"), "moe": ffn.count("moe")}
+            layers = self._build_layers()
+            kinds = [layer.mixer for layer in layers]
+            ffn = [layer.ffn or NONE for layer in layers]
+            count: dict[str, int] = {}
+            for layer in layers:
+                for k in (*layer.mixers, layer.ffn or NONE):
+                    count[k] = count.get(k, 0) + 1
+            cached = {"key": key, "layers": tuple(layers), "layer": kinds, "ffn": ffn, "count": count}
             self.__dict__["_k3sim_pattern"] = cached  # frozen model: bypass __setattr__ for a derived cache
         return cached
 
+    def _build_layers(self) -> list[Layer]:
+        L = self.num_layers
+        if self.layer_pattern is not None:
+            return parse_pattern(self.layer_pattern, L)
+        if self.full_attn_layers is None:
+            kinds = ["mla"] * L
+        else:
+            kinds = ["kda"] * L
+            for i in self.full_attn_layers:
+                if 1 <= i <= L:
+                    kinds[i - 1] = "mla"
+        ffn = ["dense"] * L if self.moe is None else (
+            ["dense"] * min(self.first_k_dense, L) + ["moe"] * max(L - self.first_k_dense, 0))
+        return [Layer(i, (kinds[i],), ffn[i]) for i in range(L)]
+
     @property
-    def layer_kinds(self) -> list[Literal["kda", "mla"]]:
-        """Attention kind of each layer, 0-based list (shared: do not mutate)."""
+    def layers(self) -> tuple[Layer, ...]:
+        """Every layer with its mixer kinds and FFN kind (`configs.kinds.Layer`), 0-based."""
+        return self._pattern()["layers"]
+
+    @property
+    def layer_kinds(self) -> list[str]:
+        """Mixer kind of each layer, 0-based list (shared: do not mutate): "kda", "mla", "gdn", ...; "none"
+        for a layer without a mixer, kinds joined by "+" for parallel mixers ("gqa+mamba2")."""
         return self._pattern()["layer"]
 
     @property
-    def ffn_kinds(self) -> list[Literal["dense", "moe"]]:
-        """FFN kind of each layer: the first `first_k_dense` are dense (HF first_k_dense_replace)."""
+    def ffn_kinds(self) -> list[str]:
+        """FFN kind of each layer ("dense", "moe", "none"): under the Kimi rule the first `first_k_dense` are
+        dense (HF first_k_dense_replace)."""
         return self._pattern()["ffn"]
+
+    def section(self, kind: str):
+        """The shapes of kind `kind` (`model.gdn` for "gdn"); None if the model has none."""
+        return getattr(self, kind)
+
+    def num_layers_with(self, kind: str) -> int:
+        """Layers that hold mixer (or FFN) kind `kind`, parallel mixers included."""
+        return self._pattern()["count"].get(kind, 0)
+
+    @property
+    def mixer_kinds(self) -> tuple[str, ...]:
+        """The mixer kinds the model uses, in registry order."""
+        count = self._pattern()["count"]
+        return tuple(k for k in MIXERS if k in count)
 
     @property
     def num_kda_layers(self) -> int:
-        return self.num_layers - self._pattern()["mla"]
+        return self.num_layers_with("kda")
 
     @property
     def num_mla_layers(self) -> int:
-        return self._pattern()["mla"]
+        return self.num_layers_with("mla")
 
     @property
     def num_moe_layers(self) -> int:
-        return self._pattern()["moe"]
+        return self.num_layers_with("moe")
 
     @property
     def num_dense_layers(self) -> int:
-        return self.num_layers - self._pattern()["moe"]
+        return self.num_layers_with("dense")
 
     def check_context(self, tokens: int, source: str | None = "--context") -> None:
         """Refuse a serving context longer than the model supports (`max_context_tokens`, HF

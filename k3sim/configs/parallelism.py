@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from typing_extensions import Annotated
 
 from k3sim.configs.bounds import _not_bool, bounded_float, bounded_int
+from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
 from k3sim.errors import InputError
 
@@ -70,9 +71,10 @@ class Parallelism(BaseModel):
         def fail(field: str, reason: str) -> None:
             raise InputError(reason, source=source, field=field)
 
-        for kind, cfg in (("kda", model.kda), ("mla", model.mla)):
-            if cfg is not None and cfg.num_heads % self.tp:
-                fail("tp", f"tp={self.tp} does not divide the {cfg.num_heads} {kind.upper()} heads")
+        for kind in model.mixer_kinds:  # what each kind's TP split needs (heads, KV heads, groups, channels)
+            reason = MIXERS[kind].tp_problem(model.section(kind), self.tp)
+            if reason:
+                fail("tp", reason)
         if model.moe is not None:
             experts = model.moe.num_routed_experts
             slots = experts + self.redundant_experts

@@ -60,7 +60,8 @@ def resolve_recompute(model: Any, recompute: str | None, modules: tuple[str, ...
     (True: full, False: none), so a scenario's `training.recompute` wins over it when given; selective with no
     modules is DeepSeek-V3's recipe. Refused, naming the field: modules without `recompute: selective`, an
     unknown or repeated module, a module for a layer part the model has none of (mla_up_proj without MLA
-    layers, kda_core without KDA, moe_act for a dense model)."""
+    layers, kda_core without KDA, moe_act for a dense model). The default recipe keeps only the modules the model
+    has (a model without MLA layers gets `norms` alone), so the plan never names a module it did not apply."""
     mode = recompute if recompute is not None else ("full" if activation_checkpointing else "none")
     if mode not in RECOMPUTE_MODES:
         raise InputError(f"unknown recompute mode '{mode}' (known: {', '.join(RECOMPUTE_MODES)})", source=source,
@@ -80,10 +81,16 @@ def resolve_recompute(model: Any, recompute: str | None, modules: tuple[str, ...
             raise InputError(f"'{m}' appears twice; give each module once", source=source,
                              field="training.recompute_modules")
         need = RECOMPUTE_MODULE_NEEDS[m]
-        if need is not None and not getattr(model, _NEED_LAYERS[need][0]):
+        if not _has_part(model, need):
             raise InputError(f"'{m}' recomputes part of the {_NEED_LAYERS[need][1]} and model '{model.name}' has "
                              f"none; remove it", source=source, field="training.recompute_modules")
-    return mode, modules or DEEPSEEK_V3_RECOMPUTE
+    return mode, modules or tuple(m for m in DEEPSEEK_V3_RECOMPUTE if _has_part(model, RECOMPUTE_MODULE_NEEDS[m]))
+
+
+def _has_part(model: Any, need: str | None) -> bool:
+    """Whether `model` has layers of the part a recompute module needs (None: every model)."""
+    return need is None or bool(getattr(model, _NEED_LAYERS[need][0]))
+
 
 # Pipeline schedules of the training step ("auto": 1F1B, interleaved 1F1B when virtual_stages > 1).
 TrainSchedule = Literal["auto", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipev"]

@@ -136,14 +136,18 @@ def mla_tensors(model: ModelConfig) -> list[Saved]:
 
 def kda_tensors(model: ModelConfig) -> list[Saved]:
     """KDA (vLLM / fla): the conv input and output, fla's chunk kernel state (L2 inverse norms, Aqk / Akk of
-    chunk 64), fp32 decay gate and beta, low-rank gate intermediates, chunk output, output gate, o_proj input."""
+    chunk 64), the decay gate and beta, low-rank gate intermediates, chunk output, output gate, o_proj input.
+    fla's KDA layer calls `chunk_kda(..., use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)`, which saves
+    the raw gate as the gate projection wrote it (bf16; its fp32 cumulative sum is dropped and rebuilt) and beta
+    both raw (bf16) and after the in-kernel sigmoid (fp32) (fla/ops/kda/chunk.py `save_for_backward`,
+    fla/ops/common/gate.py `fused_beta_sigmoid_fwd`)."""
     kda = model.kda
     h, dk, dv = kda.num_heads, kda.head_dim_k, kda.head_dim_v
     qkv = h * (2 * dk + dv)
     out = [Saved("kda_qkv_proj_out", qkv, "act"), Saved("kda_conv_out", qkv, "act", "kda_core"),
            Saved("kda_qk_inv_norm", 2 * h, "fp32", "kda_core"),
            Saved("kda_chunk_aqk_akk", 2 * h * KDA_CHUNK, "act", "kda_core"),
-           Saved("kda_decay_gate", h * dk, "fp32"), Saved("kda_beta", h, "fp32")]
+           Saved("kda_decay_gate", h * dk, "act"), Saved("kda_beta_raw", h, "act"), Saved("kda_beta", h, "fp32")]
     if kda.alpha_gate_rank:
         out.append(Saved("kda_decay_gate_a", kda.alpha_gate_rank, "linear"))
     if kda.output_gate_rank:

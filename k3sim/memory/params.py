@@ -1,17 +1,19 @@
 """Parameter counts by component, computed from the config (never typed in).
 
-Shapes follow the published implementations: KDA as in fla `KimiDeltaAttention` / Kimi-Linear
-(q, k, v projections, depthwise short conv on each, decay-gate projection, beta, A_log, dt_bias, output
-gate, o_norm, o_proj); MLA as in DeepSeek-V2/V3 (q_a/q_b or q, kv_a with rope key, kv_b, o) plus K3's
-sigmoid output gate; gated (GLU) FFNs with 3 matrices for dense, shared and routed experts; LatentMoE
+Shapes follow the published implementations, one formula per layer kind in `configs/kinds/`: KDA as in fla
+`KimiDeltaAttention` / Kimi-Linear (q, k, v projections, depthwise short conv on each, decay-gate projection,
+beta, A_log, dt_bias, output gate, o_norm, o_proj); MLA as in DeepSeek-V2/V3 (q_a/q_b or q, kv_a with rope
+key, kv_b, o) plus K3's sigmoid output gate; gated (GLU) FFNs with 3 matrices for dense, shared and routed
+experts (2 for the plain squared-ReLU FFNs of Nemotron-H); LatentMoE
 (down-project d -> latent, RMSNorm, experts in latent space, up-project back) with the router reading
 the full hidden state (fused with the latent down-projection, MISSION sec. 4). Biases are absent except
 the router's score-correction bias (noaux_tc).
 
 "Active per token" counts every parameter a text token is multiplied with: the top-k routed experts
-instead of all of them, and everything else except the input embedding table (a lookup, not a matmul)
-and the vision tower (it runs on image patches). With this convention K3, K2 and Kimi-Linear land within
-1-4 % of their published active counts.
+instead of all of them, and everything else except the input embedding table (a lookup, not a matmul;
+a table tied to the output head is multiplied there, so it counts once) and the vision tower (it runs on
+image patches). With this convention K3, K2 and Kimi-Linear land within 1-4 % of their published active
+counts. The other mixer kinds' formulas and their sources are in `configs/kinds/` (one module per kind).
 """
 
 from __future__ import annotations
@@ -19,79 +21,49 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from k3sim.configs.dtypes import bytes_per_element
+from k3sim.configs.kinds import FFNS, MIXERS, ROUTED, MoE
 from k3sim.configs.model import ModelConfig
 
-ROUTED = "routed_experts"
+# Components in table order: embeddings, the mixers by kind (registry order: kda, mla first), the FFNs, the rest.
+COMPONENTS = ("embeddings", "lm_head", *MIXERS, "dense_ffn", ROUTED, "shared_experts", "latent_projections",
+              "router", "norms", "attn_res", "vision")
+
+
+def mixer_params(model: ModelConfig, kind: str) -> int:
+    """Parameters of one layer of mixer kind `kind` (the registry's formula, `configs/kinds/<kind>.py`); 0 if
+    the model has no section of that kind."""
+    cfg = model.section(kind)
+    return 0 if cfg is None else MIXERS[kind].params(cfg, model.hidden_size)
 
 
 def kda_layer_params(model: ModelConfig) -> int:
-    kda, d = model.kda, model.hidden_size
-    if kda is None:
-        return 0
-    h, dk, dv = kda.num_heads, kda.head_dim_k, kda.head_dim_v
-    qkv = d * h * (2 * dk + dv)
-    conv = kda.conv_kernel_size * h * (2 * dk + dv)  # depthwise, no bias
-    r = kda.alpha_gate_rank
-    alpha_gate = d * h * dk if r is None else d * r + r * h * dk
-    beta = d * h
-    decay = h + h * dk  # A_log per head, dt_bias per channel
-    r = kda.output_gate_rank
-    out_gate = d * h * dv if r is None else d * r + r * h * dv
-    o_norm = dv
-    o_proj = h * dv * d
-    return qkv + conv + alpha_gate + beta + decay + out_gate + o_norm + o_proj
+    return mixer_params(model, "kda")
 
 
 def mla_layer_params(model: ModelConfig) -> int:
-    mla, d = model.mla, model.hidden_size
-    if mla is None:
-        return 0
-    h, qk = mla.num_heads, mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    if mla.q_lora_rank is None:
-        q = d * h * qk
-    else:
-        q = d * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * h * qk  # q_a, q_a_norm, q_b
-    kv_a = d * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank  # + kv_a_norm
-    kv_b = mla.kv_lora_rank * h * (mla.qk_nope_head_dim + mla.v_head_dim)
-    o = h * mla.v_head_dim * d
-    gate = d * h * mla.v_head_dim if mla.output_gate else 0
-    return q + kv_a + kv_b + o + gate
+    return mixer_params(model, "mla")
 
 
 def routed_expert_params(model: ModelConfig) -> int:
-    """One routed expert: gate, up, down of a GLU over the latent (or hidden) width."""
-    moe = model.moe
-    width_in = moe.latent_width or model.hidden_size
-    return 3 * width_in * moe.expert_ffn_width
+    """One routed expert: gate, up, down of a GLU (up, down without `ffn_gated`) over the latent (or hidden)
+    width."""
+    return MoE.routed_expert_params(model)
 
 
 def moe_layer_params(model: ModelConfig) -> dict[str, int]:
     """Total parameters of one MoE FFN by component."""
-    moe, d = model.moe, model.hidden_size
-    e = moe.num_routed_experts
-    shared_w = moe.shared_expert_ffn_width or moe.expert_ffn_width
-    latent = 0
-    if moe.latent_width:
-        latent = 2 * d * moe.latent_width + (moe.latent_width if moe.latent_norm else 0)
-    return {
-        ROUTED: e * routed_expert_params(model),
-        "shared_experts": moe.num_shared_experts * 3 * d * shared_w,
-        "latent_projections": latent,
-        "router": d * e + (e if moe.router_bias else 0),
-    }
+    return FFNS["moe"].params(model)
 
 
 def layer_params(model: ModelConfig, index: int) -> dict[str, int]:
-    """Total parameters of layer `index` (0-based) by component."""
+    """Total parameters of layer `index` (0-based) by component: its mixers by kind name, its FFN's
+    components, one RMSNorm (d) before the mixers and one before the FFN where the layer has them."""
     d = model.hidden_size
-    out = {"kda": 0, "mla": 0}
-    out[model.layer_kinds[index]] = (
-        kda_layer_params(model) if model.layer_kinds[index] == "kda" else mla_layer_params(model))
-    if model.ffn_kinds[index] == "dense":
-        out["dense_ffn"] = 3 * d * model.dense_ffn_width
-    else:
-        out.update(moe_layer_params(model))
-    out["norms"] = 2 * d  # pre-attention and pre-FFN RMSNorm
+    layer = model.layers[index]
+    out = {kind: mixer_params(model, kind) for kind in layer.mixers}
+    if layer.ffn is not None:
+        out.update(FFNS[layer.ffn].params(model))
+    out["norms"] = d * ((1 if layer.mixers else 0) + (1 if layer.ffn else 0))
     if model.attn_res_block_size:
         # Assumption: per sublayer one pseudo-query (d) and one key RMSNorm (d) (AttnRes, arXiv 2603.15031).
         out["attn_res"] = 2 * 2 * d
@@ -147,18 +119,16 @@ def count_params(model: ModelConfig) -> ParamReport:
             totals[k] = totals.get(k, 0) + v
     for k, v in non_layer_params(model).items():
         totals[k] = totals.get(k, 0) + v
-    order = ["embeddings", "lm_head", "kda", "mla", "dense_ffn", ROUTED, "shared_experts",
-             "latent_projections", "router", "norms", "attn_res", "vision"]
     rows = []
-    for comp in order:
+    for comp in COMPONENTS:
         if comp not in totals:
             continue
         total = totals[comp]
         if comp == ROUTED:
             active = model.num_moe_layers * model.moe.num_active_experts * routed_expert_params(model)
-        elif comp in ("embeddings", "vision"):
+        elif comp == "vision" or (comp == "embeddings" and not model.tie_word_embeddings):
             active = 0
-        else:
+        else:  # a tied table is the output head too: every token is multiplied with it once
             active = total
         rows.append(ParamRow(comp, total, active))
     return ParamReport(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.hardware import HardwareProfile
+from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Parallelism, Workload
 from k3sim.configs.planning import PRECISIONS, resolve_recompute
@@ -18,15 +19,17 @@ from k3sim.errors import DoesNotFit, InputError, shorten
 from k3sim.memory import activations as act
 from k3sim.memory import sizes
 from k3sim.memory.layout import expert_tp, rank_layers
-from k3sim.memory.params import ROUTED, layer_params, non_layer_params, stored_format
+from k3sim.memory.params import COMPONENTS, ROUTED, layer_params, non_layer_params, stored_format
 
 GB = 1e9  # datasheet gigabytes (HBM capacities are quoted in them)
 GiB = 2 ** 30  # what tables and errors print
-# The router is fused with the latent down-projection and sharded with it (MISSION sec. 4).
-TP_SHARDED = ("kda", "mla", "dense_ffn", "shared_experts", "latent_projections", "router")
+# The router is fused with the latent down-projection and sharded with it (MISSION sec. 4). Every mixer kind's
+# weights shard by TP (its heads, value heads or channels: `configs/kinds`).
+TP_SHARDED = (*MIXERS, "dense_ffn", "shared_experts", "latent_projections", "router")
 REPLICATED = ("norms", "attn_res")  # small; kept whole on every rank
-COMPONENT_ORDER = ("embeddings", "lm_head", "kda", "mla", "dense_ffn", ROUTED, "shared_experts",
-                   "latent_projections", "router", "norms", "attn_res", "vision")
+COMPONENT_ORDER = COMPONENTS
+# Mixer kinds whose saved training tensors `memory.activations` lists; the others are refused in mode train.
+TRAINED_KINDS = ("kda", "mla")
 
 
 @dataclass
@@ -101,6 +104,23 @@ def _serve_weight_rows(model: ModelConfig, par: Parallelism, params: dict[str, i
 
 
 # ----------------------------------------------------------------------------------------------- serve
+NO_LIMIT = 2 ** 62  # capacity of a stage that holds nothing per request
+
+
+def _request_bytes(model: ModelConfig, per_kind: dict, layers: list[int], context_tokens: int, cp: int) -> int:
+    """One request's bytes on one GPU of a stage: the KV of its attention layers (a window caps the tokens;
+    CP splits the tokens) plus the recurrent and conv state of its recurrent layers (each kind's TP split,
+    `memory.sizes.kind_sizes`). MLA's latent KV is whole on every TP rank, GQA's KV heads split (one
+    replicated copy once tp exceeds them)."""
+    kv = state = 0
+    for i in layers:
+        for kind in model.layers[i].mixers:
+            k = per_kind[kind]
+            kv += k.kv_bytes_per_request_per_layer(context_tokens)
+            state += k.state_bytes_per_layer + k.conv_state_bytes_per_layer
+    return math.ceil(kv / cp) + state
+
+
 @dataclass
 class ServePlan:
     model: str
@@ -113,6 +133,8 @@ class ServePlan:
     mla_kv_bytes_per_token: int
     conv_state_bytes_per_request: int
     attn_res_block_bytes_per_token: int
+    recurrent_state_bytes_per_request: int   # every recurrent kind (whole model), without conv state
+    kv_bytes_per_token: int                  # every full-context attention kind (whole model)
     per_request_bytes_per_gpu: int
     max_concurrent_requests: int
     worst_stage: int
@@ -131,7 +153,10 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
       down-projection) shard by TP; routed experts by EP (then TP if EP < TP); embeddings/lm_head
       vocab-parallel; norms, AttnRes queries, vision replicated.
     - MLA's latent KV is shared by all heads, so every TP rank caches all of it (vLLM/SGLang MLA under
-      TP); CP splits it by tokens. KDA and conv state are per head, so they divide by TP.
+      TP); CP splits it by tokens. KDA and conv state are per head, so they divide by TP. The other kinds
+      as `configs/kinds` splits them: GQA / SWA KV by KV head (replicated past tp = KV heads; a window
+      caps the tokens), GDN by value head, Mamba2 by head (a single B/C group replicated), Mamba by inner
+      channel, lightning by head.
     - AttnRes block representatives exist for tokens in flight: one prefill chunk, split over TP by
       sequence parallelism (MISSION sec. 3). The default chunk of 8192 tokens is vLLM V1's default
       `max_num_batched_tokens` for the OpenAI server on large-memory GPUs (vllm/engine/arg_utils.py).
@@ -143,9 +168,7 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
         raise InputError(f"must be positive (got {context_tokens})", source=source, field="context_tokens")
     hbm = int(hw.hbm_bytes)
     reserve = math.ceil(workspace_fraction * hbm)
-    kv_tok_layer = sizes.mla_kv_bytes_per_token_per_layer(model)
-    state_layer = sizes.kda_state_bytes_per_layer(model)
-    conv_layer = sizes.conv_state_bytes_per_layer(model)
+    per_kind = {k.kind: k for k in sizes.kind_sizes(model, tp=par.tp)}
     attn_res_tok = sizes.attn_res_block_bytes_per_token(model)
     stages = []
     for r, layers in enumerate(rank_layers(model, par)):
@@ -154,19 +177,21 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
             rows.append(Row("attn_res_blocks", math.ceil(attn_res_tok * prefill_chunk_tokens / par.tp),
                             f"{attn_res_tok} B/token x {prefill_chunk_tokens} prefill tokens / tp"))
         rows.append(Row("workspace_reserve", reserve, f"{workspace_fraction:g} x HBM"))
-        n_mla = sum(model.layer_kinds[i] == "mla" for i in layers)
-        n_kda = len(layers) - n_mla
-        per_req = (math.ceil(n_mla * kv_tok_layer * context_tokens / par.cp)
-                   + math.ceil(n_kda * (state_layer + conv_layer) / par.tp))
-        stages.append(StageMemory(r, [i + 1 for i in layers], rows, per_req))
+        stages.append(StageMemory(r, [i + 1 for i in layers], rows,
+                                  _request_bytes(model, per_kind, layers, context_tokens, par.cp)))
 
     def capacity(s: StageMemory) -> int:
-        # per_request_bytes > 0: a stage holds >= 1 layer and every layer is MLA (KV grows with the
-        # context) or KDA (fixed state), all of positive size.
+        # a stage of FFN-only blocks (Nemotron-H's MLP layers) holds nothing per request: memory bounds it
+        # only if its weights do not fit
+        if not s.per_request_bytes:
+            return NO_LIMIT if hbm >= s.fixed_bytes else -1
         return (hbm - s.fixed_bytes) // s.per_request_bytes
 
     worst = min(stages, key=lambda s: (capacity(s), -s.fixed_bytes))
     max_req = capacity(worst)
+    if max_req == NO_LIMIT:
+        raise InputError(f"model '{model.name}' has no layer that keeps a KV cache or a recurrent state per "
+                         "request: the serving memory plan has nothing to size", source=source)
     if max_req < 1:
         weights = sum(r.bytes for r in worst.rows if r.component.startswith("weights_"))
         routed = next((r.bytes for r in worst.rows if r.component == f"weights_{ROUTED}"), 0)
@@ -198,6 +223,8 @@ def serve_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, contex
         mla_kv_bytes_per_token=sizes.mla_kv_bytes_per_token(model),
         conv_state_bytes_per_request=sizes.conv_state_bytes_per_request(model),
         attn_res_block_bytes_per_token=attn_res_tok,
+        recurrent_state_bytes_per_request=sizes.recurrent_state_bytes_per_request(model),
+        kv_bytes_per_token=sizes.kv_bytes_per_token(model),
         per_request_bytes_per_gpu=worst.per_request_bytes, max_concurrent_requests=int(max_req),
         worst_stage=worst.stage, per_gpu_bytes=per_gpu, breakdown=breakdown,
         stages=[{"stage": s.stage, "layers": s.layers, "fixed_bytes": s.fixed_bytes,
@@ -353,6 +380,26 @@ def _activation_row(model: ModelConfig, layers: list[int], mode: str, modules: t
     return Row("activations", math.ceil(acts), f"{how}; {tokens:g} tokens / tp"), fp8, e5m6
 
 
+def check_trainable(model: ModelConfig, source: str | None = None) -> None:
+    """Refuse, in one line naming the first kind, a model whose training activations `memory.activations`
+    does not list: mixer kinds other than KDA and MLA, layers without a mixer or an FFN, plain (non-GLU)
+    FFNs. Its serving plan and its parameter counts still answer."""
+    for layer in model.layers:
+        for kind in layer.mixers:
+            if kind not in TRAINED_KINDS:
+                raise InputError(f"training activations of {MIXERS[kind].title} layers (mixer kind '{kind}', first "
+                                 f"at layer {layer.index}, 0-based) are not modelled yet (memory.activations covers "
+                                 f"{', '.join(TRAINED_KINDS)}); mode serve and model-info answer for this model",
+                                 source=source, field="mode")
+        if not layer.mixers or layer.ffn is None:
+            raise InputError(f"training activations of a layer without a {'mixer' if not layer.mixers else 'FFN'} "
+                             f"(layer {layer.index}, 0-based) are not modelled yet; mode serve and model-info answer "
+                             "for this model", source=source, field="mode")
+    if not model.ffn_gated:
+        raise InputError("training activations of plain (non-GLU) FFNs are not modelled yet; mode serve and "
+                         "model-info answer for this model", source=source, field="mode")
+
+
 def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_len_tokens: int, *,
                micro_batch_size: int = 1, activation_checkpointing: bool = True,
                num_micro_batches: int | None = None, workspace_fraction: float = 0.10,
@@ -383,6 +430,7 @@ def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_le
     = the 1F1B / interleaved count; the activations are those of the rank's own `stage_layers`).
     """
     par.check_against(model, source=source)
+    check_trainable(model, source)
     if seq_len_tokens % par.cp:
         raise InputError(f"cp={par.cp} does not divide the {seq_len_tokens}-token training sequence",
                          source=source, field="cp")

@@ -149,8 +149,8 @@ def step_lower_bound_s(inp, ctx, p: dict) -> float:
     tokens = p["micro_batch_size"] * w.context_tokens
     costs = ctx.layer_costs(p["tp"], p["ep"], p["cp"], tokens, w.context_tokens, opts.moe_glue, opts.precision)
     full = opts.recompute == "full" or (opts.recompute is None and w.activation_checkpointing)
-    per_micro_batch = sum(c.forward_s * (1 + (full and c.kind in ("kda", "mla"))) + c.backward_input_s
-                          + c.backward_weight_s for c in costs)
+    again = sum(c.forward_s for c in costs if c.kind in ("kda", "mla")) if full else 0.0  # decoder layers only
+    per_micro_batch = again + sum(c.forward_s + c.backward_input_s + c.backward_weight_s for c in costs)
     m, pp, v = p["num_micro_batches"], p["pp"], p["virtual_stages"]
     one_f_one_b = pp > 1 and resolve_schedule(opts.pipeline_schedule, v) in ("1f1b", "interleaved-1f1b")
     return (m + (pp - 1) / v * one_f_one_b) * per_micro_batch / pp
@@ -162,6 +162,11 @@ def _budget_row(row: dict, tokens: float) -> dict:
     out = {k: row[k] for k in LAYOUT_KEYS + ROW_KEYS}
     out.update({"steps": steps, "days": steps * row["step_time_s"] / SECONDS_PER_DAY})
     return out
+
+
+def _rank(row: dict) -> tuple:
+    """The answer's order: fewest GPUs, then fastest (then the grid's order of the layout, for ties)."""
+    return (row["gpus"], row["step_time_s"], tuple(row[k] for k in LAYOUT_KEYS))
 
 
 class _Search:
@@ -202,10 +207,15 @@ class _Search:
             else:
                 todo.append((bound, i, p, limit))
         todo.sort(key=lambda t: t[:2])
-        rows = [self.price(t[2], with_memory=False) for t in todo]
         fit: list[dict] = []
-        meet = checked = 0
-        for (bound, _, p, limit), r in zip(todo, rows):
+        meet = checked = priced = 0
+        one_size = self.lists["dp"] is None   # dp fills the cluster: every point has its GPUs, ranked by speed
+        for bound, _, p, limit in todo:
+            if self.prune and one_size and len(fit) > 1 and bound > fit[1]["step_time_s"]:
+                self.pruned.append((p["global_batch_sequences"] * seq / bound, p))  # slower than both found
+                continue
+            r = self.price(p, with_memory=False)
+            priced += 1
             if r["status"] != "ok":
                 continue
             self.priced.append(r)
@@ -214,11 +224,11 @@ class _Search:
             if r["step_time_s"] > limit:
                 continue
             meet += 1
-            if len(fit) < 2 or r["step_time_s"] < fit[1]["step_time_s"]:
+            if len(fit) < 2 or _rank(r) < _rank(fit[1]):
                 checked += 1
                 got, _ = self.fitting([_budget_row(r, self.tokens)], 1)
-                fit = sorted(fit + got, key=lambda x: (x["step_time_s"], x["gpus"]))[:2]
-        summary = {"gpus": gpus, "points": len(points), "priced": len(rows), "below_bound": len(points) - len(rows),
+                fit = sorted(fit + got, key=_rank)[:2]
+        summary = {"gpus": gpus, "points": len(points), "priced": priced, "below_bound": len(points) - priced,
                    "meet_closed_form": meet, "memory_checked": checked, "meet": len(fit),
                    "best_layout": layout_text(fit[0]) if fit else None, "best_days": fit[0]["days"] if fit else None,
                    "skipped": dict(sorted(skipped.items()))}
@@ -303,11 +313,10 @@ def token_budget(inp, tokens: float, days: float, *, max_gpus: int | None = None
     if not swept:
         notes.append(f"no candidate cluster: --max-gpus {max_gpus:,} is below the {ideal:,.0f} GPUs the rate "
                      "needs at 100 % MFU")
-    best = meeting[0] if meeting else search.best()
     return TokenBudget(tokens=tokens, days=days, required_tokens_per_s=rate, max_gpus=max_gpus, ideal_gpus=ideal,
                        clusters=clusters, chosen=_with_plan_clock(search, meeting[0] if meeting else None),
                        runner_up=_with_plan_clock(search, meeting[1] if len(meeting) > 1 else None),
-                       best=_with_plan_clock(search, best) if not meeting else None,
+                       best=None if meeting else _with_plan_clock(search, search.best()),
                        global_batch_sequences=list(lists["global_batch_sequences"]),
                        seq_len_tokens=inp.scenario.workload.context_tokens, wall_s=time.perf_counter() - t0,
                        notes=notes)

@@ -118,7 +118,7 @@ class PlanResult:
                         "compute_s": t.compute_s, "exposed_comm_s": t.exposed_comm_s, "bubble_s": t.bubble_s,
                         "breakdown": [{"component": r.component, "seconds": r.seconds, "source": r.source,
                                        "kind": r.kind} for r in t.breakdown],
-                        "stages": t.stages, "pipeline_source": t.pipeline_source})
+                        "stages": t.stages, "stage_split": t.stage_split, "pipeline_source": t.pipeline_source})
         if self.serving is not None:
             out.update({k: v for k, v in self.serving.items() if k not in out})
         if self.decode is not None:
@@ -250,7 +250,7 @@ def _training(res: PlanResult, inp, kt) -> None:
                               activation_checkpointing=w.activation_checkpointing,
                               workspace_fraction=w.workspace_fraction, options=inp.training.options(None),
                               kernel_time=kt, source=str(inp.path))
-    if res.memory is None:
+    if res.memory is None or res.training.stage_split == "balanced":   # the memory of the step's own split
         res.memory = res.training.memory
         res.fits, res.verdict = res.training.fits, res.training.verdict
     if not res.fits:

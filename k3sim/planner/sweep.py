@@ -215,6 +215,7 @@ def training_points(inp, lists: dict, gpus: int, skipped: Counter, why: dict, us
     list lengths, dp and micro-batches counting one when derived), the first detailed reason per (dimension,
     value) in `why`, the values the points use in `used`."""
     size, schedule = inp.scenario.workload.micro_batch_size, inp.training.pipeline_schedule
+    seq = inp.scenario.workload.context_tokens
     dps = lists["dp"]
     inner = len(dps or [0]) * len(lists["global_batch_sequences"]) * len(lists["num_micro_batches"] or [0])
     per_dp = inner // len(dps or [0])
@@ -242,7 +243,8 @@ def training_points(inp, lists: dict, gpus: int, skipped: Counter, why: dict, us
                          "(cluster.num_gpus)", per_dp, **combo, dp=dp)
                     continue
                 for b, m, s in _batch_shapes(lists, pp, v, dp, size, skip, schedule):
-                    p = {**combo, "dp": dp, "num_micro_batches": m, "global_batch_sequences": b, "micro_batch_size": s}
+                    p = {**combo, "dp": dp, "num_micro_batches": m, "global_batch_sequences": b, "micro_batch_size": s,
+                         "tokens_per_step": b * seq}   # known before the step runs: in a refused point's row too
                     points.append(p)
                     for d in TRAIN_DIMS:
                         used[d].add(p[d])

@@ -117,6 +117,37 @@ def _step_sections(res, fig_dir: Path) -> list[dict]:
                      [f"Pipeline: {t.pipeline_source}."])]
 
 
+def _layer_ranges(layers: list[int]) -> str:
+    """1-based layers as runs: [1, 2, 3, 33, 34] -> "1-3, 33-34"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _stage_sections(res) -> list[dict]:
+    """Per pipeline stage of the training step, one micro-batch: its layers, forward, backward, recompute,
+    exposed communication (with the EP imbalance) and their sum, so a reader sees which stage the step waits
+    on and how the layers were split."""
+    t = res.training
+    if t is None or len(t.stages) < 2:
+        return []
+    per = [s["per_micro_batch_s"] for s in t.stages]
+    slow = max(range(len(per)), key=per.__getitem__)
+    how = "by cost (balanced)" if t.stage_split == "balanced" else "by layer count (uniform)"
+    note = (f"layers split {how}; the slowest stage, {slow}, takes {_s(per[slow])} per micro-batch, "
+            f"{max(per) / min(per):.2f} x the fastest ({_s(min(per))}); stages numbered from 0, layers from 1")
+    rows = [[str(s["stage"]), _layer_ranges(s["layers"]), _s(s["forward_s"]), _s(s["backward_s"]),
+             _s(s["recompute_s"]), _s(sum(s["exposed_comm_s"].values()) + s["imbalance_s"]),
+             _s(s["per_micro_batch_s"])] for s in t.stages]
+    return [_section("stages", "Pipeline stages (one micro-batch)", note,
+                     {"header": ["stage", "layers", "forward", "backward", "recompute",
+                                 "exposed comm + EP imbalance", "per micro-batch"], "rows": rows})]
+
+
 def _serving_sections(res, fig_dir: Path) -> list[dict]:
     """Serving latency and goodput (serve mode only); the note says why when the serving run is missing."""
     if res.mode != "serve":
@@ -223,7 +254,8 @@ def build_context(res, fig_dir: Path) -> dict:
     """Tables and figures of every section (figures drawn into `fig_dir`), in report order."""
     from k3sim.report.budget import budget_sections
 
-    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + budget_sections(res)
+    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _stage_sections(res)
+                + budget_sections(res)
                 + _serving_sections(res, fig_dir)
                 + _decode_sections(res, fig_dir) + _prefix_cache_sections(res, fig_dir) + _cp_sections(res, fig_dir)
                 + _pipeline_sections(res, fig_dir) + _trust_sections(res))

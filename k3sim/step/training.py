@@ -31,7 +31,11 @@ projections as FP8 GEMMs here). fp8: DeepSeek-V3's mixed-precision framework (ar
   output gradient dY for the dgrad (`fp8_quant_128`) and, for the wgrad, dY and the input X along the token axis
   (`fp8_quant_128_t`, the transposed 128x1 tiles; `fp8_quant_128` at the same bytes where it is not registered).
   Each is its own launch, not fused into the norm, SwiGLU or backward kernel before it (modelling choice: an upper
-  bound on what quantisation costs a fused stack);
+  bound on what quantisation costs a fused stack). Left out: casting the bf16 weights to 128x128-block e4m3 (and
+  its transpose for the dgrad), done once per weight per optimizer step and cached over the micro-batches
+  (Transformer Engine's `is_first_microbatch`), so a per-micro-batch cost would overcount it; and the routed
+  experts' input is quantised here after the permute, on the (token, expert) rows, where DeepSeek-V3 quantises
+  it once per token before the FP8 dispatch (sec. 3.3.3; over by the local top-k when that exceeds 1);
 - routed experts: `moe_grouped_fp8` (row-wise scaled, measured at deployed shapes) for the forward, the dgrad at
   the transposed shape and the wgrad at the forward's, each times the block / row-wise ratio of the dense GEMMs at
   the same (rows, N, K) (`gemm_fp8_block` over `gemm_fp8`, both predicted; 1 where `gemm_fp8_block` is absent).
@@ -43,7 +47,9 @@ projections as FP8 GEMMs here). fp8: DeepSeek-V3's mixed-precision framework (ar
   normalisations, the attention cores (MLA's causal attention, KDA's chunk kernels and short conv) and the
   elementwise kernels; also every GEMM with N or K under one 128-wide scaling group (KDA's beta projection,
   one output per head: modelling choice, a block-scaled kernel pads it to a whole group and gains nothing), and
-  every linear whose FP8 GEMMs and quantisations are predicted slower than its bf16 GEMMs (`_fp8_or_bf16`).
+  every linear whose FP8 GEMMs and quantisations are predicted slower than its bf16 GEMMs (`_fp8_or_bf16`, per
+  layer and shape with each shared input's quantisation paid once, `fp8_linears`; named per layer in
+  `LayerCost.bf16_linears` and in the step's assumption row, `precision_assumption`).
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ class LayerCost:
     attn_res_block_bytes: float  # one AttnRes block representative for these tokens, per GPU
     # forward seconds of each recompute module present in the layer (`k3sim.step.modules`), part of forward_s
     module_forward_s: dict[str, float] = field(default_factory=dict, hash=False)
+    # under fp8: the layer's linears kept in bf16 because their FP8 path is predicted slower at these shapes
+    # (`fp8_linears`; the embedding, LM head and router are bf16 by rule and not listed)
+    bf16_linears: tuple[str, ...] = ()
 
     @property
     def backward_s(self) -> float:
@@ -147,15 +156,21 @@ def fp8_ops(timer: Timer | None = None) -> Fp8Ops:
     return Fp8Ops(gemm, quant_t, tuple(notes))
 
 
-def precision_assumption(precision: str, hw: Any = None, kernel_time: Callable | None = None) -> list[dict]:
-    """The step's assumption row for the GEMM precision on `hw` (none under bf16, the convention)."""
+def precision_assumption(precision: str, hw: Any = None, kernel_time: Callable | None = None,
+                         layer_costs: list[LayerCost] | None = None) -> list[dict]:
+    """The step's assumption row for the GEMM precision on `hw` (none under bf16, the convention). Given the
+    step's `layer_costs`, it names the linears kept in bf16 at their shapes (`LayerCost.bf16_linears`), so a
+    reader sees which projections the FP8 figure does not speed up."""
     if precision != "fp8":
         return []
     ops = fp8_ops(None if hw is None else Timer(hw, kernel_time))
+    kept = sorted({c for lc in layer_costs or () for c in lc.bf16_linears})
+    slower = (f"these linears, whose FP8 path is predicted slower at this layout's shapes: {', '.join(kept)}"
+              if kept else "any linear FP8 would make slower")
     what = (f"FP8 training: forward, dgrad and wgrad of every linear layer as {ops.gemm} plus fp8_quant_128 of "
             f"each GEMM input and output gradient and {ops.quant_t} of the wgrad operands; routed experts "
-            f"{FP8_GROUPED}{' x the dense block / row-wise ratio' if ops.block else ''}; embedding, LM head, "
-            "router, norms, attention cores and any linear FP8 would make slower in bf16")
+            f"{FP8_GROUPED}{' x the dense block / row-wise ratio' if ops.block else ''}; in bf16: embedding, LM "
+            f"head, router, norms, attention cores and {slower}")
     return [{"assumption": what, "source": "DeepSeek-V3 arXiv 2412.19437 sec. 3.3; k3sim.step.training"
                                            + "".join(f"; {n}" for n in ops.notes)}]
 
@@ -243,7 +258,7 @@ def call_forward(timer: Timer, call: Call, precision: str = "bf16") -> tuple[flo
     routed-expert compute (`TrainingContext.expert_compute`), which EP imbalance and the EP fold stretch. A grouped
     expert GEMM under fp8 is `fp8_call_costs`' forward (its input quantisation included) where `_fp8_or_bf16`
     keeps it FP8; everything else is the call's own row."""
-    if precision == "fp8" and call.op == "moe_grouped_bf16":
+    if precision == "fp8" and call.op == "moe_grouped_bf16":  # its input is its own: decided alone
         ops = fp8_ops(timer)
         parts, fp8 = _fp8_or_bf16(timer, call, ops, set(), None)
         if fp8:
@@ -281,23 +296,48 @@ def training_head_calls(model: ModelConfig, layout: StepLayout, batch: Batch) ->
             for c in head]
 
 
+def fp8_candidate(call: Call) -> bool:
+    """A call `precision: fp8` may run in FP8: a dense linear `fp8_eligible` takes, or a grouped expert GEMM."""
+    return fp8_eligible(call) or call.op == "moe_grouped_bf16"
+
+
+def fp8_linears(timer: Timer, calls: list[Call], ops: Fp8Ops, glue: GlueCalibration | None) -> set[int]:
+    """Indices of the `calls` (one layer's) that run in FP8 (`_fp8_or_bf16`), decided so that a shared input's
+    quantisation is paid once and by no reader in particular: first each candidate alone (its input quantised
+    for it), then every other reader of an input some FP8 reader quantises anyway, with that quantisation free.
+    Deciding in call order would charge the whole shared quantisation to the first reader (K3's latent
+    down-projection, N = 448, before the shared experts' gate/up) and keep it bf16 although the shared experts
+    quantise the same tensor. An input that no reader would quantise alone stays bf16 for all of them
+    (modelling choice: readers that pay off only jointly are not searched for)."""
+    cands = [i for i, c in enumerate(calls) if fp8_candidate(c)]
+    alone = {i for i in cands if _fp8_or_bf16(timer, calls[i], ops, set(), glue)[1]}
+    quantised = {_input_of(calls[i].component) for i in alone}
+    joined = {i for i in cands if i not in alone and _input_of(calls[i].component) in quantised
+              and _fp8_or_bf16(timer, calls[i], ops, {_input_of(calls[i].component)}, glue)[1]}
+    return alone | joined
+
+
 def _sum(timer: Timer, calls: list[Call], glue: GlueCalibration | None,
-         precision: str = "bf16") -> tuple[tuple[float, float, float], dict[str, float]]:
-    """(forward, backward input, backward weight) seconds of a call list, and the forward seconds of each
-    recompute module among them."""
+         precision: str = "bf16") -> tuple[tuple[float, float, float], dict[str, float], tuple[str, ...]]:
+    """(forward, backward input, backward weight) seconds of a call list, the forward seconds of each
+    recompute module among them, and (fp8) the linears kept in bf16 because FP8 is predicted slower at their
+    shapes (`fp8_linears`)."""
     f = bi = bw = 0.0
     modules: dict[str, float] = {}
-    ops, seen = (fp8_ops(timer), set()) if precision == "fp8" else (None, set())
-    for c in calls:
-        if ops is not None and (fp8_eligible(c) or c.op == "moe_grouped_bf16"):
-            (a, b, w), _ = _fp8_or_bf16(timer, c, ops, seen, glue)
+    ops = fp8_ops(timer) if precision == "fp8" else None
+    fp8 = fp8_linears(timer, calls, ops, glue) if ops is not None else set()
+    seen: set[str] = set()
+    for i, c in enumerate(calls):
+        if i in fp8:
+            a, b, w = fp8_call_costs(timer, c, ops, seen)
         else:
             a, b, w = _call_costs(timer, _as_bf16(c), glue)
         f, bi, bw = f + a, bi + b, bw + w
         mod = module_of(c.component)
         if mod is not None:
             modules[mod] = modules.get(mod, 0.0) + a
-    return (f, bi, bw), modules
+    kept = tuple(c.component for i, c in enumerate(calls) if ops is not None and fp8_candidate(c) and i not in fp8)
+    return (f, bi, bw), modules, kept
 
 
 def training_layer_costs(model: ModelConfig, hw: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
@@ -321,16 +361,16 @@ def training_layer_costs(model: ModelConfig, hw: Any, *, tp: int = 1, ep: int = 
     batch = Batch(prefill=((local, 0),) * (tokens // seq_len))
     d = model.hidden_size
     act = batch.tokens * d * BF16 / tp  # sequence-parallel shard of the hidden state
-    emb, emb_mod = _sum(timer, embedding_calls(model, batch), glue, precision)
-    out = [LayerCost(-1, "embedding", *emb, act, 0.0, emb_mod)]
-    memo: dict[tuple, tuple[tuple[float, float, float], dict[str, float]]] = {}
+    emb = _sum(timer, embedding_calls(model, batch), glue, precision)
+    out = [LayerCost(-1, "embedding", *emb[0], act, 0.0, emb[1], emb[2])]
+    memo: dict[tuple, tuple[tuple[float, float, float], dict[str, float], tuple[str, ...]]] = {}
     blk = act if model.attn_res_block_size else 0.0
     for i in range(model.num_layers):
         sig = layer_signature(model, i)
         if sig not in memo:
             memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel), glue, precision)
-        costs, mods = memo[sig]
-        out.append(LayerCost(i, model.layer_kinds[i], *costs, act, blk, dict(mods)))
-    head, head_mod = _sum(timer, training_head_calls(model, layout, batch), glue, precision)
-    out.append(LayerCost(model.num_layers, "lm_head", *head, 0.0, 0.0, head_mod))
+        costs, mods, kept = memo[sig]
+        out.append(LayerCost(i, model.layer_kinds[i], *costs, act, blk, dict(mods), kept))
+    head = _sum(timer, training_head_calls(model, layout, batch), glue, precision)
+    out.append(LayerCost(model.num_layers, "lm_head", *head[0], 0.0, 0.0, head[1], head[2]))
     return out

@@ -170,14 +170,13 @@ def schedule_pipeline(stages: list, model: Any, hw: Any, par: Any, m: int, send_
     an explicit share already took its part off in `_ep_comm`). Updates the stages in place to what is left
     exposed (and, under DualPipe, to each rank's mean of its two stages), so the step's rows add up to the
     pipeline's time. Returns `k3sim.training.schedule.PipelineTime`."""
-    from k3sim.training.schedule import check_schedule, pipeline_time, resolve_schedule
+    from k3sim.training.schedule import SPLIT, check_schedule, pipeline_time, resolve_schedule
 
     name = resolve_schedule(opts.pipeline_schedule, par.virtual_stages)
     check_schedule(name, par.pp, par.virtual_stages, m, source=source)
     computed = opts.ep_overlap is None and par.ep > 1 and model.moe is not None
     ep_f, ep_b = stage_ep_comm(model, stages, ep.layer_fwd_s, recompute) if computed else (None, None)
-    split = name in ("zb-h1", "dualpipe", "dualpipev")
-    weight = stage_weight_s(stages, layer_costs, par.pp, ep.fold_fix_fwd_s, model) if split else None
+    weight = stage_weight_s(stages, layer_costs, par.pp, ep.fold_fix_fwd_s, model) if name in SPLIT else None
     pipe = pipeline_time([s.fwd_total for s in stages], [s.bwd_total for s in stages],
                          virtual_stages=par.virtual_stages, micro_batches=m, send_s=send_s,
                          use_engine=opts.use_pipeline_engine, schedule=name, weight=weight,

@@ -138,7 +138,7 @@ class TrainingContext:
         self._flop: dict[int, float] = {}
         self._hw_flop: dict[tuple, float] = {}
         self._stages: dict[tuple, list] = {}
-        self._splits: dict[tuple, list[list[int]] | None] = {}
+        self._splits: dict[tuple, list | None] = {}     # per-layer seconds and stage splits (`_stage_split`)
 
     def layer_costs(self, tp: int, ep: int, cp: int, tokens: int, seq_len: int, glue: str = "calibrated",
                     precision: str = "bf16") -> list:
@@ -478,26 +478,32 @@ def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue
 def _stage_split(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, opts: TrainOptions, tp_layer_fwd: float,
                  ep: _EpCost, cp: dict) -> list[list[int]] | None:
     """The 0-based layers of each virtual chunk under `opts.stage_split`: None (uniform by layer count) unless
-    balanced with pp > 1 and the balanced split is not the uniform one. Balanced = `k3sim.training.partition.balanced_split` over each layer's seconds per
-    micro-batch as `_stage_compute` prices a stage of that one layer: forward, backward, recompute, the EP
-    fold correction, the EP imbalance of its routed experts, and its exposed TP, EP (and MoonEP prefetch) and
-    CP seconds (the CP scheme's attention to other ranks' keys included); the embedding rides with layer 0 and
-    the LM head with the last layer, which always sit in the first and last chunk. Not counted: PP sends
-    (one per hop, the same for every cut) and DP / optimizer time (outside the micro-batch loop). Memoised
-    per layout, micro-batch shape and options (a sweep's micro-batch counts share it)."""
+    balanced with pp > 1 and the balanced split is not the uniform one. Balanced =
+    `k3sim.training.partition.balanced_split` over each layer's seconds per micro-batch as `_stage_compute`
+    prices a stage of that one layer: forward, backward, recompute, the EP fold correction, the EP imbalance
+    of its routed experts, and its exposed TP, EP (and MoonEP prefetch) and CP seconds (the CP scheme's
+    attention to other ranks' keys included); the embedding rides with layer 0 and the LM head with the last
+    layer, which always sit in the first and last chunk. Not counted: PP sends (one per hop, the same for
+    every cut), DP / optimizer time (outside the micro-batch loop) and the EP all-to-all the schedule hides
+    afterwards (`k3sim.training.overlap`: it depends on the stage, not on one layer). Memoised: the layer seconds per
+    (tp, ep, cp, micro-batch shape, options and the TP / EP seconds they came to), which no pp or v changes;
+    the split per layout (a sweep's micro-batch counts share it)."""
     if opts.stage_split != "balanced" or par.pp == 1:
         return None
-    from dataclasses import replace
+    from dataclasses import astuple, replace
 
     from k3sim.memory.layout import chunk_layers
     from k3sim.training.partition import balanced_split
 
-    key = (par, replace(mb, count=0), opts)
+    shape = (par.tp, par.ep, par.cp, replace(mb, count=0), opts, tp_layer_fwd, astuple(ep))
+    per_layer = ctx._splits.get(shape)
+    if per_layer is None:
+        one_per_rank = par.model_copy(update={"pp": ctx.model.num_layers, "virtual_stages": 1})
+        per_layer = ctx._splits[shape] = [s.per_micro_batch_s for s in _stage_compute(
+            ctx, one_per_rank, mb, opts.moe_glue, tp_layer_fwd, ep, cp, precision=opts.precision)]
+    key = (par, shape)
     hit = ctx._splits.get(key, key)
     if hit is key:
-        one_per_rank = par.model_copy(update={"pp": ctx.model.num_layers, "virtual_stages": 1})
-        per_layer = [s.per_micro_batch_s for s in _stage_compute(ctx, one_per_rank, mb, opts.moe_glue,
-                                                                    tp_layer_fwd, ep, cp, precision=opts.precision)]
         split = balanced_split(per_layer, par.pp, par.virtual_stages)
         hit = ctx._splits[key] = None if split == chunk_layers(len(per_layer), len(split)) else split
     return hit

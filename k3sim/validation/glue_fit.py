@@ -23,7 +23,7 @@ from typing import Any
 from k3sim.step.families import PROXIED, kernel_family
 from k3sim.step.glue import GlueCalibration, is_glue
 from k3sim.validation.runs import run_file
-from k3sim.validation.train_step import GPU_BOUND, parse_points, predict, slice_calls
+from k3sim.validation.train_step import GPU_BOUND, parse_points, predict, slice_calls, spec_model
 
 COMMAND = "k3sim check fit-glue"
 # the profiled training runs (kernels.csv beside train_step.csv), in the order a point is looked up
@@ -178,8 +178,10 @@ def glue_spread(hw: Any = "h200", run_dirs: list | None = None, points: list[tup
     factors, `configs`: one row per configuration (its fit point(s) and run, its own fwd / bwd, the range of
     the factors over all its profiled points `shape_fwd` / `shape_bwd`, and the whole-step errors at its
     GPU-bound points under three calibrations: its own factors (`own_*`), the pooled fit (`pooled_*`), and the
-    fit of the other configurations alone (`loo_*`, with the fold's factors `loo_fwd` / `loo_bwd`): mean
-    signed (`_bias`), mean absolute (`_mape`) and largest absolute (`_max`) error)."""
+    fit of the other configurations alone (`loo_*`, with the fold's factors `loo_fwd` / `loo_bwd`), and the fit
+    of the other model's configurations alone (`lomo_*`, factors `lomo_fwd` / `lomo_bwd`: a slice of the same
+    model left in the fold is not a model never measured, which the planner's full K3 on another stack is
+    closer to): mean signed (`_bias`), mean absolute (`_mape`) and largest absolute (`_max`) error)."""
     from k3sim.configs import load_hardware
     from k3sim.configs.profiles import profiles_dir
     from k3sim.step.glue import load_glue
@@ -191,10 +193,13 @@ def glue_spread(hw: Any = "h200", run_dirs: list | None = None, points: list[tup
     pooled = fit_pooled(run_dirs, points, hw)
     S = _steps(run_dirs)
     cal = GlueCalibration(pooled["fwd"], pooled["bwd"])
+    model_of = {cfg: spec_model(cfg)[1].name for cfg in pooled["per_config"]}
     rows = []
     for cfg, own in pooled["per_config"].items():
         rest = [p for p in points if p[0] != cfg]
         fold = fit_pooled(run_dirs, rest, hw) if rest else None
+        other = [p for p in points if model_of[p[0]] != model_of[cfg]]
+        model_fold = fit_pooled(run_dirs, other, hw) if other else None
         shape = [fit_glue(d, c, [(q, m)], hw) for (c, q, m), d in _all_profiled(run_dirs, cfg).items()]
         gb = S[(S.config == cfg) & S.gpu_bound]
         row = dict(config=cfg, points=[n for n in pooled["points"] if n.rpartition(":")[0] == cfg],
@@ -203,9 +208,10 @@ def glue_spread(hw: Any = "h200", run_dirs: list | None = None, points: list[tup
                    shape_fwd=(min(s["fwd"] for s in shape), max(s["fwd"] for s in shape)),
                    shape_bwd=(min(s["bwd"] for s in shape), max(s["bwd"] for s in shape)), steps=len(gb))
         calibrations = [("own", GlueCalibration(own["fwd"], own["bwd"])), ("pooled", cal)]
-        if fold is not None:
-            row.update(loo_fwd=fold["fwd"], loo_bwd=fold["bwd"])
-            calibrations.append(("loo", GlueCalibration(fold["fwd"], fold["bwd"])))
+        for name, f in (("loo", fold), ("lomo", model_fold)):
+            if f is not None:
+                row.update({f"{name}_fwd": f["fwd"], f"{name}_bwd": f["bwd"], "model": model_of[cfg]})
+                calibrations.append((name, GlueCalibration(f["fwd"], f["bwd"])))
         for name, c in calibrations:
             e = _errors(gb, c, hw).error if len(gb) else None
             row[f"{name}_bias"] = float(e.mean()) if e is not None else float("nan")

@@ -185,24 +185,36 @@ def _glue_spread(hw) -> list[str]:
                        f"x{min(c['bwd'] for c in cs):.2f}-{max(c['bwd'] for c in cs):.2f}"
                        for m, cs in sorted(by_model.items()))
     worst = max(r["configs"], key=lambda c: c["loo_max"])
+    lomo = "; ".join(
+        f"{m} fitted on the other model alone (x{cs[0]['lomo_fwd']:.2f} / x{cs[0]['lomo_bwd']:.2f}): its "
+        f"{sum(c['steps'] for c in cs)} steps missed by {_weighted(cs, 'lomo_mape')} on average "
+        f"({_weighted(cs, 'lomo_bias', signed=True)} signed), at most {100 * max(c['lomo_max'] for c in cs):.1f} %"
+        for m, cs in sorted(by_model.items()) if all("lomo_fwd" in c for c in cs))
     lines += ["", f"Pooled over {len(r['configs'])} configurations: forward x{p['fwd']:.2f}, backward "
               f"x{p['bwd']:.2f}. Spread of the configurations' own factors: forward x{sp['fwd'][0]:.2f}-"
               f"{sp['fwd'][1]:.2f} ({100 * (sp['fwd'][0] / p['fwd'] - 1):+.0f} % to "
               f"{100 * (sp['fwd'][1] / p['fwd'] - 1):+.0f} % of the pooled), backward x{sp['bwd'][0]:.2f}-"
               f"{sp['bwd'][1]:.2f} ({100 * (sp['bwd'][0] / p['bwd'] - 1):+.0f} % to "
               f"{100 * (sp['bwd'][1] / p['bwd'] - 1):+.0f} %). By model: {models}. Left out, a configuration's "
-              f"steps are missed by at most {100 * worst['loo_max']:.1f} % ({worst['config']}). The factor is a "
+              f"steps are missed by at most {100 * worst['loo_max']:.1f} % ({worst['config']}). Left out with its "
+              f"whole model (a model never measured): {lomo or 'one model only'}. The factor is a "
               "property of the software's glue on a model's shapes, not a constant: it is carried to the "
               "planner's configurations (the full K3, other layouts, other GPUs) with this spread as its "
               "uncertainty.", ""]
     return lines
 
 
+def _weighted(rows: list[dict], key: str, signed: bool = False) -> str:
+    """A per-configuration error (fraction) averaged over the configurations' GPU-bound steps, in per cent."""
+    v = sum(c[key] * c["steps"] for c in rows) / sum(c["steps"] for c in rows)
+    return f"{100 * v:+.1f} %" if signed else f"{100 * v:.1f} %"
+
+
 def _fused(hw) -> list[str]:
     """What `training.moe_glue: fused` prices, and where the glue of a K3 32K micro-batch goes per op."""
     from k3sim.configs import load_model
     from k3sim.files import project_root
-    from k3sim.step.glue import FUSED_GLUE_OPS, fused_source, glue_for
+    from k3sim.step.glue import FUSED_GLUE_OPS, UNFITTED_PROXIES, fused_source, glue_for
     from k3sim.validation.glue_fit import glue_by_op
 
     model = load_model(str(project_root() / "models" / "kimi-k3.yaml"))
@@ -228,9 +240,10 @@ def _fused(hw) -> list[str]:
     lines += ["| all glue | " + " | ".join(f"{total[m]:.3f}" for m in modes) + " |", "",
               f"The fused kernels take {moe:.3f} s off the calibrated {total['calibrated']:.3f} s of glue here; "
               f"the largest calibrated items are {shares}."]
-    if "attn_res_read" in by_op:
-        lines[-1] += (" The AttnRes read takes the factors fitted on the routing glue of models that ran no "
-                      "AttnRes read (no measured configuration has one): an extrapolation, not a measurement.")
+    if model.attn_res_block_size and "attn_res_read" in UNFITTED_PROXIES:
+        lines[-1] += (" Not in the table: K3's Block AttnRes reads (attn_res_read), which no fitted configuration "
+                      "ran (`step.glue.UNFITTED_PROXIES`): they keep the plain HBM time of their bytes in every "
+                      "mode, a lower bound.")
     return lines
 
 

@@ -51,3 +51,26 @@ def test_sweep_prefill_split_beyond_the_fleet_refused(cli, root, tmp_path):
     assert "\n" not in err and "--prefill-replicas" in err and "one replica" in err, err
     assert not (tmp_path / "o").exists()
 
+
+
+def test_sweep_keeps_tokens_per_step_and_counts_skipped_points(cli, tmp_path):
+    """--micro-batches 2,4 at the scenario's 16 sequences per step: at tp2 pp2 (dp 4) micro-batches of 2 and 1
+    sequences; at tp2 pp4 (dp 2) 4 micro-batches of 2 sequences, while 2 micro-batches are fewer than the 4
+    pipeline ranks: skipped and counted. Every point trains 16 x 4096 = 65,536 tokens per step."""
+    out = tmp_path / "o"
+    proc = cli("sweep", str(kl_train(tmp_path)), "--out", str(out), "--tp", "2", "--pp", "2,4", "--ep", "8",
+               "--cp", "1", "--virtual", "1", "--micro-batches", "2,4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["points"] == 3 and res["skipped"] == {"micro-batches the pipeline schedule cannot run": 1}
+    import pandas as pd
+
+    df = pd.read_parquet(out / "sweep.parquet")
+    assert list(zip(df["pp"], df["num_micro_batches"], df["micro_batch_size"])) == [(2, 2, 2), (2, 4, 1), (4, 4, 2)]
+    assert set(df["tokens_per_step"]) == {65_536} and set(df["global_batch_sequences"]) == {16}
+    assert all("tokens_per_step" in p and "global_batch_sequences" in p for p in res["pareto"])
+    assert json.loads((out / "sweep.json").read_text())["skipped"] == res["skipped"]
+    proc = cli("sweep", str(kl_train(tmp_path)), "--out", str(out), "--tp", "2", "--pp", "2", "--ep", "8",
+               "--cp", "1", "--virtual", "1", "--global-batch", "16,32")
+    assert proc.returncode == 0, proc.stderr
+    assert "one front per global" in proc.stdout and "131,072" in proc.stdout and "65,536" in proc.stdout

@@ -38,9 +38,10 @@ def test_formats_per_element():
 
 def test_toy_tensors_by_hand(toy):
     # KDA h=2, dk=dv=4: q/k/v 24 elements before and after the conv (48 + 48 B), fp32 inverse norms 2h (16 B),
-    # fla's Aqk + Akk 2 x 2 x 64 (512 B), fp32 decay gate h dk = 8 (32 B) and beta 2 (8 B), output-gate low rank
-    # 2 (4 B), chunk output, output gate, o_proj input 8 each (3 x 16 B)
-    assert _bytes(act.kda_tensors(toy)) == 48 + 48 + 16 + 512 + 32 + 8 + 4 + 48 == 716
+    # fla's Aqk + Akk 2 x 2 x 64 (512 B), the raw decay gate h dk = 8 in bf16 (16 B), beta raw in bf16 and after
+    # the sigmoid in fp32 (4 + 8 B), output-gate low rank 2 (4 B), chunk output, output gate, o_proj input 8 each
+    # (3 x 16 B)
+    assert _bytes(act.kda_tensors(toy)) == 48 + 48 + 16 + 512 + 16 + 4 + 8 + 4 + 48 == 704
     # MLA h=2, no q compression: q 2 x 6 (24 B); kv_a latent and its norm 8 + 8 (32 B); K 12 (24 B), V 8 (16 B);
     # fp32 LSE 2 (8 B); gated output: attention output, gate, o_proj input 8 each (48 B); k_pe only if recomputed
     assert _bytes(act.mla_tensors(toy)) == 24 + 32 + 24 + 16 + 8 + 48 == 152
@@ -49,7 +50,7 @@ def test_toy_tensors_by_hand(toy):
     # 8, SwiGLU input 16, fp32 weight 1, weighted SwiGLU output 8 -> 2 x (16 + 32 + 4 + 16) = 136 B
     assert _bytes(act.ffn_tensors(toy, "moe")) == 16 + 48 + 32 + 136 == 232
     assert _bytes(act.ffn_tensors(toy, "dense")) == 2 * 3 * 32 == 192       # gate/up 64 + SwiGLU out 32
-    assert act.layer_activation_bytes_per_token(toy, 1) == 4 * 16 * 2 + 716 + 232   # + two norms in and out
+    assert act.layer_activation_bytes_per_token(toy, 1) == 4 * 16 * 2 + 704 + 232   # + two norms in and out
 
 
 def test_deepseek_v3_moe_layer_by_hand(dsv3):
@@ -107,15 +108,15 @@ def test_plan_modes_and_rows(toy, toy_gpu):
     assert train_plan(toy, toy_gpu, par, 100, activation_checkpointing=False, **kw).recompute == "none"
     # the scenario's field wins over the workload's checkpointing
     none = train_plan(toy, toy_gpu, par, 100, recompute="none", **kw)
-    assert none.recompute == "none" and none.per_gpu_bytes["activations"] == (1036 + 1076 + 1076 + 512) * 100
+    assert none.recompute == "none" and none.per_gpu_bytes["activations"] == (1024 + 1064 + 1064 + 512) * 100
     # selective with no modules is DeepSeek-V3's recipe. norms rebuild the two pre-norm outputs (2 x 16 elements)
     # and KDA's o_proj input / MLA's kv_a norm output (8): 80 B a layer; the toy has no q compression, so
     # mla_up_proj rebuilds K and V only (12 + 8 elements, 40 B) and keeps k_pe (2 elements, 4 B): the MLA layer
     # rebuilds 120 B, the largest
     sel = train_plan(toy, toy_gpu, par, 100, recompute="selective", **kw)
     assert sel.recompute_modules == DEEPSEEK_V3_RECOMPUTE and sel.recompute == "selective"
-    kept = (1036 - 80) + 2 * (1076 - 80) + (512 - 120 + 4)
-    assert sel.per_gpu_bytes["activations"] == (kept + 120) * 100 == 346_400
+    kept = (1024 - 80) + 2 * (1064 - 80) + (512 - 120 + 4)
+    assert sel.per_gpu_bytes["activations"] == (kept + 120) * 100 == 342_800
     row = next(r for r in sel.breakdown if r.component == "activations")
     assert "selective recompute of norms, mla_up_proj" in row.source
     fp8 = train_plan(toy, toy_gpu, par, 100, recompute="selective", precision="fp8", **kw)
@@ -128,10 +129,10 @@ def test_stage_layers_in_flight_and_dualpipe_copies(toy, toy_gpu):
     par = Parallelism(pp=2)
     kw = dict(workspace_fraction=0.0, allow_overflow=True, recompute="none")
     plan = train_plan(toy, toy_gpu, par, 100, stage_layers=[[0], [1, 2, 3]], in_flight=[3, 1], **kw)
-    # rank 0: layer 1 (1036 B/token) x 3 in flight; rank 1: 1076 + 1076 + 512 x 1
+    # rank 0: layer 1 (1024 B/token) x 3 in flight; rank 1: 1064 + 1064 + 512 x 1
     acts = {s["stage"]: s for s in plan.stages}
     assert acts[0]["in_flight_micro_batches"] == 3 and acts[0]["layers"] == [1]
-    assert acts[0]["activation_bytes"] == 3 * 1036 * 100 and acts[1]["activation_bytes"] == (2 * 1076 + 512) * 100
+    assert acts[0]["activation_bytes"] == 3 * 1024 * 100 and acts[1]["activation_bytes"] == (2 * 1064 + 512) * 100
     one = train_plan(toy, toy_gpu, par, 100, stage_layers=[[0], [1, 2, 3]], in_flight=[3, 1],
                      parameter_copies=2, **kw)
     # DualPipe: each rank also holds the mirror stage's weights and grads (rank 0 <-> rank 1 at pp=2), so both
@@ -193,4 +194,9 @@ def test_bad_recompute_modules_name_the_field(toy, toy_gpu, dsv3):
     with pytest.raises(InputError) as err:
         train_plan(toy, toy_gpu, Parallelism(), 64, precision="fp4", allow_overflow=True)
     assert err.value.field == "training.precision"
+    # the default recipe on a model without MLA layers is the norms alone: the plan names no module it skipped
+    plan = train_plan(kda_only, toy_gpu, Parallelism(), 64, recompute="selective", allow_overflow=True)
+    assert plan.recompute_modules == ("norms",)
+    row = next(r for r in plan.breakdown if r.component == "activations")
+    assert "selective recompute of norms +" in row.source and "mla_up_proj" not in row.source
 

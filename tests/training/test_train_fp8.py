@@ -51,7 +51,8 @@ def test_the_precision_reaches_the_layer_costs_and_mfu_stays_on_the_bf16_peak():
     # the same model FLOP over the same bf16 peak: MFU rises by exactly the step-time ratio
     assert f.model_flop_per_step == b.model_flop_per_step
     assert f.mfu == pytest.approx(b.mfu / FP8_SCALE, rel=1e-12)
-    assert f.mfu == pytest.approx(f.model_flop_per_step / (f.step_time_s * H200.peak_flops_per_s["bf16"]), rel=1e-12)
+    # against the H200's dense bf16 peak, 989 TFLOP/s (datasheet), not its 1979 TFLOP/s fp8 peak
+    assert f.mfu == pytest.approx(f.model_flop_per_step / (f.step_time_s * 989e12), rel=1e-3)
     assert (b.options["precision"], f.options["precision"]) == ("bf16", "fp8")
     rows = [a["assumption"] for a in f.assumptions if a["assumption"].startswith("FP8 training")]
     assert len(rows) == 1 and "LM head" in rows[0] and "router" in rows[0]

@@ -34,10 +34,12 @@ def glue_row(r):
 
 
 def test_auto_is_fused_for_a_model_whose_stack_fuses_the_permute_and_calibrated_otherwise():
-    fused_stack = {m: run("h200", m, fused_stack=True) for m in ("auto", "fused", "calibrated")}
+    fused_stack = {m: run("h200", m, fused_stack=True) for m in ("auto", "fused", "calibrated", "proxy")}
     plain_stack = {m: run("h200", m) for m in ("auto", "calibrated")}
     assert fused_stack["auto"].step_time_s == fused_stack["fused"].step_time_s
-    assert fused_stack["auto"].step_time_s != fused_stack["calibrated"].step_time_s
+    # the measured fused kernels sit between the bytes-only copy and the x11 unfused glue they replace
+    t = {m: r.step_time_s for m, r in fused_stack.items()}
+    assert t["proxy"] < t["fused"] < t["calibrated"]
     assert plain_stack["auto"].step_time_s == plain_stack["calibrated"].step_time_s
     row = glue_row(fused_stack["auto"])["assumption"]
     assert row.startswith("training.moe_glue: auto -> fused: toy's published training stack uses fused permute")

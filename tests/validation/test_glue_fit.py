@@ -46,12 +46,23 @@ def test_glue_file_is_what_its_fit_gives_from_the_committed_runs(h200, doc):
     assert doc["fwd"] > 3 and doc["bwd"] > 2
 
 
-def test_pooled_factor_is_the_mean_of_the_configurations_own(doc):
-    # hand-worked from the committed per-configuration factors
+def test_pooled_factor_is_the_mean_of_the_configurations_own(doc, monkeypatch, h200):
+    """Hand-set sums (forward and backward numerators, forward and backward denominators, seconds) at three points:
+    configuration a (10, 12, 1, 2) -> x10 / x6; configuration b (22, 14, 2, 2) and (11, 7, 1, 1) -> its ratio of
+    sums 33 / 3 = x11, 21 / 3 = x7. Pooled: the mean of a and b, x10.5 / x6.5, not the ratio of all sums
+    (43 / 4 = x10.75, 33 / 5 = x6.6), which would weight b's two points twice."""
+    from k3sim.validation import glue_fit as GF
+
+    sums = {("a", 1, 1): (10.0, 12.0, 1.0, 2.0), ("b", 1, 1): (22.0, 14.0, 2.0, 2.0), ("b", 2, 1): (11.0, 7.0, 1.0, 1.0)}
+    monkeypatch.setattr(GF, "locate", lambda dirs, pts: {p: RUNS / "run-x" for p in pts})
+    monkeypatch.setattr(GF, "_sums", lambda d, cfg, q, m, hw: sums[(cfg, q, m)])
+    got = GF.fit_pooled([RUNS], list(sums), h200)
+    assert got["per_config"] == {"a": {"fwd": 10.0, "bwd": 6.0}, "b": {"fwd": 11.0, "bwd": 7.0}}
+    assert (got["fwd"], got["bwd"]) == (10.5, 6.5)
+    assert got["points"] == ["a:1x1", "b:1x1", "b:2x1"] and set(got["runs"].values()) == {"run-x"}
+    # the committed file follows the same rule
     f = [v["fwd"] for v in doc["per_config"].values()]
-    b = [v["bwd"] for v in doc["per_config"].values()]
     assert doc["fwd"] == pytest.approx(sum(f) / len(f), abs=1e-4)
-    assert doc["bwd"] == pytest.approx(sum(b) / len(b), abs=1e-4)
 
 
 def test_one_configuration_alone_is_its_ratio_of_summed_seconds(h200):
@@ -98,6 +109,10 @@ def test_spread_and_leave_one_configuration_out(spread, doc, h200):
         assert r["steps"] >= 2  # GPU-bound whole steps to judge it by
         # a configuration never fitted is still predicted within 10 % at every GPU-bound step
         assert r["loo_max"] < 0.10, (cfg, r["loo_max"])
+        # left out with its whole model: the mean of the other model's configurations (the names say the model)
+        rival = [v for c, v in doc["per_config"].items() if c.startswith("k3") != cfg.startswith("k3")]
+        assert r["lomo_fwd"] == pytest.approx(sum(v["fwd"] for v in rival) / len(rival), abs=1e-4)
+        assert r["lomo_max"] < 0.10 and abs(r["lomo_bias"]) >= abs(r["own_bias"]) - 0.01, cfg
     # the spread is real: the K3 slices' glue is ~ 20 % dearer per proxy second than Kimi-Linear's
     assert rows["k3-tp8-ep8-l5-8"]["fwd"] > 1.1 * rows["kimi-linear-48b-l5-8"]["fwd"]
 
