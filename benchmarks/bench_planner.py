@@ -26,7 +26,7 @@ TRAIN = ROOT / "scenarios" / "k3-h200-train-32k.yaml"
 # (k3sim.comm) builds a ring over a networkx topology per call, seconds for a 1,024-GPU group, which a sweep
 # over wider DP groups pays once per (collective, group) (noted in benchmark.md).
 GRID = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16, 32], "virtual_stages": [1, 2, 3], "ep": [8, 16, 32, 64, 128],
-        "cp": [1, 2, 4], "dp": [8, 16, 32, 64], "num_micro_batches": [32, 64, 96]}
+        "cp": [1, 2, 4], "dp": [8, 16, 32, 64], "global_batch_sequences": [1024, 2048, 4096]}  # micro-batches derived
 
 
 def timed(fn, *a, **k):

@@ -68,7 +68,7 @@ def _gqa(text: dict, source: str, **extra: Any) -> dict[str, Any]:
 
 def _moe(text: dict, source: str, routed_format: str, experts_key: str, width_key: str, *, shared_key: str,
          router_score: str, router_bias: bool, **extra: Any) -> dict[str, Any]:
-    shared_w = _int(text, shared_key, source, "width", default=0) if shared_key else 0
+    shared_w = _int(text, shared_key, source) if shared_key and text.get(shared_key) not in (None, 0) else 0
     out = {"num_routed_experts": _int(text, experts_key, source, "experts"),
            "num_active_experts": _int(text, "num_experts_per_tok", source, "topk"),
            "expert_ffn_width": _int(text, width_key, source), "router_score": router_score,

@@ -208,6 +208,20 @@ class ModelConfig(BaseModel):
         count = self._pattern()["count"]
         return tuple(k for k in MIXERS if k in count)
 
+    def require_kinds(self, supported: tuple[str, ...], consumer: str, *, source: str | None = None,
+                      field: str | None = None) -> None:
+        """Refuse, in one line, a model with a mixer kind `consumer` (e.g. "the step model") does not price yet:
+        the first such kind, its first layer (0-based) and what `consumer` does cover. The one refusal every
+        consumer not yet generalised calls, instead of pricing a GDN layer as an MLA one."""
+        from k3sim.errors import InputError
+
+        for layer in self.layers:
+            for kind in layer.mixers:
+                if kind not in supported:
+                    raise InputError(f"{MIXERS[kind].title} layers (mixer kind '{kind}', first at layer {layer.index}, "
+                                     f"0-based) are not modelled by {consumer} yet (it covers "
+                                     f"{', '.join(supported)})", source=source, field=field)
+
     @property
     def num_kda_layers(self) -> int:
         return self.num_layers_with("kda")

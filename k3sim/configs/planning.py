@@ -44,7 +44,9 @@ RecomputeMode = Literal["none", "full", "selective"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(RecomputeMode)
 RecomputeModule = Literal["norms", "mla_up_proj", "attention_core", "moe_act", "kda_core"]
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
-# DeepSeek-V3's recipe (arXiv 2412.19437 sec. 3.2.3): recompute all RMSNorms and the MLA up-projections.
+# DeepSeek-V3's recipe (arXiv 2412.19437 sec. 3.2.3, "Recomputation of RMSNorm and MLA Up-Projection"). Its
+# FP8 scheme also recomputes the MoE SwiGLU's output from a cached input (sec. 3.3.4): `moe_act`, named
+# explicitly where that recipe is meant (reports/training/deployed.md).
 DEEPSEEK_V3_RECOMPUTE: tuple[str, ...] = ("norms", "mla_up_proj")
 # The layer part each recompute module acts on (None: every layer), here below the memory planner and the step
 # model, which both refuse a module the model lacks (`k3sim.step.modules.MODULE_NEEDS` is this table).

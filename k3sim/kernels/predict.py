@@ -72,15 +72,13 @@ class OpPredictor:
 
     def __init__(self, spec: OpSpec, points: "PointSet", fit, hw: Any, fit_note: str, timers=None, host_s=None):
         self.spec, self.fit, self.hw, self.fit_note = spec, fit, hw, fit_note
-        # per measured shape (its parameters as Python ints, one `tolist` pass): the timer of the row used
-        # ("graph" | "events") and its host time (s)
-        shapes = [tuple(row) for row in np.asarray(points.params, "int64").tolist()]
-        self.timers = {row: str(t) for row, t in
-                       zip(shapes, timers if timers is not None else ["events"] * len(points.seconds))}
-        self.host = {row: float(h) for row, h in
-                     zip(shapes, host_s if host_s is not None else [float("nan")] * len(points.seconds))}
-        self.exact = {row: (float(s), int(n), r)
-                      for row, s, n, r in zip(shapes, points.seconds.tolist(), points.rows.tolist(), points.runs)}
+        # the point of each measured shape (its parameters as Python ints; a shape listed twice: the later), one
+        # dictionary: a query's exact hit, the timer of the row used ("graph" | "events") and its host time (s)
+        # index the point arrays through it (`exact`, `timers`, `host` are built only when asked for)
+        self._row = {tuple(r): i for i, r in enumerate(np.asarray(points.params, "int64").tolist())}
+        self._points = points
+        self._timers = list(timers) if timers is not None else None
+        self._host_s = list(host_s) if host_s is not None else None
         resid = np.log(points.seconds) - np.log(self._model(points.flop, points.nbytes, points))
         self.groups: dict[tuple, ResidualGrid] = {}
         cat_idx = [spec.params.index(c) for c in spec.categorical]
@@ -91,6 +89,32 @@ class OpPredictor:
             m = (cat_vals == np.array(g, int)).all(axis=1)
             self.groups[g] = ResidualGrid(X[m], resid[m], points.sigma[m])
         self.n_points = len(points.seconds)
+
+    def timer_of(self, shape: tuple) -> str | None:
+        """The timer of the row measured at `shape` ("graph" | "events"); None for a shape not measured."""
+        i = self._row.get(shape)
+        return None if i is None else "events" if self._timers is None else str(self._timers[i])
+
+    def host_of(self, shape: tuple) -> float:
+        """The host time (s) of one eager call at a measured `shape`; NaN when not recorded or not measured."""
+        i = self._row.get(shape)
+        return float("nan") if i is None or self._host_s is None else float(self._host_s[i])
+
+    @functools.cached_property
+    def exact(self) -> dict[tuple, tuple[float, int, str]]:
+        """Measured shape -> (median seconds, rows, runs)."""
+        pts = self._points
+        return {row: (float(pts.seconds[i]), int(pts.rows[i]), pts.runs[i]) for row, i in self._row.items()}
+
+    @functools.cached_property
+    def timers(self) -> dict[tuple, str]:
+        """Measured shape -> the timer of its row."""
+        return {row: self.timer_of(row) for row in self._row}
+
+    @functools.cached_property
+    def host(self) -> dict[tuple, float]:
+        """Measured shape -> host seconds of one eager call (NaN where not recorded)."""
+        return {row: self.host_of(row) for row in self._row}
 
     @functools.cached_property
     def host_median(self) -> float:
@@ -145,8 +169,9 @@ class OpPredictor:
 
     def predict(self, p: Mapping[str, int], extrapolation: str = EXTRAPOLATION) -> KernelTime:
         key = tuple(p[k] for k in self.spec.params)
-        if key in self.exact:
-            s, rows, runs = self.exact[key]
+        i = self._row.get(key)
+        if i is not None:
+            s, rows, runs = float(self._points.seconds[i]), int(self._points.rows[i]), self._points.runs[i]
             return KernelTime(s, "measured", f"median of the repetitions in run {runs}"
                               + (f" (the latest of {rows} measurements of this shape)" if rows > 1 else ""), "exact")
         base, note = self.model_seconds(p)
@@ -358,8 +383,8 @@ class ProfilePredictor:
         if opp is None:
             return dataclasses.replace(kt, convention=convention)
         key = tuple(p[k] for k in spec.params)
-        if kt.method == "exact" and key in opp.timers:
-            used = opp.timers[key]
+        used = opp.timer_of(key) if kt.method == "exact" else None
+        if used is not None:
             note = f"{used}-timed row"
         else:
             used, note = opp.timer_summary
@@ -367,7 +392,7 @@ class ProfilePredictor:
             if used == "events":
                 note += " (no graph-replay measurement: a lone kernel's event and launch latency included, an upper bound)"
             return dataclasses.replace(kt, detail=f"{kt.detail}; graph convention, {note}", convention="graph")
-        host = opp.host.get(key, float("nan")) if kt.method == "exact" else float("nan")
+        host = opp.host_of(key) if kt.method == "exact" else float("nan")
         where = "the row's"
         if not host == host:
             host, where = opp.host_median, f"the median over {spec.name}'s measured shapes"

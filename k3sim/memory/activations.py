@@ -167,7 +167,10 @@ def ffn_tensors(model: ModelConfig, kind: str) -> list[Saved]:
     permutation by moving the probs multiplication from unpermutation to activation function",
     megatron/core/transformer/moe/README.md), the form in which DeepSeek-V3's "cache the inputs of the SwiGLU
     operator and recompute its output in the backward pass" (sec. 3.3.4) needs nothing more than the SwiGLU
-    input. (A combine that weights the expert outputs instead would keep k x width_in more per token.)"""
+    input. (A combine that weights the expert outputs instead would keep k x width_in more per token. The step's
+    time model does price such a combine, the measured fused unpermute whose backward reads the rows for the
+    routing-weight gradient, `calibration/permute_fused.py`: the two agree on a Megatron-style stack only up to
+    where that dot product runs, one read of the rows either way.)"""
     if kind == "dense":
         w = model.dense_ffn_width
         return [Saved("dense_gate_up", 2 * w, "act"), Saved("dense_act", w, "linear")]

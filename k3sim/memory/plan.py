@@ -384,13 +384,8 @@ def check_trainable(model: ModelConfig, source: str | None = None) -> None:
     """Refuse, in one line naming the first kind, a model whose training activations `memory.activations`
     does not list: mixer kinds other than KDA and MLA, layers without a mixer or an FFN, plain (non-GLU)
     FFNs. Its serving plan and its parameter counts still answer."""
+    model.require_kinds(TRAINED_KINDS, "the training activations (memory.activations)", source=source, field="mode")
     for layer in model.layers:
-        for kind in layer.mixers:
-            if kind not in TRAINED_KINDS:
-                raise InputError(f"training activations of {MIXERS[kind].title} layers (mixer kind '{kind}', first "
-                                 f"at layer {layer.index}, 0-based) are not modelled yet (memory.activations covers "
-                                 f"{', '.join(TRAINED_KINDS)}); mode serve and model-info answer for this model",
-                                 source=source, field="mode")
         if not layer.mixers or layer.ffn is None:
             raise InputError(f"training activations of a layer without a {'mixer' if not layer.mixers else 'FFN'} "
                              f"(layer {layer.index}, 0-based) are not modelled yet; mode serve and model-info answer "

@@ -208,7 +208,7 @@ class _Search:
                 todo.append((bound, i, p, limit))
         todo.sort(key=lambda t: t[:2])
         fit: list[dict] = []
-        meet = checked = priced = 0
+        meet = checked = priced = errors = 0
         one_size = self.lists["dp"] is None   # dp fills the cluster: every point has its GPUs, ranked by speed
         for bound, _, p, limit in todo:
             if self.prune and one_size and len(fit) > 1 and bound > fit[1]["step_time_s"]:
@@ -217,6 +217,7 @@ class _Search:
             r = self.price(p, with_memory=False)
             priced += 1
             if r["status"] != "ok":
+                errors += 1
                 continue
             self.priced.append(r)
             if r["step_time_s"] < bound * (1 - 1e-9) and self.violation is None:
@@ -228,7 +229,10 @@ class _Search:
                 checked += 1
                 got, _ = self.fitting([_budget_row(r, self.tokens)], 1)
                 fit = sorted(fit + got, key=_rank)[:2]
+        fastest = max(self.priced[len(self.priced) - (priced - errors):], key=lambda r: r["tokens_per_s"], default=None)
         summary = {"gpus": gpus, "points": len(points), "priced": priced, "below_bound": len(points) - priced,
+                   "fastest_priced_layout": layout_text(fastest) if fastest else None,   # its memory not checked
+                   "fastest_priced_days": _budget_row(fastest, self.tokens)["days"] if fastest else None,
                    "meet_closed_form": meet, "memory_checked": checked, "meet": len(fit),
                    "best_layout": layout_text(fit[0]) if fit else None, "best_days": fit[0]["days"] if fit else None,
                    "skipped": dict(sorted(skipped.items()))}

@@ -169,17 +169,22 @@ SKIP_PIPELINE = "micro-batches the pipeline schedule cannot run"
 
 
 def _train_lists(inp, given: dict[str, list[int] | None]) -> dict[str, list[int] | None]:
-    """Each training dimension's values: the given ones, else derived from the scenario (dp None: fill the
-    cluster; micro-batches None: derived from the global batch)."""
-    model, w = inp.model, inp.scenario.workload
+    """Each training dimension's values: the given ones, else derived from the scenario (powers of two the
+    model and the hardware allow, plus the scenario's own degree, so its layout is a point); dp None: fill the
+    cluster; micro-batches None: derived from the global batch."""
+    model, w, par = inp.model, inp.scenario.workload, inp.scenario.parallelism
     heads = math.gcd(*(c.num_heads for c in (model.kda, model.mla) if c is not None)) if (model.kda or model.mla) else 1
     domain = int(inp.hw.scaleup_domain_gpus)
     experts = model.moe.num_routed_experts if model.moe else 1
-    return {"tp": given.get("tp") or _divisors_in(heads, [t for t in (1, 2, 4, 8) if t <= domain]),
-            "pp": given.get("pp") or [p for p in (1, 2, 4, 8, 16, 32) if p <= model.num_layers],
-            "virtual_stages": given.get("virtual_stages") or [1, 2],
-            "ep": given.get("ep") or ([e for e in (1, 8, 16, 32, 64, 128) if experts % e == 0] if model.moe else [1]),
-            "cp": given.get("cp") or [c for c in (1, 2, 4, 8) if w.context_tokens % (2 * c) == 0],
+
+    def derived(dim: str, values: list[int]) -> list[int]:
+        return given.get(dim) or sorted(set(values) | {getattr(par, dim)})
+
+    return {"tp": derived("tp", _divisors_in(heads, [t for t in (1, 2, 4, 8) if t <= domain])),
+            "pp": derived("pp", [p for p in (1, 2, 4, 8, 16, 32) if p <= model.num_layers]),
+            "virtual_stages": derived("virtual_stages", [1, 2]),
+            "ep": derived("ep", [e for e in (1, 8, 16, 32, 64, 128) if experts % e == 0] if model.moe else [1]),
+            "cp": derived("cp", [c for c in (1, 2, 4, 8) if w.context_tokens % (2 * c) == 0]),
             "dp": given.get("dp"), "num_micro_batches": given.get("num_micro_batches"),
             "global_batch_sequences": given.get("global_batch_sequences") or [global_batch(inp)]}
 

@@ -37,8 +37,9 @@ def budget_sections(res: Any) -> list[dict]:
                         _layout_row("best found", b.best)) if r is not None]
     layouts = {"header": ["", "GPUs", "layout", "tokens per step", "step (s)", "tokens/s", "MFU", "memory per GPU",
                           "days", "days (k3sim plan)"], "rows": rows}
-    clusters = [[f"{c['gpus']:,}", f"{c['points']:,}", f"{c['priced']:,}", f"{c['meet_closed_form']:,}",
-                 f"{c['memory_checked']:,}", f"{c['meet']:,}", c["best_layout"] or "",
+    clusters = [[f"{c['gpus']:,}", f"{c['points']:,}", f"{c['priced']:,}",
+                 f"{c['fastest_priced_layout']}: {c['fastest_priced_days']:.1f}" if c["fastest_priced_layout"] else "",
+                 f"{c['meet_closed_form']:,}", f"{c['memory_checked']:,}", f"{c['meet']:,}", c["best_layout"] or "",
                  f"{c['best_days']:.1f}" if c["best_days"] is not None else "",
                  "; ".join(f"{k} {v:,}" for k, v in c["skipped"].items())] for c in b.clusters]
     extra = ["Clusters swept: the table below (priced: through the analytic path; the other layouts cannot meet "
@@ -46,6 +47,7 @@ def budget_sections(res: Any) -> list[dict]:
     out = [_section("token_budget", "Token budget: the smallest cluster", f"{answer} {res.notes.get('token_budget', '')}",
                     layouts if rows else None, extra=extra + list(b.notes))]
     out.append(_section("token_budget_clusters", "Token budget: clusters swept", "",
-                        {"header": ["GPUs", "layouts", "priced", "meet (closed form)", "memory plans", "meet and fit",
-                                    "fastest that meets", "its days", "skipped"], "rows": clusters}))
+                        {"header": ["GPUs", "layouts", "priced", "fastest priced: days (memory not checked)",
+                                    "meet (closed form)", "memory plans", "meet and fit", "fastest that meets and fits",
+                                    "its days", "skipped"], "rows": clusters}))
     return out

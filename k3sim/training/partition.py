@@ -2,13 +2,13 @@
 
 Why: splitting by layer count leaves the step waiting on the costliest stage. Kimi K3 interleaves one MLA
 layer with three KDA layers, and at 1M-token context an MLA layer (all-gathered latent K/V, causal attention
-over the whole sequence) costs about ten KDA layers: on the committed 1M scenario (TP8 CP32 PP16 v2) the
-rank holding three MLA layers took 5.36 s per micro-batch against 1.26 s for the first (issue 22; the
-figure at the time of this module, with the MFU fix, is 6.74 s against 1.26 s), and every other rank idles
-for the difference in every micro-batch of the 1F1B steady state. Megatron-LM lets a user move layers by
-hand (`--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers`, or a per-stage layout),
-and torchtitan's manual pipeline split (`pipeline_parallel_split_points`) names the cut layers; this module
-finds the cut from the step model's own per-layer costs instead.
+over the whole sequence) costs more than ten KDA layers: on the committed 1M scenario (TP8 CP32 PP16 v2) the
+rank holding three MLA layers took 5.36 s per micro-batch against 1.26 s for the first (issue 22; 6.8 s
+against 1.3 s with the costs of 2026-12-02), and every other rank idles for the difference in every
+micro-batch of the 1F1B steady state. Megatron-LM lets a user move layers by hand
+(`--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers`; recent versions take a whole
+per-stage layout) and torchtitan's manual split names the cut layers (`pipeline_parallel_split_points`);
+this module finds the cut from the step model's own per-layer seconds instead.
 
 The problem (contiguous layers, minimise the slowest part) is the linear partition problem; for one chunk per
 rank it is solved exactly by a dynamic programme over prefix sums whose cut index is monotone in the prefix
@@ -238,8 +238,10 @@ def balanced_split(layer_costs: list[float], pp: int, v: int = 1, first_extra: f
     by `_shed` (single boundary layers), the best of them by `_polish` (exact re-splits of windows of
     consecutive chunks); neither raises the slowest rank, and the uniform split itself stays a candidate, so
     the result is never worse than uniform nor than the chunk bound. Measured against every split of 1,973
-    random small cases (pp <= 4, v 2-3, <= 12 layers): 88 % optimal, the worst 50 % above; on K3's per-layer
-    seconds within 1-8 % of T / pp except where 24 MLA layers cannot spread over 32 ranks' 64 chunks."""
+    random small cases (pp <= 4, v 2-3, <= 12 layers): 88 % optimal, the worst 50 % above the optimum. On
+    K3's per-layer seconds (32K and 1M, pp 2-32) it lands within 11 % of T / pp, as close as the exact v = 1
+    split gets (10-14 % at pp 16-32: whole layers), except 1M at pp 32, v 2 (32 %; 24 MLA layers of 2 s over
+    32 ranks of about three layers each)."""
     from k3sim.memory.layout import chunk_layers
 
     costs = [float(c) for c in layer_costs]

@@ -172,9 +172,12 @@ def test_warm_derived_profile_answers_from_the_cache_without_parsing():
 
 
 def test_derived_store_is_cached_on_disk(monkeypatch):
+    """Built (and saved) here, then loaded from disk. The in-process memo is emptied first: an earlier test may have
+    derived the store while another cache directory was set (a hit in the memo saves nothing here)."""
     hw = load_hardware("h800")
     d = derivation(hw)
     src = load_store(d.source_dir, load_hardware("h200"))
+    store._DERIVED.clear()
     built = d.store(src)
     store._DERIVED.clear()
     monkeypatch.setattr(store.Derivation, "_derive", lambda *a: pytest.fail("derived again: not cached"))

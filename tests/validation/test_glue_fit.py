@@ -53,7 +53,8 @@ def test_pooled_factor_is_the_mean_of_the_configurations_own(doc, monkeypatch, h
     (43 / 4 = x10.75, 33 / 5 = x6.6), which would weight b's two points twice."""
     from k3sim.validation import glue_fit as GF
 
-    sums = {("a", 1, 1): (10.0, 12.0, 1.0, 2.0), ("b", 1, 1): (22.0, 14.0, 2.0, 2.0), ("b", 2, 1): (11.0, 7.0, 1.0, 1.0)}
+    sums = {("a", 1, 1): (10.0, 12.0, 1.0, 2.0), ("b", 1, 1): (22.0, 14.0, 2.0, 2.0),
+            ("b", 2, 1): (11.0, 7.0, 1.0, 1.0)}
     monkeypatch.setattr(GF, "locate", lambda dirs, pts: {p: RUNS / "run-x" for p in pts})
     monkeypatch.setattr(GF, "_sums", lambda d, cfg, q, m, hw: sums[(cfg, q, m)])
     got = GF.fit_pooled([RUNS], list(sums), h200)

@@ -82,5 +82,6 @@ def parse_pattern(entries: list, num_layers: int) -> list[Layer]:
         raise ValueError(f"layer_pattern describes {total:,} layers but num_layers is {num_layers:,}")
     layers: list[Layer] = []
     for kinds, ffn, n in parsed:
-        layers.extend(Layer(len(layers) + j, kinds, ffn) for j in range(n))
+        start = len(layers)
+        layers.extend([Layer(start + j, kinds, ffn) for j in range(n)])
     return layers
