@@ -1,6 +1,6 @@
 """How fast a what-if answers: medians of fresh `python -m k3sim` processes, cold and warm kernel cache.
 
-    python3 benchmarks/bench_whatif.py [--repeat 5] [--json] [--root DIR]
+    python3 benchmarks/bench_whatif.py [--repeat 5] [--json] [--root DIR] [--baseline DIR [--queries a,b]]
 
 Each query runs `--repeat` times in a new process (the interpreter, typer, pydantic and the command's imports
 every time, as a user pays them). "cold": every run gets an empty `K3SIM_CACHE_DIR`, so the kernel predictor
@@ -9,6 +9,9 @@ untimed run of every query first compiles the .pyc files (into a directory of th
 PYTHONDONTWRITEBYTECODE says), so neither column pays for compiling. The heavy
 imports column names which of pandas, scipy and matplotlib a warm run imported (`python -X importtime`).
 `--root` runs another checkout (e.g. an unpacked `git archive` of an older commit) for a before/after table.
+`--baseline DIR` compares warm runs of `--root` against DIR back to back instead (the two alternate, run by run,
+so a shared machine's load moves both alike): each side's median wall and CPU seconds and their ratio, and
+whether the two printed the same bytes.
 The load average is printed with the table: on a shared machine the medians move with it. The start-up floor
 line times what every query pays before k3sim's own code: the interpreter, typer, a one-option typer command
 (pydantic: typer coerces options through it), that plus numpy, and the same with the library settings k3sim's
@@ -140,14 +143,57 @@ def bench(root: Path, repeat: int) -> dict:
     return out
 
 
+def compare(root: Path, baseline: Path, repeat: int, names: list[str]) -> dict:
+    """Per query: warm medians (wall, CPU) of `baseline` and `root`, run alternately (baseline first on even runs),
+    their ratios root / baseline, and whether both printed the same stdout."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="k3sim-bench-") as tmp:
+        _PYC[:] = [str(Path(tmp) / "pyc")]
+        for name in names:
+            args = QUERIES[name]
+            dirs = {side: str(Path(tmp) / f"warm-{side}-{name}") for side in ("baseline", "root")}
+            roots = {"baseline": baseline, "root": root}
+            printed = {side: _stdout(args, roots[side], dirs[side]) for side in roots}  # compiles, fills the cache
+            runs: dict[str, list] = {"baseline": [], "root": []}
+            for i in range(repeat):
+                for side in (("baseline", "root") if i % 2 == 0 else ("root", "baseline")):
+                    runs[side].append(run_once(args, roots[side], dirs[side])[:2])
+            med = {side: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r))
+                   for side, r in runs.items()}
+            out[name] = {"baseline_warm_median_s": med["baseline"][0], "warm_median_s": med["root"][0],
+                         "baseline_warm_cpu_median_s": med["baseline"][1], "warm_cpu_median_s": med["root"][1],
+                         "wall_ratio": med["root"][0] / med["baseline"][0],
+                         "cpu_ratio": med["root"][1] / med["baseline"][1],
+                         "same_stdout": printed["baseline"] == printed["root"], "goal_warm_s": GOALS[name][0]}
+    return out
+
+
+def _stdout(args: list[str], root: Path, cache: str) -> bytes:
+    """What one `python -m k3sim ARGS` prints (untimed)."""
+    env = dict(os.environ, K3SIM_CACHE_DIR=cache, **({"PYTHONPYCACHEPREFIX": _PYC[0]} if _PYC else {}))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return subprocess.run([sys.executable, "-m", "k3sim", *args], cwd=root, env=env, capture_output=True,
+                          timeout=600).stdout
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per query and cache state")
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout to run (default: this one)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout: warm runs of both, alternating, with the ratio (no cold runs)")
+    ap.add_argument("--queries", default=",".join(QUERIES), help="with --baseline: which queries (comma-separated)")
     a = ap.parse_args(argv)
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if a.baseline is not None:
+        names = [q for q in a.queries.split(",") if q]
+        unknown = [q for q in names if q not in QUERIES]
+        if unknown:
+            ap.error(f"unknown query {unknown[0]!r} (known: {', '.join(QUERIES)})")
+        _print_compare(a, names)
+        return
     load_before = os.getloadavg()
     results = bench(a.root.resolve(), a.repeat)
     doc = {"root": str(a.root.resolve()), "python": sys.version.split()[0], "cpus": os.cpu_count(),
@@ -166,6 +212,27 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:12s} {r['cold_median_s']:8.3f} {r['warm_median_s']:8.3f} {r['cold_cpu_median_s']:9.3f} "
               f"{r['warm_cpu_median_s']:9.3f}  {goal:>14s}  {', '.join(r['heavy_imports_warm']) or '-'}")
     print("start-up floor (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in doc["floor_median_s"].items()))
+
+
+def _print_compare(a, names: list[str]) -> None:
+    """`--baseline`: the back-to-back table (or JSON), with the load average before and after."""
+    load_before = os.getloadavg()
+    results = compare(a.root.resolve(), a.baseline.resolve(), a.repeat, names)
+    doc = {"root": str(a.root.resolve()), "baseline": str(a.baseline.resolve()), "cpus": os.cpu_count(),
+           "repeat": a.repeat, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+           "queries": results}
+    if a.json:
+        print(json.dumps(doc, indent=2))
+        return
+    loads = [" ".join(f"{x:.2f}" for x in load) for load in (load_before, doc["load_average_after"])]
+    print(f"{doc['root']} against {doc['baseline']}, {doc['cpus']} CPUs, {a.repeat} warm runs each, alternating; "
+          f"load average {loads[0]} before, {loads[1]} after")
+    print(f"{'query':12s} {'base s':>8s} {'warm s':>8s} {'ratio':>6s} {'base cpu':>9s} {'warm cpu':>9s} {'ratio':>6s}"
+          f"  {'goal':>5s}  same output")
+    for name, r in results.items():
+        print(f"{name:12s} {r['baseline_warm_median_s']:8.3f} {r['warm_median_s']:8.3f} {r['wall_ratio']:6.2f} "
+              f"{r['baseline_warm_cpu_median_s']:9.3f} {r['warm_cpu_median_s']:9.3f} {r['cpu_ratio']:6.2f}  "
+              f"{r['goal_warm_s']:5g}  {'yes' if r['same_stdout'] else 'NO'}")
 
 
 if __name__ == "__main__":

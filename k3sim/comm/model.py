@@ -28,7 +28,8 @@ its own series of measured rows (`ProfilePredictor.series`): no row of one timer
 The caller's convention picks the series in the order of `SERIES`: its own rows where they exist at the
 call's GPU count, else another series' rows there (graph rows are a lower bound of a barrier-started call,
 barrier rows an upper bound of a graph or stream one). Off the measured GPU counts the model answers,
-calibrated on the profile's one alpha-beta fit, which is in the graph convention (`FIT_CONVENTION`). The
+calibrated on the profile's one alpha-beta fit, whose convention is that of the rows it was made on
+(`fit_convention`: graph where the op has graph rows, barrier for an op measured barrier-started only). The
 answer's `convention` is that of the rows (or fit) it came from, and `detail` says which and why. The
 harness (`calibration/distributed.py`) times all three.
 """
@@ -90,15 +91,17 @@ def _series_note(series: str, convention: str, what: str = "rows") -> str:
     return f"convention {convention}: no {convention}-timed {what} here, {rows} ({_BOUND[(convention, series)]})"
 
 
-# The convention of the profile's alpha-beta fits (`fitted.yaml`, made on the graph-preferred points: graph rows
-# where a shape has them, a barrier-only shape shifted by the timers' offset, `MeasurementStore.points`): what
-# the model path's answers are in. Bandwidth is the timers' common part; the latency is a graph replay's.
-FIT_CONVENTION = "graph"
+def fit_convention(opp: Any) -> str:
+    """The convention of an op's alpha-beta fit (`fitted.yaml`), which the model path's answers are in: the fit is
+    made on the graph-preferred points (`MeasurementStore.points`): graph rows where a shape has them, a
+    barrier-only shape shifted by the timers' offset ("events-shifted"), so "graph" when the op has any graph row;
+    "barrier" when all its rows are barrier-started (send_recv on the H200 runs)."""
+    return "barrier" if set(opp.timers.values()) <= {"events"} else "graph"
 
 
 def _calibration(hw: Any, op: str):
-    """(alpha_step_s, achieved fraction of the scale-up link, note, n_ref) from the profile's fit at its smallest
-    measured GPU count (one link, no topology in it; in `FIT_CONVENTION`), or None."""
+    """(alpha_step_s, achieved fraction of the scale-up link, note, n_ref, the fit's convention) from the profile's
+    fit at its smallest measured GPU count (one link, no topology in it), or None."""
     from k3sim.kernels.predict import profile_predictor
 
     opp = profile_predictor(hw).op(op)
@@ -111,7 +114,7 @@ def _calibration(hw: Any, op: str):
     if frac > 1.0:  # a profile slower than the measuring machine: no link runs above its bandwidth (issue 21)
         note += f"; achieved fraction {frac:.3f} of this profile's scale-up bandwidth clamped to 1"
         frac = 1.0
-    return ab.alpha_s / ring_steps(op, n_ref), frac, note, n_ref
+    return ab.alpha_s / ring_steps(op, n_ref), frac, note, n_ref, fit_convention(opp)
 
 
 def _measured(hw: Any, op: str, nbytes: int, n: int, convention: str):
@@ -170,8 +173,7 @@ def collective_time(op: str, nbytes: int, gpus: int, hardware: Any = "h200", *, 
                                                    "(a lower bound)", "datasheet-roofline"
         series, conv_note = convention, ""
     else:
-        alpha, frac, cal_note, _ = cal
-        series = FIT_CONVENTION
+        alpha, frac, cal_note, _, series = cal
         source, conv_note = "model", f"; {_series_note(series, convention, 'fit')}"
     eff_bw = frac * bw
     wire = wire_bytes(op, nbytes, n)

@@ -241,7 +241,8 @@ def jamba_fields(data: dict, source: str, name: str) -> dict[str, Any]:
                         else _int(data, "mamba_dt_rank", source),
                         "conv_kernel_size": _int(data, "mamba_d_conv", source, "kernel", default=4),
                         "conv_bias": flag(data, "mamba_conv_bias", source, True),
-                        "proj_bias": flag(data, "mamba_proj_bias", source), "inner_norms": True}
+                        "proj_bias": flag(data, "mamba_proj_bias", source), "inner_norms": True,
+                        "state_dtype": dtype(data, "mamba_ssm_dtype", source)}
     if "gqa" in mixers:
         out["gqa"] = _gqa(data, source, rope_fraction=0.0)  # Jamba uses no positional embedding
     if "moe" in ffns:

@@ -9,13 +9,13 @@ All sizes are element counts (widths, heads, ranks); dtypes are names understood
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3sim.configs.bounds import bounded_int
 from k3sim.configs.dtypes import check_dtype
-from k3sim.configs.kinds import (FFNS, MIXERS, NONE, GDNConfig, GQAConfig, KDAConfig, Layer, LightningConfig,
+from k3sim.configs.kinds import (MIXERS, NONE, GDNConfig, GQAConfig, KDAConfig, Layer, LightningConfig,
                                  MambaConfig, Mamba2Config, MLAConfig, MoEConfig, SWAConfig, canonical_entries,
                                  parse_pattern)
 
@@ -50,6 +50,12 @@ class VisionConfig(BaseModel):
 # Sections of the mixer kinds (`configs/kinds/`): KDA and MLA are read by the old `full_attn_layers` rule too;
 # the others need `layer_pattern` to say which layers are theirs.
 PATTERN_ONLY = ("gdn", "mamba2", "mamba", "lightning", "gqa", "swa")
+
+
+# The mixer kinds the step model (decode, prefill, serving, training), context parallelism and the prefix
+# cache price today; every other kind loads, counts and sizes (model-info, memory) and is refused by those
+# consumers in one line (`ModelConfig.require_kinds`) until they are generalised (issue 23).
+MODELLED_MIXERS: tuple[str, ...] = ("kda", "mla")
 
 
 class ModelConfig(BaseModel):
@@ -220,7 +226,8 @@ class ModelConfig(BaseModel):
                 if kind not in supported:
                     raise InputError(f"{MIXERS[kind].title} layers (mixer kind '{kind}', first at layer {layer.index}, "
                                      f"0-based) are not modelled by {consumer} yet (it covers "
-                                     f"{', '.join(supported)})", source=source, field=field)
+                                     f"{', '.join(supported)}); model-info and memory --mode serve answer for "
+                                     f"this model", source=source, field=field)
 
     @property
     def num_kda_layers(self) -> int:

@@ -61,7 +61,8 @@ def check_layout(model: ModelConfig, parallelism: Parallelism, *, cluster: Clust
     """The one layout check every command and planner calls: raise InputError (one line naming the field)
     if `parallelism` cannot run `model` in `mode` on `cluster` / `hardware`.
 
-    - model: tp divides the KDA and MLA heads, ep divides the routed experts + redundant_experts (and is
+    - model: tp splits every mixer kind's heads, groups or channels (`configs/kinds` `tp_rules`), ep divides
+      the routed experts + redundant_experts (and is
       no larger) and the tp*cp*dp GPUs of a stage, ep = 1 without MoE, pp*virtual_stages <= layers (`Parallelism.check_against`);
     - mode "serve": `zero_stage` (optimizer/gradient sharding) and `virtual_stages` (an interleaved training
       schedule) have no effect and are refused if given;

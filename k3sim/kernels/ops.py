@@ -113,6 +113,94 @@ def recurrent_bytes(p: Params) -> float:
     return state + p["B"] * p["T"] * p["H"] * ((3 * K + 2 * V) * BF16 + BF16)
 
 
+# ---- Gated DeltaNet and Mamba2's SSD (issue 23; harness k3sim/calibration/hybrid_ops.py) ----------------------
+
+def _gdn_token_bytes(p: Params) -> float:
+    """Per token of a GDN call: q, k (Hk key heads of K) and v, o (H value heads of V) in bf16, the decay g (fp32:
+    Qwen3-Next computes it in fp32) and beta (bf16) per value head. With grouped value heads (H > Hk) the key
+    heads are shared, so q and k are counted once per key head."""
+    K, V = _kv(p)
+    return 2 * p["Hk"] * K * BF16 + p["H"] * (2 * V * BF16 + FP32 + BF16)
+
+
+def chunk_gdn_flop(p: Params) -> float:
+    """fla chunk_gated_delta_rule forward: the chunkwise WY form of the gated delta rule (Yang et al. 2024, Gated
+    Delta Networks, arXiv 2412.06464, sec. 3.3), KDA's chunk products with a scalar gate (`kda_fwd_flop_terms`),
+    once per value head: beta and g are per value head, so every chunk product is (fla's kernels run on the H
+    value heads and read key head h // (H / Hk))."""
+    K, V = _kv(p)
+    return kda_padded_tokens(p["T"]) * p["H"] * kda_fwd_flop_per_token_head(D=K, V=V)
+
+
+def chunk_gdn_bytes(p: Params) -> float:
+    """The forward's inputs read and o written once (`_gdn_token_bytes`), the final state (fp32 K x V per value
+    head) written: a prefill keeps it."""
+    K, V = _kv(p)
+    return p["T"] * _gdn_token_bytes(p) + p["H"] * K * V * FP32
+
+
+def chunk_gdn_fwd_bwd_bytes(p: Params) -> float:
+    """Forward without a final state (training), then the backward reads q, k, v, g, beta and do and writes dq, dk,
+    dv, dg and dbeta (the same sizes per token less one V-wide tensor)."""
+    K, V = _kv(p)
+    return p["T"] * (2 * _gdn_token_bytes(p) + _gdn_token_bytes(p) - p["H"] * V * BF16)
+
+
+def recurrent_gdn_flop(p: Params) -> float:
+    """One decode token per request and value head: decay K V, S^T k 2KV, rank-1 update 2KV, S^T q 2KV -> 7 KV
+    (as `recurrent_flop`)."""
+    K, V = _kv(p)
+    return 7.0 * K * V * p["B"] * p["H"]
+
+
+def recurrent_gdn_bytes(p: Params) -> float:
+    """The fp32 state read and written once per step (in place: B H K V 4 bytes x 2) plus one token's inputs and
+    output (`_gdn_token_bytes`) per request."""
+    K, V = _kv(p)
+    return p["B"] * (p["H"] * K * V * FP32 * 2 + _gdn_token_bytes(p))
+
+
+def _heads_divide(value: str, key: str):
+    """`check` of a grouped-heads op: the `value` heads are a whole multiple of the `key` heads."""
+    def check(p: Params) -> tuple[str, str] | None:
+        if p[value] % p[key]:
+            return key, f"{value}={p[value]} is not a multiple of {key}={p[key]} (each {key} head serves H/{key} " \
+                        f"{value} heads): give {key} dividing {value}"
+        return None
+    return check
+
+
+MAMBA2_D_STATE, MAMBA2_HEAD_DIM = 128, 64  # the measured Mamba2 shape: fla's K = d_state N, V = head_dim P
+
+
+def _mamba_kv(p: Params) -> tuple[int, int]:
+    return int(p.get("K", MAMBA2_D_STATE)), int(p.get("V", MAMBA2_HEAD_DIM))
+
+
+def ssd_flop_per_token_head(C: int = KDA_CHUNK, K: int = MAMBA2_D_STATE, V: int = MAMBA2_HEAD_DIM) -> float:
+    """Mamba2's chunked scan as fla chunk_simple_gla, per token and head, K = d_state, V = head_dim: per chunk of C
+    tokens A = Q K^T under the decay mask (2C^2 K), o_intra = A V (2C^2 V), o_inter = Q S (2CKV), S <- decay S +
+    K^T V (2CKV); per token 2C (K + V) + 4KV. The block decomposition of SSD (Dao & Gu 2024, arXiv 2405.21060,
+    sec. 6: diagonal blocks, chunk states, state passing, outputs from the states)."""
+    return 2.0 * C * (K + V) + 4.0 * K * V
+
+
+def mamba2_chunk_flop(p: Params) -> float:
+    K, V = _mamba_kv(p)
+    return kda_padded_tokens(p["T"]) * p["H"] * ssd_flop_per_token_head(K=K, V=V)
+
+
+def mamba2_chunk_bytes(p: Params, fwd_bwd: bool = False) -> float:
+    """As fla reads it: q = C and k = B per head (the groups' B and C expanded, K each), v = dt x and o (V each) in
+    bf16, g = dt A (fp32) per token and head; the forward writes the final state (fp32 K x V per head); the
+    backward reads q, k, v, g, do and writes dq, dk, dv, dg."""
+    K, V = _mamba_kv(p)
+    tok = (2 * K + 2 * V) * BF16 + FP32
+    if not fwd_bwd:
+        return p["T"] * p["H"] * tok + p["H"] * K * V * FP32
+    return p["T"] * p["H"] * (2 * tok + tok - V * BF16)
+
+
 SDPA_FWD_BWD_FLOP_FACTOR = 3.5  # FlashAttention-2 convention: backward = 2.5 x forward
 
 
@@ -125,6 +213,30 @@ def sdpa_bytes(p: Params, fwd_bwd: bool = False) -> float:
     """q, k, v read and o written (bf16); the backward reads q, k, v, o, do and writes dq, dk, dv."""
     n = 12 if fwd_bwd else 4
     return n * p["T"] * p["H"] * p["D"] * BF16
+
+
+def window_pairs(T: float, W: float) -> float:
+    """(query, key) pairs of causal attention in which a query sees at most W keys (itself and W - 1 before it):
+    sum over t of min(t + 1, W) = W (W + 1) / 2 + (T - W) W; W = T is full causal attention, T (T + 1) / 2."""
+    W = min(W, T)
+    return W * (W + 1) / 2.0 + (T - W) * W
+
+
+def gqa_prefill_flop(p: Params) -> float:
+    """QK^T and PV over the visible pairs: 4 D per (query head, pair)."""
+    return 4.0 * p["D"] * p["Hq"] * window_pairs(p["T"], p["window"])
+
+
+def gqa_prefill_bytes(p: Params) -> float:
+    """q and o (Hq heads), k and v (Hkv heads) of T tokens, bf16, each once."""
+    return BF16 * p["T"] * p["D"] * 2 * (p["Hq"] + p["Hkv"])
+
+
+def _gqa_prefill_check(p: Params) -> tuple[str, str] | None:
+    if p["window"] > p["T"]:
+        return "window", (f"window={p['window']} exceeds T={p['T']}: a window of T or more is full causal attention, "
+                          "give window = min(window, T)")
+    return _heads_divide("Hq", "Hkv")(p)
 
 
 # nccl-tests bus-bandwidth factors, applied to the per-rank shard `bytes`: bytes each rank puts on the
@@ -194,12 +306,40 @@ BASE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            recurrent_flop, recurrent_bytes, shape_params=("H",),
            serial_steps=lambda p: float(p["T"]),  # fla's fused_recurrent_kda loops over the T tokens in-kernel
            optional=_KV_DEFAULT),
+    # Gated DeltaNet with grouped value heads (H value heads over Hk key heads; issue 23, hybrid_ops.py): fla's chunk
+    # kernels and its fused recurrent kernel updating the state in place
+    OpSpec("chunk_gdn_fwd", "kda", ("T", "H", "Hk"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS, "Hk": _HEADS,
+                                                     **_HEAD_DIMS},
+           chunk_gdn_flop, chunk_gdn_bytes, shape_params=("H", "Hk"), eff_params={"H": 32}, optional=_KV_DEFAULT,
+           check=_heads_divide("H", "Hk")),
+    OpSpec("chunk_gdn_fwd_bwd", "kda", ("T", "H", "Hk"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS,
+                                                         "Hk": _HEADS, **_HEAD_DIMS},
+           lambda p: KDA_FWD_BWD_FLOP_FACTOR * chunk_gdn_flop(p), chunk_gdn_fwd_bwd_bytes, shape_params=("H", "Hk"),
+           eff_params={"H": 32}, optional=_KV_DEFAULT, check=_heads_divide("H", "Hk")),
+    OpSpec("recurrent_gdn_decode", "kda", ("B", "H", "Hk"),
+           {"B": ParamRange("batch"), "H": _HEADS, "Hk": _HEADS, **_HEAD_DIMS},
+           recurrent_gdn_flop, recurrent_gdn_bytes, shape_params=("H", "Hk"), optional=_KV_DEFAULT,
+           check=_heads_divide("H", "Hk")),
+    # Mamba2's chunked scan (SSD) as fla chunk_simple_gla: K = d_state (128 measured), V = head_dim (64 measured)
+    OpSpec("mamba2_chunk_fwd", "kda", ("T", "H"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS, **_HEAD_DIMS},
+           mamba2_chunk_flop, mamba2_chunk_bytes, shape_params=("H",), eff_params={"H": 64},
+           optional={"K": MAMBA2_D_STATE, "V": MAMBA2_HEAD_DIM}),
+    OpSpec("mamba2_chunk_fwd_bwd", "kda", ("T", "H"), {"T": ParamRange("kda_call_tokens"), "H": _HEADS,
+                                                      **_HEAD_DIMS},
+           lambda p: KDA_FWD_BWD_FLOP_FACTOR * mamba2_chunk_flop(p), lambda p: mamba2_chunk_bytes(p, True),
+           shape_params=("H",), eff_params={"H": 64}, optional={"K": MAMBA2_D_STATE, "V": MAMBA2_HEAD_DIM}),
     OpSpec("sdpa_causal_fwd", "attention", ("T", "H", "D"), _SDPA_RANGES,
            sdpa_flop, sdpa_bytes, eff_params={"D": 128}, shape_params=("H", "D")),
     OpSpec("sdpa_causal_fwd_bwd", "attention", ("T", "H", "D"),
            _SDPA_RANGES,
            lambda p: SDPA_FWD_BWD_FLOP_FACTOR * sdpa_flop(p), lambda p: sdpa_bytes(p, True), eff_params={"D": 128},
            shape_params=("H", "D")),
+    # GQA / sliding-window prefill through torch's FlashAttention-2 (issue 23, hybrid_ops.py): window = keys a query
+    # sees at most, T for full causal attention (the store takes positive parameters only, so no 0 = full)
+    OpSpec("gqa_prefill_fwd", "attention", ("T", "Hq", "Hkv", "D", "window"),
+           {"T": _DIM, "Hq": _HEADS, "Hkv": _HEADS, "D": ParamRange("head_dim"), "window": _DIM},
+           gqa_prefill_flop, gqa_prefill_bytes, eff_params={"D": 128}, shape_params=("Hq", "Hkv", "D"),
+           check=_gqa_prefill_check),
     *[_collective(n) for n in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")],
     # vLLM's custom all-reduce (IPC buffers over NVLink, one-shot below ~512 KB, two-shot above; the TP
     # all-reduce of a CUDA-graph decode step up to its 8 MiB buffer): measured rows come from

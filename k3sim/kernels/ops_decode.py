@@ -18,7 +18,7 @@ uniformly to `topk` of them, K = the experts' input width (K3: the 3584 latent),
 
 from __future__ import annotations
 
-from k3sim.kernels.opspec import BF16, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts, moe_flop
+from k3sim.kernels.opspec import BF16, FP32, OpSpec, ParamRange, Params, _topk_le_e, expected_distinct_experts, moe_flop
 
 MXFP4_BYTES = 4.25 / 8  # e2m1 (4 bits) + one e8m0 scale per 32 elements (OCP MX v1.0)
 FP8 = 1
@@ -115,6 +115,43 @@ def _unpermute_bwd_rows(p):
     return 3.0 * picks * p["D"], BF16 * (p["T"] + 2 * picks) * p["D"] + 12 * picks
 
 
+# Hybrid models' decode-step kernels (issue 23; harness k3sim/calibration/hybrid_ops.py)
+def _mamba2_decode(p):
+    # our Triton kernel of Mamba2's selective state update, per request and head: the fp32 state [P, N] read and
+    # written in place, x, z read and y written (bf16, P each), dt (bf16); B and C (bf16, N each) at least once per
+    # request (one group); FLOP: decay, the dt x B^T update (2) and the contraction with C (2) per state element
+    return (5.0 * p["B"] * p["H"] * p["P"] * p["N"],
+            p["B"] * (p["H"] * (2 * FP32 * p["P"] * p["N"] + 3 * BF16 * p["P"] + BF16) + 2 * BF16 * p["N"]))
+
+
+def gqa_decode_flop(p: Params) -> float:
+    """One query token per request over C cached positions: QK^T and PV, 4 D per (query head, position)."""
+    return 4.0 * p["B"] * p["Hq"] * p["C"] * p["D"]
+
+
+def gqa_decode_bytes(p: Params) -> float:
+    """The bf16 K and V cache (Hkv heads, C positions) read once per request; q read and o written (Hq heads)."""
+    return BF16 * p["B"] * (2 * p["C"] * p["Hkv"] * p["D"] + 2 * p["Hq"] * p["D"])
+
+
+def _gqa_heads(p: Params) -> tuple[str, str] | None:
+    if p["Hq"] % p["Hkv"]:
+        return "Hkv", f"Hq={p['Hq']} is not a multiple of Hkv={p['Hkv']}: give kv heads dividing the query heads"
+    return None
+
+
+def _router_softmax(p):
+    # bf16 logits read; softmax (exp, sum, divide), top-k and renormalising ~5 operations per logit; fp32 weights and
+    # int64 ids written (torch.topk's outputs)
+    return 5.0 * p["T"] * p["E"], BF16 * p["T"] * p["E"] + 12 * p["T"] * p["topk"]
+
+
+def _shared_gate(p):
+    # sigmoid(x w_gate) * y: x and y read, the gated output written (bf16), w_gate read; the dot product (2) and the
+    # multiply per element
+    return 3.0 * p["T"] * p["D"], BF16 * (3 * p["T"] * p["D"] + p["D"])
+
+
 # ranges: kinds of the bounds table (`ParamRange`; k3sim/configs/bounds.py says why each ends where it does)
 _T = ParamRange("kernel_dim")
 _W = ParamRange("width")
@@ -156,6 +193,18 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
            ("topk", "D")),
     _small("ep_unpermute", ("T", "topk", "D"), {"T": _T, "topk": ParamRange("topk"), "D": _W},
            lambda p: _ep_rows(p, 2.0), ("topk", "D")),
+    # hybrid models (issue 23, k3sim/calibration/hybrid_ops.py): Mamba2's single-step state update (our Triton kernel),
+    # GQA decode attention (torch's FlashAttention-2 through SDPA over each request's cache), the softmax router with
+    # renormalised top-k and the sigmoid gate of a shared expert (torch)
+    OpSpec("mamba2_decode", "kda", ("B", "H", "P", "N"),
+           {"B": ParamRange("batch"), "H": _HEADS, "P": ParamRange("head_dim"), "N": ParamRange("head_dim")},
+           lambda p: _mamba2_decode(p)[0], lambda p: _mamba2_decode(p)[1], shape_params=("H", "P", "N")),
+    OpSpec("gqa_decode", "attention", ("B", "C", "Hq", "Hkv", "D"),
+           {"B": ParamRange("batch"), "C": _T, "Hq": _HEADS, "Hkv": _HEADS, "D": ParamRange("head_dim")},
+           gqa_decode_flop, gqa_decode_bytes, shape_params=("Hq", "Hkv", "D"), check=_gqa_heads),
+    _small("router_softmax_topk", ("T", "E", "topk"), {"T": _T, "E": ParamRange("experts"), "topk": ParamRange("topk")},
+           _router_softmax, ("E", "topk"), check=_topk_le_e),
+    _small("shared_expert_gate", ("T", "D"), {"T": _T, "D": _W}, _shared_gate, ("D",)),
     # training's fused routing glue and the weight gradient's FP8 operand (issue 22; harness
     # k3sim/calibration/train_fp8.py, kernels k3sim/calibration/permute_fused.py and dispatch_ops.quant_128_t)
     _small("fp8_quant_128_t", ("T", "D"), {"T": _T, "D": _W}, _fp8_quant_t, ("D",)),

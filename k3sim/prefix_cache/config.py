@@ -136,7 +136,12 @@ def config_from_model(model, policy: str, hash_block_tokens: int, physical_block
 
     `tp` > 1 gives one GPU's pool: KDA heads (state and conv channels) are split over the TP ranks, while MLA's
     compressed latent KV is replicated on every rank (27 KiB/token/rank for K3 at TP8, kvcache-ai/kvcache-blog
-    kimi-k3-day0-support); capacity is then per GPU."""
+    kimi-k3-day0-support); capacity is then per GPU. A mixer kind the cache does not model yet is refused in one
+    line (`configs.model.MODELLED_MIXERS`)."""
+    from k3sim.configs.model import MODELLED_MIXERS
+
+    if hasattr(model, "require_kinds"):
+        model.require_kinds(MODELLED_MIXERS, "the hybrid prefix cache (k3sim prefix-cache)", field="model")
     from k3sim.memory.sizes import (
         conv_state_bytes_per_request,
         kda_state_bytes_per_request,

@@ -27,7 +27,7 @@ import math
 from typing import Iterator
 
 from k3sim.configs.mla import mla_attention_head_dims
-from k3sim.configs.model import ModelConfig
+from k3sim.configs.model import MODELLED_MIXERS, ModelConfig
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call
 from k3sim.step.layout import StepLayout
@@ -436,6 +436,8 @@ def attn_res_calls(model: ModelConfig, batch: Batch, layer: int) -> Iterator[Cal
 def layer_calls(model: ModelConfig, layer: int, layout: StepLayout, batch: Batch,
                 expert_kernel: str) -> list[Call]:
     """All calls of layer `layer` (0-based) for `batch` on one GPU of `layout`."""
+    if model.layer_kinds[layer] not in MODELLED_MIXERS:
+        model.require_kinds(MODELLED_MIXERS, "the step model (decode, prefill, serving, training)", field="model")
     calls = list(kda_calls(model, layout, batch) if model.layer_kinds[layer] == "kda"
                  else mla_calls(model, layout, batch))
     calls += list(dense_ffn_calls(model, layout, batch) if model.ffn_kinds[layer] == "dense"

@@ -29,10 +29,11 @@ DSV3_BATCH = ("global batch 15,360 sequences after the ramp (sec. 4.2: 3,072 -> 
 K3_SOURCE = ("the project's committed K3 training scenarios (scenarios/k3-h200-train-32k.yaml, -1m.yaml) with the "
              "DeepSeek-V3 recipe: K3 trains with FP8 GEMMs (issue 22), MoonEP's fused permute")
 
-# The whole recipe, and what each feature is replaced by when it is off.
-RECIPE = {"precision": "fp8", "pipeline_schedule": "dualpipe", "recompute": "selective", "stage_split": "balanced"}
-FEATURE_OFF = {"fp8": {"precision": "bf16"}, "dualpipe": {"pipeline_schedule": "auto"},
-               "selective recompute": {"recompute": "full"}, "balanced stages": {"stage_split": "uniform"}}
+# The headline features: (option, value when on, value when off).
+FEATURES = {"fp8": ("precision", "fp8", "bf16"), "dualpipe": ("pipeline_schedule", "dualpipe", "auto"),
+            "selective recompute": ("recompute", "selective", "full"),
+            "balanced stages": ("stage_split", "balanced", "uniform")}
+RECIPE = {opt: on for opt, on, _off in FEATURES.values()}  # every feature on; a case may turn one off
 
 
 @dataclass(frozen=True)
@@ -50,27 +51,47 @@ class TrainCase:
     point: str
     micro_batch_size: int = 1
     options: dict = field(default_factory=dict)
+    no_dualpipe_parallelism: dict = field(default_factory=dict)  # the layout's own schedule without DualPipe
 
 
 def cases() -> list[TrainCase]:
     """DeepSeek-V3 as DeepSeek trained it (H800, derived profile), K3 at 32K and 1M on the calibrated H200."""
     return [
         TrainCase("deepseek-v3, 2048 H800 (DeepSeek's layout)", "models/deepseek-v3.yaml", "h800",
-                  dict(tp=1, pp=16, ep=64, dp=128, zero_stage=1), 4096, 120, DSV3_SOURCE, DSV3_BATCH),
+                  dict(tp=1, pp=16, ep=64, dp=128, zero_stage=1), 4096, 120, DSV3_SOURCE, DSV3_BATCH,
+                  options={"recompute_modules": ("norms", "mla_up_proj", "moe_act")}),
         TrainCase("kimi-k3 32K, 8192 H200", "models/kimi-k3.yaml", "h200",
                   dict(tp=8, pp=16, ep=64, dp=64, zero_stage=1), 32768, 32, K3_SOURCE,
-                  "32K sequences, 32 micro-batches of one sequence per DP rank (two per virtual stage of the "
-                  "committed scenario's 16 x 2)"),
+                  "32K sequences, 32 micro-batches of one sequence per DP rank (the committed scenario's 16 x 2 "
+                  "virtual stages, two micro-batches each)", options={"recompute": "full"},
+                  no_dualpipe_parallelism={"virtual_stages": 2}),
         TrainCase("kimi-k3 1M, 8192 H200", "models/kimi-k3.yaml", "h200",
                   dict(tp=8, pp=16, ep=64, cp=32, dp=2, zero_stage=1), 1048576, 32, K3_SOURCE,
-                  "1M-token sequences over CP32, 32 micro-batches per DP rank (the committed scenario's)"),
+                  "1M-token sequences over CP32, 32 micro-batches per DP rank (the committed scenario's)",
+                  options={"recompute": "full"}, no_dualpipe_parallelism={"virtual_stages": 2}),
     ]
 
 
-def variants(case: TrainCase) -> list[tuple[str, dict]]:
-    """(label, options) of the whole recipe and of each feature off in turn."""
+def variants(case: TrainCase) -> list[tuple[str, dict, dict]]:
+    """(label, options, parallelism) of the case's recipe and of each headline feature toggled in turn ("no X"
+    where the recipe has it, "with X" where the case's recipe leaves it out, e.g. selective recompute where
+    it does not fit); without DualPipe the layout runs its own schedule (the committed K3 scenarios'
+    interleaved 1F1B over 2 virtual stages; DeepSeek-V3's 1F1B, which its report compares DualPipe with in
+    Table 2)."""
     base = {**RECIPE, **case.options}
-    return [("recipe", base)] + [(f"no {k}", {**base, **off}) for k, off in FEATURE_OFF.items()]
+    out = [("recipe", _clean(base), case.parallelism)]
+    for name, (opt, on, off) in FEATURES.items():
+        is_on = base[opt] == on
+        opts = _clean({**base, opt: off if is_on else on})
+        dual = (opts["pipeline_schedule"] == "dualpipe")
+        par = case.parallelism if dual else {**case.parallelism, **case.no_dualpipe_parallelism}
+        out.append((f"{'no' if is_on else 'with'} {name}", opts, par))
+    return out
+
+
+def _clean(opts: dict) -> dict:
+    """The modules name what selective recompute re-runs: dropped under any other mode."""
+    return opts if opts["recompute"] == "selective" else {k: v for k, v in opts.items() if k != "recompute_modules"}
 
 
 COLUMNS = ("case", "variant", "model", "hardware", "gpus", "seq_len", "tokens_per_step", "step_time_s",
@@ -79,7 +100,7 @@ COLUMNS = ("case", "variant", "model", "hardware", "gpus", "seq_len", "tokens_pe
            "memory_per_gpu_bytes", "fits", "days_per_trillion_tokens")
 
 
-def predict(case: TrainCase, label: str, options: dict) -> dict[str, Any]:
+def predict(case: TrainCase, label: str, options: dict, parallelism: dict) -> dict[str, Any]:
     """One variant's figures (SI units)."""
     from k3sim.configs import load_hardware, load_model
     from k3sim.configs.parallel import Parallelism
@@ -89,7 +110,7 @@ def predict(case: TrainCase, label: str, options: dict) -> dict[str, Any]:
 
     model = load_model(project_path(case.model))
     hw = load_hardware(case.hardware)
-    par = Parallelism(**case.parallelism)
+    par = Parallelism(**parallelism)
     r = train_step(model, hw, par, seq_len=case.seq_len, micro_batch_size=case.micro_batch_size,
                    num_micro_batches=case.num_micro_batches, options=TrainOptions(**options))
     per_mb = [s["per_micro_batch_s"] for s in r.stages]
@@ -105,7 +126,7 @@ def predict(case: TrainCase, label: str, options: dict) -> dict[str, Any]:
 
 
 def predictions() -> list[dict[str, Any]]:
-    return [predict(c, label, opts) for c in cases() for label, opts in variants(c)]
+    return [predict(c, *v) for c in cases() for v in variants(c)]
 
 
 def _fmt(v: Any) -> str:
@@ -142,9 +163,10 @@ def readme(rows: list[dict], cases_: list[TrainCase]) -> str:
         lines += [f"- **{c.name}**: `{c.model}` on `{c.hardware}`; {lay}; sequence {c.seq_len:,}, "
                   f"{c.num_micro_batches} micro-batches of {c.micro_batch_size}.", f"  - layout: {c.source}",
                   f"  - batch: {c.point}"]
-    lines += ["", "Recipe: " + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + "; each 'no X' row replaces one "
-              "feature: " + "; ".join(f"{k} -> {', '.join(f'{a}={b}' for a, b in v.items())}"
-                                      for k, v in FEATURE_OFF.items()) + "."]
+    lines += ["", "Recipe: " + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + " unless a case says otherwise (K3 "
+              "at 32K and 1M keeps full recompute: selective recompute does not fit, its row shows by how much); "
+              "each 'no X' / 'with X' row toggles one feature: " + "; ".join(
+                  f"{k}: {opt} {on} / {off}" for k, (opt, on, off) in FEATURES.items()) + "."]
     lines += _comparison(rows)
     return "\n".join(lines) + "\n"
 
@@ -188,7 +210,7 @@ def write_report(out: str | Path) -> Path:
 
     cs = cases()
     with output_dir(out, kind=KIND, part=PART) as d:
-        rows = [predict(c, label, opts) for c in cs for label, opts in variants(c)]
+        rows = [predict(c, *v) for c in cs for v in variants(c)]
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(COLUMNS)

@@ -89,3 +89,11 @@ def test_the_kernel_store_keeps_one_timer_when_asked():
     row = mixed[(mixed["bytes"] == 2 ** 30) & (mixed["gpus"] == 2)].iloc[0]
     assert row["timer"] == "events-shifted"
     assert store.points("all_reduce", "graph", only="stream").empty
+
+
+def test_a_fit_made_on_barrier_rows_only_says_barrier():
+    """send_recv has no graph row, so its fit (and a model answer across nodes: one GPU per node) is barrier-timed;
+    a graph caller is told it got an upper bound."""
+    kt = collective_time("send_recv", MiB, 2, "h200", gpus_per_node=1, convention="graph")
+    assert kt.source == "model" and kt.convention == "barrier"
+    assert "no graph-timed fit here, barrier-started fit" in kt.detail and "upper bound" in kt.detail

@@ -79,3 +79,24 @@ def test_training_plan_of_an_unmodelled_kind_is_one_line(capsys):
     assert_one_line(*run_main(capsys, "memory", "--model", QWEN3_NEXT, "--mode", "train", "--tp", "8", "--ep", "8",
                               "--context", "4096"), "--mode:", "GDN layers (mixer kind 'gdn', first at layer 0",
                     "not modelled by the training activations")
+
+
+NEMOTRON_H = ROOT / "models" / "nemotron-h-56b.yaml"
+
+
+@pytest.mark.parametrize("argv, consumer", [
+    (["decode", "--model", str(QWEN3_NEXT), "--tp", "1", "--pp", "1", "--ep", "1", "--context", "4096"],
+     "the step model"),
+    (["decode", "--model", str(NEMOTRON_H), "--tp", "1", "--pp", "1", "--ep", "1", "--context", "4096"],
+     "the step model"),
+    (["cp", "--model", str(QWEN3_NEXT), "--seq-len", "131072", "--cp", "4"], "context parallelism"),
+    (["prefix-cache", "--model", str(NEMOTRON_H), "--workload", "chat", "--requests", "20",
+      "--step-scenario", str(ROOT / "scenarios" / "kimi-linear-48b-h200.yaml")], "the"),
+])
+def test_a_kind_the_consumer_does_not_model_yet_is_one_line_not_a_traceback(argv, consumer, capsys):
+    """A GDN or Mamba2 model reaches decode, cp and prefix-cache (which price KDA and MLA only today): one line
+    naming the kind, its first layer and what the consumer covers, exit 2 (it was an AttributeError traceback,
+    or an empty cp table)."""
+    line = assert_one_line(*run_main(capsys, *argv), "field 'model'", "not modelled by", consumer,
+                           "(it covers kda, mla)", "model-info and memory --mode serve answer")
+    assert "mixer kind 'gdn'" in line or "mixer kind 'mamba2'" in line

@@ -104,7 +104,9 @@ def test_hit_on_the_committed_h200_data_is_exact(monkeypatch, tmp_path):
     queries = [("chunk_kda_fwd", dict(T=32768, H=12), "graph"), ("chunk_kda_fwd", dict(T=20000, H=12), "eager"),
                ("chunk_kda_fwd", dict(T=32768, H=12, K=64, V=64), "graph"),
                ("gemm_bf16", dict(M=64, N=7168, K=2048), "graph"), ("mla_decode", dict(B=64, C=32768, H=12), "eager"),
-               ("all_gather", dict(bytes=6291456, gpus=8), "graph")]
+               ("all_gather", dict(bytes=6291456, gpus=8), "graph"),
+               # both collective series (comm.model.SERIES): barrier-started rows, an empty graph series
+               ("all_reduce", dict(bytes=2 ** 20, gpus=2), "eager"), ("send_recv", dict(bytes=2 ** 20, gpus=2), "graph")]
     no_cache(monkeypatch, tmp_path)
     want = answers(hw, queries)
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
