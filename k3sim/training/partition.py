@@ -3,9 +3,9 @@
 Why: splitting by layer count leaves the step waiting on the costliest stage. Kimi K3 interleaves one MLA
 layer with three KDA layers, and at 1M-token context an MLA layer (all-gathered latent K/V, causal attention
 over the whole sequence) costs more than ten KDA layers: on the committed 1M scenario (TP8 CP32 PP16 v2) the
-rank holding three MLA layers took 5.36 s per micro-batch against 1.26 s for the first (issue 22; 6.8 s
-against 1.3 s with the costs of 2026-12-02), and every other rank idles for the difference in every
-micro-batch of the 1F1B steady state. Megatron-LM lets a user move layers by hand
+rank holding three MLA layers took 5.36 s per micro-batch against 1.26 s for the first (issue 22; the
+planning report's stage table shows today's figures), and every other rank idles for the difference in
+every micro-batch of the 1F1B steady state. Megatron-LM lets a user move layers by hand
 (`--decoder-first-pipeline-num-layers`, `--decoder-last-pipeline-num-layers`; recent versions take a whole
 per-stage layout) and torchtitan's manual split names the cut layers (`pipeline_parallel_split_points`);
 this module finds the cut from the step model's own per-layer seconds instead.

@@ -761,7 +761,10 @@ def train_step(model, hw, par: Parallelism, *, seq_len: int, micro_batch_size: i
                  "per_micro_batch_s": s.per_micro_batch_s} for s in stages],
         options=opts.model_dump(), pipeline=pipe,
         assumptions=ASSUMPTIONS + [glue_assumption(hw, opts.moe_glue, model)]
-        + precision_assumption(opts.precision, hw, ctx.kernel_time) + [split_assumption(opts.stage_split, chunks)],
+        + precision_assumption(opts.precision, hw, ctx.kernel_time,
+                               layer_costs=ctx.layer_costs(par.tp, par.ep, par.cp, mb.tokens, seq_len, opts.moe_glue,
+                                                           opts.precision))
+        + [split_assumption(opts.stage_split, chunks)],
         hardware_flop_per_step=hw_flop, hfu=hw_flop / (step * peak) if peak else 0.0,
         stage_split="uniform" if chunks is None else "balanced")
 
@@ -802,7 +805,8 @@ def glue_assumption(hw, mode: str = "calibrated", model=None) -> dict:
                  else "is not known to fuse the permute")
         why = (f"training.moe_glue: auto -> {used}: {model.name}'s published training stack {stack} "
                "(model field training_stack_fused_permute, source in its YAML); ")
-    what = "unmeasured kernels (MoE permute/combine, short conv; the gated norm stays a plain proxy): HBM-copy time"
+    what = ("unmeasured kernels (MoE permute/combine, short conv; the gated norm and the AttnRes read, which no "
+            "fitted run built, stay a plain proxy): HBM-copy time")
     if used == "proxy":
         cal = load_glue(hw)
         return {"assumption": f"{why}{what} of their bytes (training.moe_glue: proxy, bytes only)",
@@ -810,9 +814,9 @@ def glue_assumption(hw, mode: str = "calibrated", model=None) -> dict:
                           f"x {cal.bwd:.1f} backward ({cal.source}): reports/training"}
     if used == "fused":
         return {"assumption": f"{why}MoE permute / combine: {g.fused_note}; the other unmeasured glue (short "
-                              f"conv, KV write, gate multiply, AttnRes read) as calibrated, HBM-copy time x "
-                              f"{g.fwd:.1f} forward, x {g.bwd:.1f} backward, the gated norm a plain proxy (no fused "
-                              "stack of ours measured them)",
+                              f"conv, KV write, gate multiply) as calibrated, HBM-copy time x {g.fwd:.1f} forward, "
+                              f"x {g.bwd:.1f} backward; the gated norm and the AttnRes read a plain proxy (no "
+                              "fitted run built AttnRes: step.glue.UNFITTED_PROXIES)",
                 "source": f"{g.source}; held-out check reports/training/README.md"}
     return {"assumption": f"{why}{what} of their bytes x {g.fwd:.1f} forward, x {g.bwd:.1f} backward (unfused "
                           "routing glue)",

@@ -115,10 +115,13 @@ def _rows(name: str) -> list[dict]:
 
 @pytest.mark.skipif(not HYBRID_RUNS[0].is_dir(), reason="the hybrid runs are not committed")
 def test_every_timed_family_passed_its_float64_check():
-    """No check failed, and each op's timed (H, Hk) / head families have a passing check of that family."""
-    checks = _rows("hybrid_check")
+    """No kernel check failed, and each op's timed (H, Hk) / head families have a passing check of that family. The
+    only failed rows are run a's fla warm-ups, refused by fla's Triton-version guard before any check (README)."""
+    rows = _rows("hybrid_check")
+    checks = [r for r in rows if r["op"] in OPS]
     assert checks and all(r["passed"] == "1" for r in checks)
     assert max(float(r["rel_err"]) for r in checks) < h.CHECK_TOL
+    assert all("warm-up failed" in r["output"] and "#640" in r["output"] for r in rows if r["op"] not in OPS)
 
     def checked(op: str) -> set[str]:
         return {r["shape"] for r in checks if r["op"] == op}

@@ -85,7 +85,11 @@ def test_every_contract_op_is_registered():
                 "fp8_quant_128", "ep_permute", "ep_unpermute", "moe_grouped_fp8",
                 # training (issue 22, calibration/train_fp8.py): block-scaled FP8 GEMM, fused routing glue
                 "gemm_fp8_block", "fp8_quant_128_t", "moe_permute_fused", "moe_permute_fused_bwd",
-                "moe_unpermute_fused", "moe_unpermute_fused_bwd"]
+                "moe_unpermute_fused", "moe_unpermute_fused_bwd",
+                # hybrid models' mixers (issue 23 item 4, calibration/hybrid_ops.py)
+                "chunk_gdn_fwd", "chunk_gdn_fwd_bwd", "recurrent_gdn_decode", "mamba2_chunk_fwd",
+                "mamba2_chunk_fwd_bwd", "gqa_prefill_fwd", "mamba2_decode", "gqa_decode", "router_softmax_topk",
+                "shared_expert_gate"]
     assert sorted(OPS) == sorted(contract)
     for spec in OPS.values():
         p = {k: min(hi, max(lo, 64 if k != "gpus" else 2)) for k, (lo, hi) in spec.ranges.items()}

@@ -46,7 +46,7 @@ def test_auto_is_fused_for_a_model_whose_stack_fuses_the_permute_and_calibrated_
     from k3sim.step.glue import fused_source
 
     # the kernels it names: ours where measured on the profile, the dispatch kernels otherwise
-    assert fused_source(load_hardware("h200")) in row and "the gated norm a plain proxy" in row
+    assert fused_source(load_hardware("h200")) in row and "the gated norm and the AttnRes read a plain proxy" in row
     assert glue_row(plain_stack["auto"])["assumption"].startswith("training.moe_glue: auto -> calibrated")
     # an explicit mode carries no "auto" clause
     assert not glue_row(fused_stack["fused"])["assumption"].startswith("training.moe_glue: auto")
