@@ -223,11 +223,25 @@ KIND = "deployed"
 
 
 def _fmt(v: Any) -> str:
+    """A CSV cell of a predictions table: empty for None, floats to 6 significant digits."""
     if v is None:
         return ""
     if isinstance(v, float):
         return f"{v:.6g}"
     return str(v)
+
+
+def csv_text(columns: tuple[str, ...], rows: list[dict]) -> str:
+    """A predictions table as CSV text, the columns in order (the reports' one format)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([_fmt(r.get(k)) for k in columns])
+    return buf.getvalue()
 
 
 def readme(rows: list[dict], cases_: list[Deployment]) -> str:
@@ -278,19 +292,11 @@ def _comparison(rows: list[dict]) -> list[str]:
 
 def write_report(out: str | Path) -> Path:
     """reports/deployed: predictions.csv and the generated README.md (through k3sim.files)."""
-    import csv
-    import io
-
     from k3sim.files import atomic_write_text, output_dir
 
     cs = cases()
     with output_dir(out, kind=KIND) as d:
         rows = [predict(c) for c in cs]
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([_fmt(r.get(k)) for k in COLUMNS])
-        atomic_write_text(Path(d) / "predictions.csv", buf.getvalue())
+        atomic_write_text(Path(d) / "predictions.csv", csv_text(COLUMNS, rows))
         atomic_write_text(Path(d) / "README.md", readme(rows, cs))
     return Path(out)

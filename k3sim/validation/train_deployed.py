@@ -129,14 +129,6 @@ def predictions() -> list[dict[str, Any]]:
     return [predict(c, *v) for c in cases() for v in variants(c)]
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
 def readme(rows: list[dict], cases_: list[TrainCase]) -> str:
     """The generated reports/training/deployed.md."""
     lines = ["# Training as it is deployed: predictions", "",
@@ -220,19 +212,12 @@ def _comparison(rows: list[dict]) -> list[str]:
 
 def write_report(out: str | Path) -> Path:
     """deployed_predictions.csv and deployed.md in `out` (reports/training), through k3sim.files."""
-    import csv
-    import io
-
     from k3sim.files import atomic_write_text, output_dir
+    from k3sim.validation.deployed import csv_text
 
     cs = cases()
     with output_dir(out, kind=KIND, part=PART) as d:
         rows = [predict(c, *v) for c in cs for v in variants(c)]
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([_fmt(r.get(k)) for k in COLUMNS])
-        atomic_write_text(Path(d) / "deployed_predictions.csv", buf.getvalue())
+        atomic_write_text(Path(d) / "deployed_predictions.csv", csv_text(COLUMNS, rows))
         atomic_write_text(Path(d) / "deployed.md", readme(rows, cs))
     return Path(out)
