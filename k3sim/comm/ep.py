@@ -39,8 +39,7 @@ simulation of DeepEP's test gating in destination nodes and ranks per token, tes
 or redundancy a mean-field form of the same (`_node_limited`).
 
 Calibration: an external calibration with provenance, `hardware_profiles/external/deepep-v1-h800/` (the two
-DeepEP V1 tables on H800 transcribed from the project's shared reference, deployed-systems.md sec. 1; DeepEP
-README.md and docs/legacy.md). Fitted at first use (memoised, ~0.1 s, numpy only): one achieved fraction of
+DeepEP V1 tables on H800 transcribed from DeepEP's README.md and docs/legacy.md; docs/sources.md). Fitted at first use (memoised, ~0.1 s, numpy only): one achieved fraction of
 NVLink and one of RDMA bandwidth (the profile's link figures: H800 200 GB/s NVLink, 50 GB/s NIC per direction)
 shared by both kernel families, and a latency a + b log2(EP) per phase, shared by the families (the normal
 table is at one token count, so it cannot separate its own latency from its bandwidth; its rows still enter the

@@ -36,7 +36,7 @@ class Parallelism(BaseModel):
     cp: Degree = 1
     dp: Degree = 1
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_not_bool)] = Field(1, description="0 none, 1 optimizer, 2 +grads, 3 +weights over DP")
-    # Serving at scale (DeepEP, EPLB, TBO: ../shared/reference/deployed-systems.md sec. 1-2)
+    # Serving at scale (DeepEP, EPLB, TBO: docs/sources.md "Deployed serving")
     redundant_experts: bounded_int("experts", lo=0) = Field(
         0, description="extra routed-expert slots spread over the EP ranks (EPLB); ep must divide experts + these")
     ep_kernel: Literal["auto", "normal", "low-latency", "nccl"] = Field(

@@ -60,7 +60,7 @@ def derived_source(hw: Any) -> Any | None:
     The derivation (`k3sim.kernels.store.Derivation`) keeps compute-bound times and rescales memory and link
     time, which holds only between GPUs of one compute configuration: the source must have measured data of its
     own, not be derived itself, and have the same dense peaks per dtype and the same SM count (H100 SXM, H800
-    and H200 are one GH100 SXM die; domain facts sec. 5). Anything else is refused naming `derived_from`."""
+    and H200 are one GH100 SXM die; docs/sources.md "Derived hardware profiles"). Anything else is refused naming `derived_from`."""
     spec = getattr(hw, "derived_from", None)
     if spec is None:
         return None

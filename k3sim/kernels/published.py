@@ -27,7 +27,7 @@ class Published:
     source: str
 
 
-# deepseek-ai/FlashMLA README (read 2026-12, via ../shared/reference/deployed-systems.md sec. 3): dense MLA
+# deepseek-ai/FlashMLA README (read 2026-12, docs/sources.md "MLA decode kernels"): dense MLA
 # decode on H800 SXM5 "up to 3000 GB/s in memory-bound configuration and 660 TFLOPS in computation-bound
 # configuration"; H800 SXM5 datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3.
 FLASHMLA = Published("mla_decode", 660e12 / 989e12, 3000e9 / 3.35e12,

@@ -622,7 +622,7 @@ def derivation(hw: Any) -> "Derivation | None":
 
 @dataclass(frozen=True)
 class Derivation:
-    """A derived profile's rows from its source's (rule `DERIVATION_RULE`; domain facts sec. 5, issue 21 item 6).
+    """A derived profile's rows from its source's (rule `DERIVATION_RULE`; docs/sources.md "Derived hardware profiles", issue 21 item 6).
 
     The source (H200) and the target (H100 SXM, H800) are one GH100 SXM die: same SMs, clocks, Tensor Cores
     and 50 MB L2 (`configs.profiles.derived_source` refuses any other pair). They differ in HBM (4.8 against

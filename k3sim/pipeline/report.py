@@ -24,7 +24,7 @@ POLICIES = ("serial", "decoupled", "bubble")
 
 
 # A reference line, not a model input: the Kimi K2.5 report (arXiv 2602.02276) says its decoupled encoder
-# process keeps 90 % of pure-text training efficiency (../shared/reference/domain-facts.md, via summaries).
+# process keeps 90 % of pure-text training efficiency (docs/sources.md, via summaries).
 K25_DEP_EFFICIENCY = 0.90
 
 def _csv(rows: list[dict]) -> str:

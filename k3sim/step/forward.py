@@ -7,7 +7,7 @@ latent all-gather hides behind the shared experts (exposed = max(0, t_gather - t
 AttnRes's decode reads run on a side stream. Stages hand the hidden state (and the AttnRes block
 representatives produced since the last hand-off) to the next stage by send/recv.
 
-Two-batch overlap (`layout.tbo`; ../shared/reference/deployed-systems.md sec. 2: DeepSeek's inference
+Two-batch overlap (`layout.tbo`; docs/sources.md "Deployed serving": DeepSeek's inference
 system, SGLang's TBO): the batch is split into two micro-batches, every layer's calls are timed at the
 half batches (a memory-bound decode streams the weights twice: the price of the overlap, kept), and the
 stage's layers are list-scheduled on two resources, the compute stream and the EP all-to-all, in the

@@ -22,7 +22,7 @@ from typing import Any
 
 NODE_GPUS = 8  # HGX H100 / H800 / H200 boards
 
-# The deployments' own descriptions (../shared/reference/deployed-systems.md sec. 2 quotes them).
+# The deployments' own descriptions (docs/sources.md "Deployed serving").
 DEEPSEEK = ("deepseek-ai/open-infra-index, 'DeepSeek-V3/R1 Inference System Overview' (2025-03): "
             "prefill EP32/DP32 on 4 nodes, decode EP144/DP144 on 18 nodes, 32 redundant experts, "
             "two-micro-batch overlap, H800")

@@ -85,7 +85,7 @@ def test_qwen_convention_on_qwen3_30b_a3b(tmp_path):
     assert r.active_params + emb == pytest.approx(3.3e9, rel=0.03)
 
 
-# ---- per-kind sizes against ../shared/reference/hybrid-models.md --------------------------------------------
+# ---- per-kind sizes against the models' config.json keys (docs/sources.md) --------------------------------------------
 
 @pytest.mark.parametrize("name, kind, layers, state, kv", [
     ("qwen3-next-80b-a3b", "gdn", 36, 2 * MiB, 0),               # 32 value heads x 128 x 128 x 4 B
