@@ -27,7 +27,6 @@ Run: python3 -m k3sim.calibration.deployed --out DIR --budget-s 420
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 import sys
 import time
@@ -618,32 +617,13 @@ _PART_FUNCS = {"mla_variants": mla_variants, "mla_check": mla_check, "mla": mla,
 
 
 def run(out_dir: Path, parts: list[str], budget_s: float, budgets: dict[str, float]) -> None:
-    from k3sim.calibration.records import provenance, write_provenance
+    from k3sim.calibration.graph_parts import run_parts
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    info = provenance(" ".join(shlex.quote(a) for a in sys.argv), 1, parts)
-    info["timing"] = ("CUDA-graph replay (graph_parts.time_graph): N calls captured into one graph after warm-up, "
-                      "cycling through operand copies that together touch >= 3x the L2; median over replays of "
-                      "replay time / N; no L2 flush; host_s = host time of one eager call; rows timer=graph")
-    write_provenance(out_dir, info)
-    start = time.monotonic()
-    for i, part in enumerate(parts):
-        left = budget_s - (time.monotonic() - start)
-        if left <= 0:
-            print(f"[deployed] {part}: skipped, run budget spent", flush=True)
-            continue
-        deadline = time.monotonic() + min(left, budgets.get(part, PART_BUDGETS.get(part, left / (len(parts) - i))))
-        t0 = time.monotonic()
-        try:
-            n = _PART_FUNCS[part](out_dir, deadline)
-        except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
-            print(f"[deployed] {part}: FAILED {type(err).__name__}: {err}", flush=True)
-            n = 0
-        _free()
-        print(f"[deployed] {part}: {n} rows in {time.monotonic() - t0:.0f}s", flush=True)
-    info["mla_variants_chosen"] = ", ".join(f"{c}: {v.name}" for c, v in CHOSEN.items()) or "none (defaults)"
-    info["elapsed_s"] = round(time.monotonic() - start, 1)
-    write_provenance(out_dir, info)
+    run_parts("deployed", out_dir, parts, budget_s,
+              lambda part, left, i: budgets.get(part, PART_BUDGETS.get(part, left / (len(parts) - i))),
+              lambda part, d, deadline: _PART_FUNCS[part](d, deadline), free=True,
+              extra=lambda: {"mla_variants_chosen": ", ".join(f"{c}: {v.name}" for c, v in CHOSEN.items())
+                             or "none (defaults)"})
 
 
 def parse_variants(text: str) -> dict:

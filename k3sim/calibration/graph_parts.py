@@ -729,32 +729,47 @@ PARTS = ["moe_ffn_variants", "moe_ffn_check", "moe_ffn", "moe_mxfp4", "mla_varia
          "decode_ops", "decode_ops_fill", "gemm_bf16", "gemm_fp8", "kda_decode", "moe", "hbm"]
 
 
-def run(out_dir: Path, parts: list[str], budget_s: float, budgets: dict[str, float], heads: list[int]) -> None:
+GRAPH_TIMING = ("CUDA-graph replay (graph_parts.time_graph): N calls captured into one graph after warm-up, "
+                "cycling through operand copies that together touch >= 3x the L2; median over replays of "
+                "replay time / N; no L2 flush; host_s = host time of one eager call; rows timer=graph")
+
+
+def run_parts(tag: str, out_dir: Path, parts: list[str], budget_s: float, shares: Callable[[str, float, int], float],
+              part_fn: Callable[[str, Path, float], int], *, free: bool = False,
+              extra: Callable[[], dict] | None = None) -> None:
+    """The one driver of a time-boxed harness (graph_parts, deployed, train_fp8): provenance first, then each part
+    until its deadline (`shares(part, seconds left, index)`), a failing part logged without losing the others,
+    rows written by the parts as they go, the elapsed time (and `extra()`) in the provenance at the end."""
     from k3sim.calibration.records import provenance, write_provenance
 
     out_dir.mkdir(parents=True, exist_ok=True)
     info = provenance(" ".join(shlex.quote(a) for a in sys.argv), 1, parts)
-    info["timing"] = ("CUDA-graph replay (graph_parts.time_graph): N calls captured into one graph after warm-up, "
-                      "cycling through operand copies that together touch >= 3x the L2; median over replays of "
-                      "replay time / N; no L2 flush; host_s = host time of one eager call; rows timer=graph")
+    info["timing"] = GRAPH_TIMING
     write_provenance(out_dir, info)
     start = time.monotonic()
     for i, part in enumerate(parts):
         left = budget_s - (time.monotonic() - start)
         if left <= 0:
-            print(f"[graph] {part}: skipped, run budget spent", flush=True)
+            print(f"[{tag}] {part}: skipped, run budget spent", flush=True)
             continue
-        share = min(left, budgets.get(part, left / (len(parts) - i)))
-        deadline = time.monotonic() + share
+        deadline = time.monotonic() + min(left, shares(part, left, i))
         t0 = time.monotonic()
         try:
-            n = _part(part, out_dir, deadline, heads)
+            n = part_fn(part, out_dir, deadline)
         except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
-            print(f"[graph] {part}: FAILED {type(err).__name__}: {err}", flush=True)
+            print(f"[{tag}] {part}: FAILED {type(err).__name__}: {err}", flush=True)
             n = 0
-        print(f"[graph] {part}: {n} rows in {time.monotonic() - t0:.0f}s", flush=True)
+        if free:
+            _free()
+        print(f"[{tag}] {part}: {n} rows in {time.monotonic() - t0:.0f}s", flush=True)
+    info.update(extra() if extra else {})
     info["elapsed_s"] = round(time.monotonic() - start, 1)
     write_provenance(out_dir, info)
+
+
+def run(out_dir: Path, parts: list[str], budget_s: float, budgets: dict[str, float], heads: list[int]) -> None:
+    run_parts("graph", out_dir, parts, budget_s, lambda part, left, i: budgets.get(part, left / (len(parts) - i)),
+              lambda part, d, deadline: _part(part, d, deadline, heads))
 
 
 def decode_ops_tokens() -> list[int]:

@@ -1005,17 +1005,9 @@ FLA_PARTS = ("gdn_fwd", "gdn_bwd", "mamba2_fwd", "mamba2_bwd")
 
 def read_done(run_dir: Path) -> dict[str, set]:
     """op -> parameter tuples (as text) with an ok row in an earlier run's CSVs (--resume-from)."""
-    from k3sim.errors import InputError
+    from k3sim.calibration.records import read_done as done_rows
 
-    if not run_dir.is_dir():
-        raise InputError(f"{run_dir} is not a run directory", source="--resume-from")
-    done: dict[str, set] = {}
-    for op, params in OP_PARAMS.items():
-        path = run_dir / f"{op}.csv"
-        if path.is_file():
-            with open(path, newline="") as fh:
-                done[op] = {tuple(r[k] for k in params) for r in csv.DictReader(fh) if r["status"] == "ok"}
-    return done
+    return done_rows(run_dir, OP_PARAMS)
 
 
 def run(out_dir: Path, parts: list[str], budget_s: float, budgets: dict[str, float], specs: list[str],

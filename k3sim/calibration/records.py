@@ -115,3 +115,23 @@ def _yaml_scalar(v) -> str:
         return str(v)
     s = str(v).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{s}"'
+
+
+def read_done(run_dir, op_params: dict[str, tuple[str, ...]]) -> dict[str, set]:
+    """op -> parameter tuples (as text) with an ok row in an earlier run's CSVs (a harness's --resume-from):
+    measured already, so a resumed run skips them."""
+    import csv
+    from pathlib import Path
+
+    from k3sim.errors import InputError
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir} is not a run directory", source="--resume-from")
+    done: dict[str, set] = {}
+    for op, params in op_params.items():
+        path = run_dir / f"{op}.csv"
+        if path.is_file():
+            with open(path, newline="") as fh:
+                done[op] = {tuple(r[k] for k in params) for r in csv.DictReader(fh) if r["status"] == "ok"}
+    return done

@@ -28,8 +28,6 @@ Run: python3 -m k3sim.calibration.train_fp8 --out DIR --budget-s 480
 from __future__ import annotations
 
 import argparse
-import csv
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -611,45 +609,17 @@ def select_permute_ops(text: str) -> list[str]:
 
 def read_done(run_dir: Path) -> dict[str, set]:
     """op -> parameter tuples (as text) with an ok row in an earlier run's CSVs (--resume-from): measured already."""
-    from k3sim.errors import InputError
+    from k3sim.calibration.records import read_done as done_rows
 
-    if not run_dir.is_dir():
-        raise InputError(f"{run_dir} is not a run directory", source="--resume-from")
-    done: dict[str, set] = {}
-    for op, params in OP_PARAMS.items():
-        path = run_dir / f"{op}.csv"
-        if path.is_file():
-            with open(path, newline="") as fh:
-                done[op] = {tuple(r[k] for k in params) for r in csv.DictReader(fh) if r["status"] == "ok"}
-    return done
+    return done_rows(run_dir, OP_PARAMS)
 
 
 def run(out_dir: Path, parts: list[str], budget_s: float, budgets: dict[str, float]) -> None:
-    from k3sim.calibration.records import provenance, write_provenance
+    from k3sim.calibration.graph_parts import run_parts
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    info = provenance(" ".join(shlex.quote(a) for a in sys.argv), 1, parts)
-    info["timing"] = ("CUDA-graph replay (graph_parts.time_graph): N calls captured into one graph after warm-up, "
-                      "cycling through operand copies that together touch >= 3x the L2; median over replays of "
-                      "replay time / N; no L2 flush; host_s = host time of one eager call; rows timer=graph")
-    write_provenance(out_dir, info)
-    start = time.monotonic()
-    for i, part in enumerate(parts):
-        left = budget_s - (time.monotonic() - start)
-        if left <= 0:
-            print(f"[train_fp8] {part}: skipped, run budget spent", flush=True)
-            continue
-        deadline = time.monotonic() + min(left, budgets.get(part, PART_BUDGETS.get(part, left / (len(parts) - i))))
-        t0 = time.monotonic()
-        try:
-            n = _PART_FUNCS[part](out_dir, deadline)
-        except Exception as err:  # noqa: BLE001 - one part failing must not lose the others
-            print(f"[train_fp8] {part}: FAILED {type(err).__name__}: {err}", flush=True)
-            n = 0
-        _free()
-        print(f"[train_fp8] {part}: {n} rows in {time.monotonic() - t0:.0f}s", flush=True)
-    info["elapsed_s"] = round(time.monotonic() - start, 1)
-    write_provenance(out_dir, info)
+    run_parts("train_fp8", out_dir, parts, budget_s,
+              lambda part, left, i: budgets.get(part, PART_BUDGETS.get(part, left / (len(parts) - i))),
+              lambda part, d, deadline: _PART_FUNCS[part](d, deadline), free=True)
 
 
 def main(argv: list[str] | None = None) -> None:
