@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                 _silence_stdout()
     finally:
         warnings.filters[:] = saved_filters
+        _forget_model_overrides()
         if argv is not None:  # inside another program: its environment as it was
             for name in set_env:
                 os.environ.pop(name, None)
@@ -206,6 +207,15 @@ def main(argv: list[str] | None = None) -> None:
         gc.freeze()
     if code:
         sys.exit(code)
+
+
+def _forget_model_overrides() -> None:
+    """The command's `--set` model overrides (`k3sim.configs.overrides`) end with it, on every path: its option
+    callback installs them and the command's context removes them, but a usage error found after that option
+    was read never enters the command (main() may run again in this process: tests)."""
+    what_if = sys.modules.get("k3sim.configs.overrides")
+    if what_if is not None:
+        what_if.clear()
 
 
 def _run(argv: list[str] | None) -> tuple[int, str | None, str | None, bool]:

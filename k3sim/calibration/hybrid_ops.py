@@ -24,6 +24,16 @@ What is timed, and through what:
                                      shuffled order): torch's FlashAttention-2 varlen call with a block table where
                                      this torch has it ("fa2_paged"), else SDPA's flash backend over each request's
                                      contiguous cache ("sdpa_contiguous"); the row says which; graph replay
+  gqa_decode_paged                   one query token per request over a paged bf16 KV cache read through a block
+                                     table (64-token pages in shuffled order, vLLM's [pages, page, Hkv, D] layout):
+                                     our own Triton split-KV kernel (flash-decoding: each program walks its share of
+                                     one request's pages for one KV head and all the query heads of its group, an
+                                     online softmax over the pages, then a merge of the splits); graph replay
+  mamba2 at d_state 256              Nemotron-H 56B's Mamba2 (256 heads x 64, d_state 256, 32 heads a group):
+                                     `mamba2_decode` rows at N = 256 (our Triton kernel, as above), and fla
+                                     `chunk_simple_gla` at K = 256 into mamba2_chunk_fwd_dstate256.csv (not an op of
+                                     the store, whose chunk op takes d_state as an optional parameter, not a column:
+                                     those rows check the predictor's K = 256 extrapolation instead)
   router_softmax_topk                fp32 softmax of bf16 logits, top-k, renormalised (Qwen3-Next norm_topk_prob);
                                      graph replay
   shared_expert_gate                 sigmoid(x w_gate) * shared-expert output (Qwen3-Next's gated shared expert);
@@ -66,6 +76,9 @@ GDN_DECODE_B = [1, 16, 256, 4, 64, 2, 8, 32, 128]
 MAMBA_HEADS = [128, 64, 32, 16]
 MAMBA_DECODE_H = [128, 64, 32, 16, 8]
 HEADS_PER_GROUP = 16  # Nemotron-H 8B: 128 heads in 8 groups (B and C shared within a group)
+# Mamba2 at d_state 256: Nemotron-H 56B (models/nemotron-h-56b.yaml: 256 heads x 64, d_state 256, 8 groups) at TP 1, 2,
+# 4, 8; every other shipped Mamba2 model (Nemotron-H 8B, Nemotron 3 Nano, Granite-4.0-H) has d_state 128
+MAMBA_N256, MAMBA_N256_HEADS, MAMBA_N256_GROUP = 256, [256, 128, 64, 32], 32
 # GQA attention (Hq, Hkv, D) per rank: Qwen3-Next 16/2 and Qwen3.5 32/2 at head dim 256 (kv heads replicated past
 # TP 2), Nemotron-H 56B / MiniMax-M1 64/8, Granite-4.0-H 32/8, Nemotron 3 Nano 32/2 at 128
 GQA_PREFILL_SHAPES = [(16, 2, 256), (32, 2, 256), (8, 1, 256), (4, 1, 256), (2, 1, 256),
@@ -79,6 +92,11 @@ GQA_DECODE_B = [1, 16, 256, 4, 64, 2, 8, 32, 128]  # run c added 2-128: FA2's sp
 GQA_DECODE_C = [16384, 1024, 131072, 4096, 65536]
 PAGE_TOKENS = 256  # FlashAttention-2's paged KV needs pages of a multiple of 256 tokens
 MAX_KV_BYTES = 8 * 2 ** 30  # harness choice: one decode call's cache stays under 8 GiB
+# Paged decode (our Triton kernel): 64-token pages, one page per loop step of a program (a harness choice: vLLM's
+# FlashAttention backend defaults to 16-token blocks, its hybrid models inflate them to hundreds of tokens)
+PAGED_PAGE_TOKENS = 64
+GQA_PAGED_C = [16384, 1024, 131072, 4096, 65536]
+GQA_PAGED_B = [1, 16, 256, 4, 64, 2, 8, 32, 128]
 # router (E, topk): Qwen3-Next / Qwen3.5 512/10, Nemotron 3 Nano 128/6, Granite-4.0-H 72/10, MiniMax-M1 32/2
 ROUTER_SHAPES = [(512, 10), (128, 6), (72, 10), (32, 2)]
 ROUTER_T = [1, 16, 256, 4096, 4, 64, 1024, 16384, 2, 8, 32, 128, 512, 2048, 8192]
@@ -91,6 +109,7 @@ RESUME: dict[str, set] = {}
 OP_PARAMS = {"chunk_gdn_fwd": ["T", "H", "Hk"], "chunk_gdn_fwd_bwd": ["T", "H", "Hk"], "recurrent_gdn_decode": ["B", "H", "Hk"],
              "mamba2_chunk_fwd": ["T", "H"], "mamba2_chunk_fwd_bwd": ["T", "H"], "mamba2_decode": ["B", "H", "P", "N"],
              "gqa_prefill_fwd": ["T", "Hq", "Hkv", "D", "window"], "gqa_decode": ["B", "C", "Hq", "Hkv", "D"],
+             "gqa_decode_paged": ["B", "C", "Hq", "Hkv", "D"],
              "router_softmax_topk": ["T", "E", "topk"], "shared_expert_gate": ["T", "D"]}
 
 
@@ -409,19 +428,21 @@ def _fla_simple_gla():
     return chunk_simple_gla
 
 
-def mamba2_ssd_inputs(T: int, H: int, *, B: int = 1, seed: int = 0) -> dict:
+def mamba2_ssd_inputs(T: int, H: int, *, B: int = 1, seed: int = 0, N: int = MAMBA_N,
+                      heads_per_group: int = HEADS_PER_GROUP) -> dict:
     """Mamba2's scan inputs (mamba_ssm's Mamba2 layer): x [B, T, H, P] bf16; dt = softplus(dt_raw + dt_bias)
-    fp32 (dt_bias as gdn_inputs); A = -exp(A_log), A ~ U(1, 16); B, C [B, T, G, N] bf16 with G = H / 16 groups."""
+    fp32 (dt_bias as gdn_inputs); A = -exp(A_log), A ~ U(1, 16); B, C [B, T, G, N] bf16 with G = H /
+    heads_per_group groups (16 at d_state 128, Nemotron-H 8B; 32 at d_state 256, Nemotron-H 56B)."""
     import torch
     import torch.nn.functional as F
 
     gen = _gen(seed)
-    G = max(1, H // HEADS_PER_GROUP)
+    G = max(1, H // heads_per_group)
     x = _randn((B, T, H, MAMBA_P), gen)
     dt0 = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * torch.rand(H, device="cuda", generator=gen))
     dt = F.softplus(torch.randn((B, T, H), device="cuda", generator=gen) + dt0 + torch.log(-torch.expm1(-dt0)))
     A = -torch.log(1 + 15 * torch.rand(H, device="cuda", generator=gen)).exp()
-    Bm, Cm = _randn((B, T, G, MAMBA_N), gen), _randn((B, T, G, MAMBA_N), gen)
+    Bm, Cm = _randn((B, T, G, N), gen), _randn((B, T, G, N), gen)
     return dict(x=x, dt=dt, A=A, B=Bm, C=Cm)
 
 
@@ -468,18 +489,23 @@ def gla_reference(q, k, v, g):
     return torch.stack(outs, dim=1)
 
 
-def mamba2_check_fwd(checks: Checks, H: int, T: int = 256) -> bool:
+def mamba2_check_fwd(checks: Checks, H: int, T: int = 256, N: int = MAMBA_N) -> bool:
     """The forward against Mamba2's own recurrence: this checks the SSD -> simple-GLA mapping too."""
     import torch
 
     gla = _fla_simple_gla()
-    raw = mamba2_ssd_inputs(T, H, seed=404)
+    raw = mamba2_ssd_inputs(T, H, seed=404, **_mamba_shape(N))
     x = ssd_as_gla(**raw)
     with torch.no_grad():
         o, ht = gla(**x, scale=1.0, output_final_state=True)
     ry, rh = ssd_reference(**raw)
-    return checks.record("mamba2_chunk_fwd", f"T={T} H={H}",
+    return checks.record("mamba2_chunk_fwd", f"T={T} H={H}" + ("" if N == MAMBA_N else f" N={N}"),
                          {"y": rel_err(o, ry), "final_state": rel_err(ht, rh.transpose(-1, -2))})
+
+
+def _mamba_shape(N: int) -> dict:
+    """d_state and heads per group of a Mamba2 family: 128 / 16 (Nemotron-H 8B), 256 / 32 (Nemotron-H 56B)."""
+    return dict(N=N, heads_per_group=MAMBA_N256_GROUP if N == MAMBA_N256 else HEADS_PER_GROUP)
 
 
 def mamba2_check_bwd(checks: Checks, H: int) -> bool:
@@ -498,21 +524,28 @@ def mamba2_check_bwd(checks: Checks, H: int) -> bool:
     return checks.record("mamba2_chunk_fwd_bwd", f"T=128 H={H}", errs)
 
 
-def mamba2_chunk(out_dir: Path, deadline: float, H: int, lengths: list[int], backward: bool) -> int:
+def mamba2_chunk(out_dir: Path, deadline: float, H: int, lengths: list[int], backward: bool, N: int = MAMBA_N) -> int:
+    """One head count's chunked scans. At d_state 256 (forward only) the rows go to mamba2_chunk_fwd_dstate256.csv
+    with K and V columns: the store's mamba2_chunk_fwd takes K as an optional parameter, not a column, so these
+    rows stay out of it and check its K = 256 extrapolation (`dstate256_check`)."""
     import torch
 
     from k3sim.calibration.timing import time_cuda
 
     gla = _fla_simple_gla()
+    shape = _mamba_shape(N)
     op = "mamba2_chunk_fwd_bwd" if backward else "mamba2_chunk_fwd"
-    w = OpWriter(out_dir, op, ["T", "H"], ["G"])
+    if N != MAMBA_N:
+        op += f"_dstate{N}"
+    w = OpWriter(out_dir, op, ["T", "H"], ["G"] if N == MAMBA_N else ["G", "K", "V"])
 
     def measure(T, H):
-        x = ssd_as_gla(**mamba2_ssd_inputs(T, H), grad=backward)
-        G = max(1, H // HEADS_PER_GROUP)
+        x = ssd_as_gla(**mamba2_ssd_inputs(T, H, **shape), grad=backward)
+        G = max(1, H // shape["heads_per_group"])
+        extra = {"G": G} if N == MAMBA_N else {"G": G, "K": N, "V": MAMBA_P}
         if not backward:
             with torch.no_grad():
-                return time_cuda(lambda: gla(**x, scale=1.0, output_final_state=True), budget_s=1.0), {"G": G}
+                return time_cuda(lambda: gla(**x, scale=1.0, output_final_state=True), budget_s=1.0), extra
         do = torch.randn_like(x["v"])
 
         def step():
@@ -523,7 +556,7 @@ def mamba2_chunk(out_dir: Path, deadline: float, H: int, lengths: list[int], bac
             for t in x.values():
                 t.grad = None
 
-        return time_cuda(step, before_each=reset, budget_s=1.5), {"G": G}
+        return time_cuda(step, before_each=reset, budget_s=1.5), extra
 
     return sweep_locked(w, [dict(T=t, H=H) for t in lengths], measure, deadline)
 
@@ -581,7 +614,7 @@ def mamba2_decode_operands(B: int, H: int, P: int, N: int, seed: int) -> dict:
     import torch
 
     gen = _gen(seed)
-    G = max(1, H // HEADS_PER_GROUP)
+    G = max(1, H // _mamba_shape(N)["heads_per_group"])
     f32 = dict(device="cuda", generator=gen)
     return dict(state=0.1 * torch.randn((B, H, P, N), **f32), x=_randn((B, H, P), gen), z=_randn((B, H, P), gen),
                 dt=_randn((B, H), gen), dt_bias=torch.randn(H, **f32) - 4.0,
@@ -604,31 +637,36 @@ def mamba2_decode_reference(ops: dict):
     return y, s
 
 
-def mamba2_decode(out_dir: Path, deadline: float, checks: Checks) -> int:
+def mamba2_decode(out_dir: Path, deadline: float, checks: Checks, N: int = MAMBA_N) -> int:
+    """Check then time our state-update kernel at d_state N: 128 over MAMBA_DECODE_H heads, 256 (Nemotron-H 56B,
+    32 heads a group) over MAMBA_N256_HEADS; the check runs at the largest head count and at one whose groups do
+    not fill a power of two (24 heads at 128; 96 = 3 groups at 256)."""
     import torch
 
     from k3sim.calibration.graph_parts import GRAPH_EXTRAS, operand_sets, time_graph
 
-    for H in (128, 24):
+    group = _mamba_shape(N)["heads_per_group"]
+    for H in ((128, 24) if N == MAMBA_N else (256, 96)):
         try:
-            ops = mamba2_decode_operands(3, H, MAMBA_P, MAMBA_N, seed=606)
+            ops = mamba2_decode_operands(3, H, MAMBA_P, N, seed=606)
             ops["y"].fill_(float("nan"))
             ref_y, ref_s = mamba2_decode_reference(ops)
             mamba2_decode_step(ops)
             torch.cuda.synchronize()
-            if not checks.record("mamba2_decode", f"B=3 H={H} P=64 N=128",
+            if not checks.record("mamba2_decode", f"B=3 H={H} P={MAMBA_P} N={N}",
                                  {"y": rel_err(ops["y"], ref_y), "state_in_place": rel_err(ops["state"], ref_s)}):
                 return 0
         except Exception as err:  # noqa: BLE001
-            return int(checks.failed("mamba2_decode", f"B=3 H={H}", err))
+            return int(checks.failed("mamba2_decode", f"B=3 H={H} N={N}", err))
     w = OpWriter(out_dir, "mamba2_decode", ["B", "H", "P", "N"], GRAPH_EXTRAS + ["G"])
 
     def measure(B, H, P, N):
         sets = [mamba2_decode_operands(B, H, P, N, seed=s) for s in range(operand_sets(2 * B * H * P * N * 4))]
         t, extras = time_graph([lambda o=o: mamba2_decode_step(o) for o in sets], budget_s=0.3)
-        return t, dict(extras, G=max(1, H // HEADS_PER_GROUP))
+        return t, dict(extras, G=max(1, H // group))
 
-    cases = [dict(B=b, H=h, P=MAMBA_P, N=MAMBA_N) for h in MAMBA_DECODE_H for b in GDN_DECODE_B]
+    heads = MAMBA_DECODE_H if N == MAMBA_N else MAMBA_N256_HEADS
+    cases = [dict(B=b, H=h, P=MAMBA_P, N=N) for h in heads for b in GDN_DECODE_B]
     return sweep_locked(w, cases, measure, deadline)
 
 
@@ -724,13 +762,13 @@ def _has_paged_flash() -> bool:
     return "block_table" in str(torch.ops.aten._flash_attention_forward.default._schema)
 
 
-def gqa_decode_operands(B: int, C: int, Hq: int, Hkv: int, D: int, seed: int) -> dict:
-    """A paged cache of B requests x C tokens in 256-token pages, pages in shuffled order; q [B, Hq, D]."""
+def gqa_decode_operands(B: int, C: int, Hq: int, Hkv: int, D: int, seed: int, page: int = PAGE_TOKENS) -> dict:
+    """A paged cache of B requests x C tokens in `page`-token pages, pages in shuffled order; q [B, Hq, D]."""
     import torch
 
     gen = _gen(seed)
-    pages = B * (-(-C // PAGE_TOKENS))
-    kc, vc = _randn((pages, PAGE_TOKENS, Hkv, D), gen), _randn((pages, PAGE_TOKENS, Hkv, D), gen)
+    pages = B * (-(-C // page))
+    kc, vc = _randn((pages, page, Hkv, D), gen), _randn((pages, page, Hkv, D), gen)
     table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(B, -1)
     return dict(q=_randn((B, Hq, D), gen), k=kc, v=vc, table=table, C=C,
                 cu_q=torch.arange(B + 1, device="cuda", dtype=torch.int32),
@@ -819,6 +857,160 @@ def gqa_decode(out_dir: Path, deadline: float, checks: Checks) -> int:
     return sweep_locked(w, cases, measure, deadline)
 
 
+# ---- paged GQA decode: our Triton split-KV kernel over a block table -------------------------------------
+
+_PAGED_KERNELS: list = []
+PAGED_WARPS, PAGED_STAGES = 4, 2  # harness choice
+
+
+def _paged_kernels():
+    """(partial, merge) Triton kernels, built on first use (triton is imported only on the GPU machine).
+
+    partial: program (b, h, s) = request b, KV head h, split s. It loads the G query heads of h's group (padded to
+    GP >= 16 rows for the tensor cores), walks pages [s * pps, (s + 1) * pps) of the request through the block
+    table, one PAGE-token page per step: scores q k^T scaled, masked past the request's length, an online softmax
+    (running max m, sum l), acc += p v. One split writes the output itself; several write acc / l and the
+    log-sum-exp m + log l of each split (fp32), and merge (program = one request and query head) combines them
+    weighted by exp(lse_s - max lse) (the flash-decoding reduction, Dao et al. 2023)."""
+    if _PAGED_KERNELS:
+        return _PAGED_KERNELS
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial(q, k_cache, v_cache, table, lens, o_part, lse_part, o, scale, HQ, HKV, stride_tb, pps, splits,
+                D: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, PAGE: tl.constexpr):
+        b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        n = tl.arange(0, PAGE)
+        gm = g < G
+        qrow = b * HQ + h * G + g
+        qt = tl.load(q + qrow[:, None] * D + d[None, :], mask=gm[:, None], other=0.0)
+        L = tl.load(lens + b)
+        p0 = s * pps
+        p1 = tl.minimum(p0 + pps, tl.cdiv(L, PAGE))
+        m = tl.full([GP], float("-inf"), tl.float32)
+        l = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for p in range(p0, p1):
+            page = tl.load(table + b * stride_tb + p).to(tl.int64)
+            off = ((page * PAGE + n)[:, None] * HKV + h) * D + d[None, :]
+            kt = tl.load(k_cache + off)
+            sc = tl.dot(qt, tl.trans(kt)) * scale
+            sc = tl.where((p * PAGE + n < L)[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, 1))
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(pr, 1)
+            vt = tl.load(v_cache + off)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
+            m = m_new
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]
+        if splits == 1:
+            tl.store(o + qrow[:, None] * D + d[None, :], out.to(o.dtype.element_ty), mask=gm[:, None])
+        else:
+            row = qrow.to(tl.int64) * splits + s
+            tl.store(o_part + row[:, None] * D + d[None, :], out, mask=gm[:, None])
+            tl.store(lse_part + row, tl.where(l > 0, m + tl.log(l), float("-inf")), mask=gm)
+
+    @triton.jit
+    def merge(o_part, lse_part, o, splits, D: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, D)
+        m = tl.full([1], float("-inf"), tl.float32)
+        l = tl.zeros([1], tl.float32)
+        acc = tl.zeros([D], tl.float32)
+        for s in range(0, splits):
+            lse = tl.load(lse_part + r * splits + s + tl.zeros([1], tl.int64))
+            m_new = tl.maximum(m, lse)
+            live = m_new > float("-inf")
+            alpha = tl.where(live, tl.exp(m - m_new), 0.0)
+            beta = tl.where(live, tl.exp(lse - m_new), 0.0)
+            acc = acc * alpha + tl.load(o_part + (r * splits + s) * D + d) * beta
+            l = l * alpha + beta
+            m = m_new
+        tl.store(o + r * D + d, (acc / l).to(o.dtype.element_ty))
+
+    _PAGED_KERNELS.extend([partial, merge])
+    return _PAGED_KERNELS
+
+
+def paged_splits(B: int, Hkv: int, pages: int, sms: int = 132) -> tuple[int, int]:
+    """(splits, pages per split) of one call: enough programs for two per SM (B x Hkv x splits >= 2 x SMs), at
+    most 128 splits, every split non-empty (splits = ceil(pages / pages per split))."""
+    want = max(1, min(pages, 128, -(-2 * sms // max(1, B * Hkv))))
+    pps = -(-pages // want)
+    return -(-pages // pps), pps
+
+
+def paged_decode_call(ops: dict) -> object:
+    """One decode step's attention over the paged cache: q [B, Hq, D] -> o [B, Hq, D] (bf16)."""
+    partial, merge = _paged_kernels()
+    q, kc = ops["q"], ops["k"]
+    B, Hq, D = q.shape
+    Hkv = kc.shape[2]
+    G = Hq // Hkv
+    splits, pps = ops["splits"], ops["pps"]
+    o = ops["o"]
+    partial[(B, Hkv, splits)](q, kc, ops["v"], ops["table"], ops["lens"], ops["o_part"], ops["lse"], o, D ** -0.5,
+                              Hq, Hkv, ops["table"].stride(0), pps, splits, D=D, G=G, GP=max(16, 1 << (G - 1).bit_length()),
+                              PAGE=kc.shape[1], num_warps=PAGED_WARPS, num_stages=PAGED_STAGES)
+    if splits > 1:
+        merge[(B * Hq,)](ops["o_part"], ops["lse"], o, splits, D=D, num_warps=1)
+    return o
+
+
+def paged_decode_operands(B: int, C: int, Hq: int, Hkv: int, D: int, seed: int, page: int = PAGED_PAGE_TOKENS) -> dict:
+    """gqa_decode_operands' cache in `page`-token pages (shuffled), plus the lengths, split plan and buffers."""
+    import torch
+
+    ops = gqa_decode_operands(B, C, Hq, Hkv, D, seed, page=page)
+    pages = ops["table"].shape[1]
+    splits, pps = paged_splits(B, Hkv, pages, torch.cuda.get_device_properties(0).multi_processor_count)
+    ops.update(lens=torch.full((B,), C, device="cuda", dtype=torch.int32), splits=splits, pps=pps,
+               o=torch.empty((B, Hq, D), device="cuda", dtype=torch.bfloat16),
+               o_part=torch.empty((B * Hq * splits, D) if splits > 1 else (1, D), device="cuda", dtype=torch.float32),
+               lse=torch.empty((B * Hq * splits,) if splits > 1 else (1,), device="cuda", dtype=torch.float32))
+    return ops
+
+
+def paged_decode_check(checks: Checks) -> bool:
+    """Against the float64 softmax over the gathered pages: D 256 and 128, one and several splits, lengths that end
+    inside a page (1000 = 15 pages + 40 tokens; 700; 200), the output poisoned first."""
+    ok = True
+    # splits 16, 16, 16, 2 and 1 (paged_splits on 132 SMs)
+    for B, C, Hq, Hkv, D in ((3, 1000, 16, 2, 256), (3, 1000, 8, 1, 128), (2, 4096, 64, 8, 128), (96, 700, 16, 2, 256),
+                             (160, 200, 8, 2, 128)):
+        name = f"B={B} C={C} Hq={Hq} Hkv={Hkv} D={D}"
+        try:
+            ops = paged_decode_operands(B, C, Hq, Hkv, D, seed=909)
+            ops["o"].fill_(float("nan"))
+            ok &= checks.record("gqa_decode_paged", name + f" splits={ops['splits']}",
+                                {"o": rel_err(paged_decode_call(ops), gqa_decode_reference(ops))})
+        except Exception as err:  # noqa: BLE001
+            ok = checks.failed("gqa_decode_paged", name, err)
+    return ok
+
+
+def gqa_decode_paged(out_dir: Path, deadline: float, checks: Checks) -> int:
+    from k3sim.calibration.graph_parts import GRAPH_EXTRAS, operand_sets, time_graph
+
+    if not paged_decode_check(checks):
+        return 0
+    w = OpWriter(out_dir, "gqa_decode_paged", OP_PARAMS["gqa_decode_paged"],
+                 GRAPH_EXTRAS + ["impl", "page_tokens", "splits"])
+
+    def measure(B, C, Hq, Hkv, D):
+        sets = [paged_decode_operands(B, C, Hq, Hkv, D, seed=s) for s in range(operand_sets(2 * B * C * Hkv * D * 2, cap=64))]
+        t, extras = time_graph([lambda o=o: paged_decode_call(o) for o in sets], budget_s=0.3)
+        return t, dict(extras, impl="triton_paged_splitkv", page_tokens=PAGED_PAGE_TOKENS, splits=sets[0]["splits"])
+
+    cases = [dict(B=b, C=c, Hq=hq, Hkv=hkv, D=d) for c in GQA_PAGED_C for b in GQA_PAGED_B
+             for (hq, hkv, d) in GQA_DECODE_SHAPES if 2 * b * c * hkv * d * 2 <= MAX_KV_BYTES]
+    return sweep_locked(w, cases, measure, deadline)
+
+
 # ---- router and shared-expert gate ----------------------------------------------------------------------
 
 def router_call(logits, topk: int):
@@ -866,9 +1058,10 @@ def router(out_dir: Path, deadline: float, checks: Checks) -> int:
 
 # ---- fla families: parallel warm-up, then measurement as each family is ready ---------------------------
 
-def family_specs(gdn: list[tuple[int, int]], mamba_heads: list[int]) -> list[str]:
-    """'gdn:Hk:H' and 'mamba2:H': one warm-up process each."""
-    return [f"gdn:{hk}:{h}" for hk, h in gdn] + [f"mamba2:{h}" for h in mamba_heads]
+def family_specs(gdn: list[tuple[int, int]], mamba_heads: list[int], n256_heads: list[int] | None = None) -> list[str]:
+    """'gdn:Hk:H', 'mamba2:H' and 'mamba2n256:H' (d_state 256, forward only): one warm-up process each."""
+    n256 = MAMBA_N256_HEADS if n256_heads is None else n256_heads
+    return [f"gdn:{hk}:{h}" for hk, h in gdn] + [f"mamba2:{h}" for h in mamba_heads] + [f"mamba2n256:{h}" for h in n256]
 
 
 def _marker(warm_dir: Path, spec: str, state: str) -> Path:
@@ -896,12 +1089,16 @@ def warm(spec: str, warm_dir: Path) -> None:
             _marker(warm_dir, spec, "fwd").write_text(f"{time.monotonic() - t0:.1f}\n")
             o, _ = chunk(**gdn_inputs(T_WARM, H, Hk, grad=True), use_qk_l2norm_in_kernel=True)
         else:
-            H = int(nums[0])
+            H, N = int(nums[0]), MAMBA_N256 if kind == "mamba2n256" else MAMBA_N
             gla = _fla_simple_gla()
             with torch.no_grad():
-                gla(**ssd_as_gla(**mamba2_ssd_inputs(T_WARM, H)), scale=1.0, output_final_state=True)
+                gla(**ssd_as_gla(**mamba2_ssd_inputs(T_WARM, H, **_mamba_shape(N))), scale=1.0, output_final_state=True)
             torch.cuda.synchronize()
             _marker(warm_dir, spec, "fwd").write_text(f"{time.monotonic() - t0:.1f}\n")
+            if N != MAMBA_N:  # d_state 256: the forward only is timed
+                _marker(warm_dir, spec, "done").write_text(f"{time.monotonic() - t0:.1f}\n")
+                print(f"[warm] {spec}: {time.monotonic() - t0:.1f}s", flush=True)
+                return
             o, _ = gla(**ssd_as_gla(**mamba2_ssd_inputs(T_WARM, H), grad=True), scale=1.0)
         o.backward(torch.randn_like(o))
         torch.cuda.synchronize()
@@ -955,6 +1152,9 @@ def measure_family(part: str, spec: str, out_dir: Path, checks: Checks, deadline
     elif part == "mamba2_fwd":
         if _guarded(checks, "mamba2_chunk_fwd", spec, lambda: mamba2_check_fwd(checks, nums[0])):
             n += mamba2_chunk(out_dir, deadline, nums[0], lengths, backward=False)
+    elif part == "mamba2n256_fwd":
+        if _guarded(checks, "mamba2_chunk_fwd", spec, lambda: mamba2_check_fwd(checks, nums[0], N=MAMBA_N256)):
+            n += mamba2_chunk(out_dir, deadline, nums[0], lengths, backward=False, N=MAMBA_N256)
     elif _guarded(checks, "mamba2_chunk_fwd_bwd", spec, lambda: mamba2_check_bwd(checks, nums[0])):
         n += mamba2_chunk(out_dir, deadline, nums[0], lengths, backward=True)
     return n
@@ -997,10 +1197,13 @@ def fla_part(part: str, out_dir: Path, deadline: float, checks: Checks, specs: l
 # ---- driver ---------------------------------------------------------------------------------------------
 
 # The forward parts first (their warm-up ends first), the torch parts while the backward kernels compile.
-PARTS = ["gdn_fwd", "mamba2_fwd", "mamba2_decode", "router", "gqa_prefill", "gqa_decode", "gdn_bwd", "mamba2_bwd"]
+# Issue 23 item 4's remainder (run 20261203-1gpu-hybrid-d): the paged decode and d_state 256 parts.
+PARTS = ["gdn_fwd", "mamba2_fwd", "mamba2_decode", "router", "gqa_prefill", "gqa_decode", "gdn_bwd", "mamba2_bwd",
+         "gqa_decode_paged", "mamba2_decode_n256", "mamba2n256_fwd"]
 PART_BUDGETS = {"gdn_fwd": 120, "mamba2_fwd": 40, "mamba2_decode": 25, "router": 25, "gqa_prefill": 80,
-                "gqa_decode": 60, "gdn_bwd": 120, "mamba2_bwd": 60}
-FLA_PARTS = ("gdn_fwd", "gdn_bwd", "mamba2_fwd", "mamba2_bwd")
+                "gqa_decode": 60, "gdn_bwd": 120, "mamba2_bwd": 60, "gqa_decode_paged": 110, "mamba2_decode_n256": 30,
+                "mamba2n256_fwd": 60}
+FLA_PARTS = ("gdn_fwd", "gdn_bwd", "mamba2_fwd", "mamba2_bwd", "mamba2n256_fwd")
 
 
 def read_done(run_dir: Path) -> dict[str, set]:
@@ -1061,6 +1264,10 @@ def _run_part(part: str, out_dir: Path, deadline: float, checks: Checks, specs: 
         return gqa_prefill(out_dir, deadline, checks)
     if part == "gqa_decode":
         return gqa_decode(out_dir, deadline, checks)
+    if part == "gqa_decode_paged":
+        return gqa_decode_paged(out_dir, deadline, checks)
+    if part == "mamba2_decode_n256":
+        return mamba2_decode(out_dir, deadline, checks, N=MAMBA_N256)
     return fla_part(part, out_dir, deadline, checks, specs, warm_dir, lengths)
 
 
@@ -1092,6 +1299,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--part-budgets", default="", help="e.g. gdn=200,gqa_prefill=60 (defaults: PART_BUDGETS)")
     ap.add_argument("--gdn-families", default="", help="KEY:VALUE head pairs, e.g. 16:32,16:64 (default: all 8)")
     ap.add_argument("--mamba-heads", default="", help="Mamba2 heads per rank, e.g. 128,64 (default: 128,64,32,16)")
+    ap.add_argument("--n256-heads", default="", help="Mamba2 heads per rank at d_state 256 (default: 256,128,64,32)")
     ap.add_argument("--lengths", default="", help="tokens of the chunk ops (default: 2K-64K)")
     ap.add_argument("--resume-from", type=Path, action="append", default=[],
                     help="an earlier run directory (repeatable): shapes it measured ok are skipped")
@@ -1114,7 +1322,8 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             raise InputError(f"budgets given for parts not run: {unknown}", source="--part-budgets")
         specs = family_specs(parse_families(a.gdn_families) or GDN_FAMILIES,
-                             _int_list(a.mamba_heads, "--mamba-heads") or MAMBA_HEADS)
+                             _int_list(a.mamba_heads, "--mamba-heads") or MAMBA_HEADS,
+                             _int_list(a.n256_heads, "--n256-heads") or MAMBA_N256_HEADS)
         for run_dir in a.resume_from:
             for op, done in read_done(run_dir).items():
                 RESUME.setdefault(op, set()).update(done)

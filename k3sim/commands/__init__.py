@@ -29,13 +29,19 @@ COMMANDS: dict[str, Entry] = {
     "decode": Entry("decode", "Decode step: TPOT, tokens/s per GPU, bytes per step and what limits it "
                               "(optionally with MTP)."),
     "plan": Entry("plan", "Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report."),
+    "prefill": Entry("prefill", "Prefill: TTFT of an N-token prompt (cached prefix P, chunks of C) on a layout, by "
+                                "component."),
+    "diff": Entry("diff", "Diff two models (or one and a what-if of it): params, memory, decode, prefill, training, "
+                          "side by side."),
     "model-info": Entry("model_info", "Parameter counts (total, active per token, by component), layer mix, "
                                       "KV/state sizes."),
     "memory": Entry("memory", "Per-GPU memory: weights, KV cache, KDA state (serve) or grads, optimizer, "
                               "activations (train)."),
     "kernel-time": Entry("kernel_time", "Predicted time of one kernel: measured, interpolated, fitted model or "
                                         "datasheet roofline."),
-    "cp": Entry("cp", "Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."),
+    "cp": Entry("cp", "Context parallelism per layer kind: the state folds of recurrent layers (KCP on KDA and GDN, the\n"
+                      "decayed sum on Mamba2, Mamba and lightning) vs ring / zigzag / all-gather / Ulysses on attention "
+                      "layers."),
     "prefix-cache": Entry("prefix_cache", "Prefix-cache hit rate for a trace under coarse / decoupled / "
                                           "full-attention caching."),
     "pipeline": Entry("pipeline", "Simulate a pipeline schedule: step time, bubble ratio, idle per stage, "
@@ -50,7 +56,7 @@ COMMANDS: dict[str, Entry] = {
 }
 
 # Module names under k3sim.commands; each owns one top-level command or sub-app.
-COMMAND_MODULES = ["decode", "plan", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache",
+COMMAND_MODULES = ["decode", "plan", "prefill", "diff", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache",
                    "pipeline", "sweep", "serve", "check"]
 
 # Click commands built from a module's registration, by command name; shared by every LazyGroup instance (the

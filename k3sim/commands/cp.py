@@ -63,15 +63,20 @@ KERNEL_FIELD_OPTIONS = {"T": "--seq-len", "docs": "--docs"}
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("cp")
     def cp(
         model: str = typer.Option("models/kimi-k3.yaml", "--model", help="Model YAML or HF config.json."),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         hardware: str = typer.Option("h200", "--hardware", help="Hardware profile name or path."),
         seq_len: Optional[str] = typer.Option(None, "--seq-len",
                                               help="Global tokens per sequence (1M, 32K ok) [default: 1M]."),
         cp_degree: int = typer.Option(8, "--cp", help="CP degree P (ranks sharing one sequence)."),
-        strategy: Optional[str] = typer.Option(None, "--strategy",
-                                               help="KDA layers: kcp | ulysses | lasp2 (reference) [default: kcp]."),
+        strategy: Optional[str] = typer.Option(
+            None, "--strategy", help="Scheme of every layer kind that runs it, each kind's first by default: KDA "
+            "kcp | ulysses | lasp2 (reference); GQA allgather-kv | ring | zigzag-ring | ulysses; GDN folds with "
+            "kcp; Mamba2, Mamba, lightning with lasp2; SWA with its window halo [default: kcp]."),
         mla_strategy: Optional[str] = typer.Option(
             None, "--mla-strategy", help="MLA layers: allgather-kv | ring | zigzag-ring | ulysses [default: allgather-kv]."),
         mla_kv: Optional[str] = typer.Option(None, "--mla-kv",
@@ -90,7 +95,8 @@ def register(app: typer.Typer) -> None:
                                            "previous cp --sweep output [default: ./k3sim-out/cp/]."),
         as_json: bool = typer.Option(False, "--json", help="Stable JSON, SI units."),
     ) -> None:
-        """Context parallelism: KCP on KDA layers vs ring / zigzag / all-gather / Ulysses on MLA layers."""
+        """Context parallelism per layer kind: the state folds of recurrent layers (KCP on KDA and GDN, the
+        decayed sum on Mamba2, Mamba and lightning) vs ring / zigzag / all-gather / Ulysses on attention layers."""
         from k3sim.configs import load_hardware, load_model
         from k3sim.cp import check_state_dtype, default_state_dtype, geometry_from_model
 
@@ -116,17 +122,34 @@ def register(app: typer.Typer) -> None:
             check_layout(m, Parallelism(tp=tp, cp=cp_degree), hardware=hw)
         except InputError as err:
             raise InputError(err.reason, source=f"--{(err.field or 'tp').split('.')[-1]}") from None
-        g = geometry_from_model(m, tp=tp)
         # an option given as "" is bad input (checked below), not a request for the default
         sdt = default_state_dtype(m) if state_dtype is None else state_dtype
         check_state_dtype(sdt)
+        _check_kinds(m, do_sweep, state_dtype)
         if do_sweep:
+            g = geometry_from_model(m, tp=tp)
             _cp_sweep(g, hw, sdt, out, seq_lens=seq_lens, cps=cps, cp_degree=cp_degree, seq_len=seq_len,
                       strategy=strategy, mla_strategy=mla_strategy, mla_kv=mla_kv, docs=docs, doc_mean=doc_mean,
                       as_json=as_json)
             return
-        _cp_one(g, hw, sdt, seq_len=seq_len, cp_degree=cp_degree, strategy=strategy, mla_strategy=mla_strategy,
-                mla_kv=mla_kv, docs=docs, doc_mean=doc_mean, seed=seed, as_json=as_json)
+        _cp_one(m, hw, state_dtype, tp=tp, seq_len=seq_len, cp_degree=cp_degree, strategy=strategy,
+                mla_strategy=mla_strategy, mla_kv=mla_kv, docs=docs, doc_mean=doc_mean, seed=seed, as_json=as_json)
+
+
+def _check_kinds(m, do_sweep: bool, state_dtype: Optional[str]) -> None:
+    """Options the model's layer kinds give no effect: --sweep (it compares the KDA and MLA schemes) on a model
+    with other kinds, --state-dtype on a model without recurrent layers."""
+    from k3sim.configs.kinds import MIXERS
+    from k3sim.cp.kinds import GEOMETRY_KINDS
+
+    other = [k for k in m.mixer_kinds if k not in GEOMETRY_KINDS]
+    if do_sweep and other:
+        raise InputError(f"compares the KDA and MLA schemes over S and P, and {m.name} has "
+                         f"{' and '.join(MIXERS[k].title for k in other)} layers: run one point with --seq-len and "
+                         "--cp (every kind with its scheme)", source="--sweep")
+    if state_dtype is not None and not any(MIXERS[k].recurrent for k in m.mixer_kinds):
+        raise InputError(f"sets the recurrent state the folds move, and {m.name} has no recurrent "
+                         "layers (its attention layers move K/V in bf16)", source="--state-dtype")
 
 
 def _cp_sweep(g, hw, sdt: str, out, *, seq_lens, cps, cp_degree, seq_len, strategy, mla_strategy, mla_kv, docs,
@@ -156,11 +179,11 @@ def _cp_sweep(g, hw, sdt: str, out, *, seq_lens, cps, cp_degree, seq_len, strate
     print_kv("written", [(k, v) for k, v in res["files"].items()])
 
 
-def _cp_one(g, hw, sdt: str, *, seq_len, cp_degree, strategy, mla_strategy, mla_kv, docs, doc_mean, seed,
-            as_json: bool) -> None:
-    """One (S, P) point: the strategies' traffic and attention time of one step; a kernel range reached
+def _cp_one(m, hw, state_dtype: Optional[str], *, tp: int, seq_len, cp_degree, strategy, mla_strategy, mla_kv, docs,
+            doc_mean, seed, as_json: bool) -> None:
+    """One (S, P) point: every layer kind's scheme, traffic and time of one step; a kernel range reached
     through --seq-len or --docs is reported against that option."""
-    from k3sim.cp import DEFAULT_MLA_KV, DEFAULT_MLA_STRATEGY, cp_step
+    from k3sim.cp import model_cp_step
     from k3sim.output import print_json
 
     S = parse_tokens("1048576" if seq_len is None else seq_len, "--seq-len")
@@ -170,9 +193,8 @@ def _cp_one(g, hw, sdt: str, *, seq_len, cp_degree, strategy, mla_strategy, mla_
 
         lengths = sample_doc_lengths(S, doc_mean, seed)
     try:
-        r = cp_step(g, hw, S, cp_degree, "kcp" if strategy is None else strategy,
-                    DEFAULT_MLA_STRATEGY if mla_strategy is None else mla_strategy, state_dtype=sdt,
-                    mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=lengths)
+        r = model_cp_step(m, hw, S, cp_degree, tp=tp, strategy=strategy, mla_strategy=mla_strategy,
+                          state_dtype=state_dtype, mla_kv=mla_kv, docs=docs, doc_lengths=lengths)
     except InputError as err:
         # a kernel's range (T tokens per rank, docs) reached through an option: name the option
         option = KERNEL_FIELD_OPTIONS.get(err.field or "")
@@ -187,18 +209,23 @@ def _cp_one(g, hw, sdt: str, *, seq_len, cp_degree, strategy, mla_strategy, mla_
 
 
 def _print_step(r, S: int) -> None:
-    """The step's bytes and times per layer kind, then the per-layer breakdown with each number's source."""
+    """The step's schemes, bytes and times per layer kind, then the per-layer breakdown with each number's
+    source."""
     from k3sim.output import human_bytes, human_seconds, print_kv, print_table
 
-    print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", [
-        ("KDA strategy / MLA strategy", f"{r.kda_strategy} / {r.mla_strategy} ({r.mla_kv})"),
-        ("KDA layer: fwd bytes received per rank", human_bytes(r.kda_layer_recv_bytes_per_rank)),
-        ("  of which state fragments", human_bytes(r.kda_layer_state_recv_bytes_per_rank)),
-        ("MLA layer: fwd bytes received per rank", human_bytes(r.mla_layer_recv_bytes_per_rank)),
-        ("KDA layer fwd+bwd", human_seconds(r.kda_layer_time_s)),
-        ("MLA layer fwd+bwd", human_seconds(r.mla_layer_time_s)),
-        (f"step attention ({r.num_kda_layers} KDA + {r.num_mla_layers} MLA)", human_seconds(r.step_attention_time_s)),
-    ])
+    rows = [("scheme per layer kind", "; ".join(f"{k.title}: {k.scheme}" + (f" ({k.kv_form})" if k.kv_form else "")
+                                                for k in r.kinds))]
+    for k in r.kinds:
+        rows.append((f"{k.title} layer: fwd bytes received per rank", human_bytes(k.layer_recv_bytes_per_rank)))
+        if k.state_dtype is not None:
+            rows.append(("  of which state fragments", human_bytes(k.layer_state_recv_bytes_per_rank)))
+    rows += [(f"{k.title} layer fwd+bwd", human_seconds(k.layer_time_s)) for k in r.kinds]
+    counts = " + ".join(f"{k.layers} {k.title}" for k in r.kinds)
+    rows.append((f"step attention ({counts})", human_seconds(r.step_attention_time_s)))
+    print_kv(f"{r.model} on {r.hardware}: S={S:,}, P={r.cp}, TP={r.tp}, {r.link}", rows)
+    print_table("scheme per layer kind", ["layer", "layers", "scheme", "what it does"],
+                [(k.kind, k.layers, k.scheme, k.scheme_label) for k in r.kinds])
+    print_table("notes", ["layer", "note"], [(k.kind, n) for k in r.kinds for n in k.notes])
     print_table("breakdown per layer", ["layer", "phase", "component", "time", "source"],
                 [(b["layer"], b["phase"], b["component"], human_seconds(b["seconds_per_layer"]), b["source"])
                  for b in r.breakdown])

@@ -65,19 +65,25 @@ def _redundant(value):
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("decode")
     def decode(
         model: str = typer.Option("models/kimi-k3.yaml", "--model", help="model file (YAML or HF config.json)"),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         hardware: str = typer.Option("h200", "--hardware", help="hardware profile name or path"),
         batch: int = typer.Option(64, "--batch", callback=option_range("batch", "--batch"),
                                   help="sequences per micro-batch (per attention-DP rank)"),
-        context: int = typer.Option(32768, "--context", callback=option_range("tokens", "--context"),
-                                    help="tokens already in each sequence's context"),
+        context: Optional[int] = typer.Option(
+            None, "--context", callback=option_range("tokens", "--context"),
+            help="tokens already in each sequence's context [default: 32768, or the model's max_context_tokens "
+                 "when shorter, with a note]"),
         tp: int = typer.Option(8, "--tp", callback=option_range("parallel", "--tp"),
                                help="tensor-parallel ranks of one attention-DP rank"),
         pp: int = typer.Option(2, "--pp", callback=option_range("parallel", "--pp")),
-        ep: int = typer.Option(8, "--ep", callback=option_range("parallel", "--ep"),
-                               help="expert-parallel ranks (routed experts spread over them)"),
+        ep: Optional[int] = typer.Option(None, "--ep", callback=option_range("parallel", "--ep"),
+                                         help="expert-parallel ranks (routed experts spread over them) [default: "
+                                              "tp x attention-dp, 1 for a model without MoE]"),
         attention_dp: int = typer.Option(1, "--attention-dp", callback=option_range("parallel", "--attention-dp"),
                                          help="attention data-parallel ranks per stage, each with its own batch "
                                               "(GPUs = tp x attention-dp x pp)"),
@@ -99,8 +105,8 @@ def register(app: typer.Typer) -> None:
                                    "popularity (0 uniform)"),
         mtp: int = typer.Option(0, "--mtp", help="MTP draft tokens per step (0: no speculative decoding)"),
         acceptance: Optional[float] = typer.Option(None, "--acceptance", help="per-draft acceptance rate in [0, 1]"),
-        rollback: Optional[str] = typer.Option(None, "--rollback", help="KDA state rollback: snapshot or replay "
-                                               "[default: replay]"),
+        rollback: Optional[str] = typer.Option(None, "--rollback", help="recurrent-state rollback (KDA, GDN, Mamba2, "
+                                               "Mamba, lightning layers): snapshot or replay [default: replay]"),
         expert_kernel: str = typer.Option("auto", "--expert-kernel",
                                           help="auto, mxfp4_token, grouped_bf16, grouped_fp8 or deepgemm_fp8"),
         convention: str = typer.Option("graph", "--convention", help="graph (one CUDA graph per step) or eager"),
@@ -118,6 +124,7 @@ def register(app: typer.Typer) -> None:
         from k3sim.commands.options import DECODE, check
 
         model_cfg = load_model(model)
+        ep = default_ep(model_cfg, tp, attention_dp) if ep is None else ep
         # every option given changes the result (k3sim.commands.options)
         check(DECODE, decode_facts(model_cfg, tp=tp, ep=ep, attention_dp=attention_dp))
         run_decode(model=model, hardware=hardware, batch=batch, context=context, tp=tp, pp=pp, ep=ep,
@@ -128,52 +135,126 @@ def register(app: typer.Typer) -> None:
                    model_cfg=model_cfg, mla_kernel=mla_kernel, tbo_variant=tbo_variant)
 
 
+DEFAULT_CONTEXT = 32768  # --context when not given (capped to the model's max_context_tokens)
+
+
+def default_ep(model_cfg, tp: int, attention_dp: int) -> int:
+    """--ep when not given: the routed experts spread over every GPU of a stage (tp x attention-dp, the layout
+    the earlier default 8 at tp 8 spelled), 1 for a model without MoE (a dense model refuses ep > 1)."""
+    return tp * attention_dp if model_cfg.moe is not None else 1
+
+
+def default_context(model_cfg, context: int | None) -> tuple[int, str | None]:
+    """(--context, note): a given context is kept (over the model's maximum it is refused later, by
+    `check_context`); the default 32,768 is capped to the model's max_context_tokens (Nemotron-H-56B: 8,192)
+    with a note saying so, so `k3sim decode --model M` works for every model."""
+    if context is not None:
+        return context, None
+    lim = model_cfg.max_context_tokens
+    if lim is not None and lim < DEFAULT_CONTEXT:
+        return lim, (f"--context not given: the default {DEFAULT_CONTEXT:,} tokens exceeds the {lim:,} "
+                     f"{model_cfg.name} supports (max_context_tokens), so the context is {lim:,}")
+    return DEFAULT_CONTEXT, None
+
+
 def decode_facts(model_cfg, *, tp: int, ep: int, attention_dp: int, gpus_per_node: int = GPUS_PER_NODE) -> dict:
-    """What the DECODE option rules read: KDA layers, whether the layout runs an EP all-to-all (attention DP
-    ranks meet in experts spread over more than one rank), and the nodes an EP group spans."""
+    """What the DECODE option rules read: recurrent layers (the ones MTP rolls back), whether the layout
+    runs an EP all-to-all (attention DP ranks meet in experts spread over more than one rank), and the nodes
+    an EP group spans."""
     import math
 
+    from k3sim.configs.kinds import MIXERS
     from k3sim.step import StepLayout
     from k3sim.step.layers import dispatches
 
-    return {"kda_layers": model_cfg.num_kda_layers if model_cfg.kda is not None else 0,
+    recurrent = sum(model_cfg.num_layers_with(k) for k in model_cfg.mixer_kinds if MIXERS[k].recurrent)
+    return {"recurrent_layers": recurrent,
             "model": model_cfg.name, "moe": model_cfg.moe is not None, "mla_layers": model_cfg.num_mla_layers,
             "ep_all_to_all": dispatches(StepLayout(tp=tp, ep=ep, attention_dp=attention_dp)), "ep": ep,
             "gpus_per_node": gpus_per_node, "ep_nodes": math.ceil(ep / gpus_per_node)}
 
 
-def _max_depth(model_cfg, tp: int) -> tuple[int, str]:
-    """The most MTP drafts the kernel registry prices: a KDA verify walks up to 2n + 1 tokens per sequence
-    (replay: n + 1 new plus up to n accepted) through the multi-token KDA kernel; an MLA verify folds its
-    n + 1 query tokens into the head axis of `mla_decode` (heads per GPU x (n + 1)); and n + 1 stays within
-    the tokens one sequence feeds a decode step (the bounds table's `decode_tokens`: beyond, it is a prefill)."""
+def _max_depth(model_cfg, layout, expert_kernel: str = "grouped_bf16") -> tuple[int, str]:
+    """The most MTP drafts the kernel registry prices: n + 1 stays within the tokens one sequence feeds a
+    decode step (the bounds table's `decode_tokens`: beyond, it is a prefill); a recurrent kind whose decode
+    op has a token axis (KDA) walks up to 2n + 1 tokens per sequence in a replay verify (n + 1 new plus up
+    to n accepted), within the op's T range; an attention kind's decode call at n + 1 query tokens (MLA
+    folds them into its head axis) stays within its op's ranges. A one-token recurrent op walks its tokens
+    as sequential calls (`k3sim.decode.rollback`) and sets no limit."""
     from k3sim.configs.bounds import BOUNDS
+    from k3sim.configs.kinds import MIXERS
+    from k3sim.decode.rollback import recurrent_call
     from k3sim.kernels.ops import OPS
 
     per_seq = int(BOUNDS["decode_tokens"].hi)
     limits = [(per_seq - 1, f"a verify feeds n+1 tokens per sequence, at most {per_seq} in a decode step")]
-    if model_cfg.kda is not None and model_cfg.num_kda_layers:
-        t_max = OPS["recurrent_kda_decode"].ranges["T"][1]
-        limits.append(((t_max - 1) // 2, f"a verify step walks up to 2n+1 tokens; the KDA decode kernel is "
-                                         f"modelled up to {t_max}"))
-    if model_cfg.mla is not None and model_cfg.num_mla_layers:
-        h_max = OPS["mla_decode"].ranges["H"][1]
-        heads = max(1, -(-model_cfg.mla.num_heads // tp))
-        limits.append((h_max // heads - 1, f"MLA verification folds n+1 query tokens into {heads} heads per GPU; "
-                                           f"the MLA decode kernel is modelled up to {h_max} heads"))
+    for kind in model_cfg.mixer_kinds:
+        title = MIXERS[kind].title
+        if MIXERS[kind].recurrent:
+            op = recurrent_call(model_cfg, kind, layout, 1, 1, expert_kernel).op
+            if op in OPS and "T" in OPS[op].params:
+                t_max = OPS[op].ranges["T"][1]
+                limits.append(((t_max - 1) // 2, f"a verify step walks up to 2n+1 tokens; the {title} decode "
+                                                 f"kernel is modelled up to {t_max} ({op})"))
+        else:
+            limits.append(_attention_depth(model_cfg, kind, layout, expert_kernel, per_seq))
     return min(limits)
 
 
+def _out_of_range(model_cfg, kind: str, layout, expert_kernel: str, tokens: int) -> tuple[str, str, int] | None:
+    """(op, parameter, its upper end) of the first decode-attention parameter of a `kind` layer out of its
+    op's range at `tokens` query tokens per sequence; None if all are in range."""
+    from k3sim.kernels.ops import OPS
+    from k3sim.step import Batch
+    from k3sim.step.layers import layer_calls
+
+    layer = next(ly.index for ly in model_cfg.layers if kind in ly.mixers)
+    for c in layer_calls(model_cfg, layer, layout, Batch.decode(1, 1, tokens), expert_kernel):
+        if c.component.endswith("_decode_attention") and c.op in OPS:
+            for name, value in c.params.items():
+                lo, hi = OPS[c.op].ranges.get(name, (value, value))
+                if not lo <= value <= hi:
+                    return c.op, name, hi
+    return None
+
+
+def _attention_depth(model_cfg, kind: str, layout, expert_kernel: str, per_seq: int) -> tuple[int, str]:
+    """The most drafts whose n + 1 query tokens keep a `kind` layer's decode attention in its op's ranges
+    (found by bisection: the folded shape grows with n)."""
+    from k3sim.configs.kinds import MIXERS
+
+    if _out_of_range(model_cfg, kind, layout, expert_kernel, per_seq) is None:
+        return per_seq - 1, ""
+    lo, hi = 0, per_seq - 1  # n = lo is in range (one token), n = hi is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _out_of_range(model_cfg, kind, layout, expert_kernel, mid + 1) is None else (lo, mid)
+    op, name, top = _out_of_range(model_cfg, kind, layout, expert_kernel, hi + 1)
+    return lo, (f"{MIXERS[kind].title} verification folds n+1 query tokens into the decode kernel's {name}; "
+                f"{op} is modelled up to {name}={top}")
+
+
+def _check_mtp(model_cfg, layout, mtp: int) -> None:
+    """--mtp within what the kernel registry prices for this model and layout (`_max_depth`)."""
+    from k3sim.errors import InputError
+
+    if mtp <= 0:  # a negative count is refused by _check_options
+        return
+    max_depth, why = _max_depth(model_cfg, layout, layout.expert_kernel if layout.expert_kernel != "auto"
+                                else "grouped_bf16")
+    if mtp > max_depth:
+        raise InputError(f"must be in [0, {max_depth}] draft tokens ({why}), got {mtp}", source="--mtp")
+
+
 def _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_kernel, convention, zipf,
-                   sweep_batch, out, tp=8, ep_kernel="auto", dispatch_dtype="auto") -> None:
+                   sweep_batch, out, ep_kernel="auto", dispatch_dtype="auto") -> None:
     from k3sim.configs.bounds import check_range
     from k3sim.errors import InputError
     from k3sim.step.layout import CONVENTIONS, DISPATCH_DTYPES, EXPERT_KERNELS
 
     model_cfg.check_context(context, source="--context")
-    max_depth, why = _max_depth(model_cfg, tp)
-    if mtp < 0 or mtp > max_depth:
-        raise InputError(f"must be in [0, {max_depth}] draft tokens ({why}), got {mtp}", source="--mtp")
+    if mtp < 0:
+        raise InputError(f"must be 0 or more draft tokens, got {mtp}", source="--mtp")
     if mtp > 0 and acceptance is None:
         raise InputError("--mtp needs --acceptance A (per-draft acceptance rate in [0, 1])", source="--acceptance")
     if acceptance is not None and not (0.0 <= acceptance <= 1.0):
@@ -234,13 +315,16 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
 
     model_cfg = model_cfg or load_model(model)
     hw = load_hardware(hardware)
+    ep = default_ep(model_cfg, tp, attention_dp) if ep is None else ep
+    context, context_note = default_context(model_cfg, context)
     _check_options(model_cfg, batch, context, mtp, acceptance, rollback, expert_kernel, convention, zipf,
-                   sweep_batch, out, tp=tp, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype)
+                   sweep_batch, out, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype)
     layout = _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw,
                      ep_kernel=EP_KERNEL_NAMES[ep_kernel], dispatch_dtype=dispatch_dtype,
                      redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token, tbo=tbo,
                      routing_zipf=float(zipf), mla_decode_kernel=mla_kernel,
                      tbo_variant=TBO_VARIANT_NAMES.get(tbo_variant, tbo_variant))
+    _check_mtp(model_cfg, layout, mtp)
     spec = SpecConfig(mtp, acceptance, rollback or "replay") if mtp else None
     if sweep_batch:
         from k3sim.files import check_output_dir, default_out
@@ -250,14 +334,15 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
         out = default_out("decode") if out is None else out
         check_output_dir(out, kind=KIND)  # refused before the sweep runs
         with _ep_errors_named(_given() if given is None else given):
-            _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source=str(model))
+            _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source=str(model),
+                   context_note=context_note)
         return
     with _ep_errors_named(_given() if given is None else given):
         r = decode_step(model_cfg, hw, layout, batch, context, spec=spec, zipf=zipf)
     if json_out:
-        print_json(_result_json(r, hw))
+        print_json({**_result_json(r, hw), "context_note": context_note})
         return
-    _print_result(r, model_cfg)
+    _print_result(r, model_cfg, context_note)
 
 
 def _given() -> dict[str, str]:
@@ -270,7 +355,7 @@ def _given() -> dict[str, str]:
         return {}
 
 
-def _print_result(r, model_cfg) -> None:
+def _print_result(r, model_cfg, context_note: str | None = None) -> None:
     from k3sim.output import human_bytes, print_kv, print_table
 
     lay = r.layout
@@ -285,6 +370,7 @@ def _print_result(r, model_cfg) -> None:
              ("layout", f"tp={lay.tp} pp={lay.pp} ep={lay.ep} attention_dp={lay.attention_dp} ({lay.gpus} GPUs), "
                         f"{' '.join(scale)}, {lay.convention} convention"),
              ("batch per DP rank x context", f"{r.batch} x {r.context:,} tokens"),
+             *([("context note", context_note)] if context_note else []),
              ("TPOT", f"{r.tpot_s * 1e3:.3f} ms"), ("tokens/s per GPU", f"{r.tokens_per_s_per_gpu:,.1f}"),
              (f"tokens/s per node ({lay.gpus_per_node} GPUs)", f"{r.tokens_per_s_per_node:,.1f}"),
              ("step: compute / exposed comm / hidden comm",
@@ -304,6 +390,8 @@ def _print_result(r, model_cfg) -> None:
                                      f"{r.spec['acceptance']}, {r.spec['rollback']}: "
                                      f"{r.spec['tokens_per_step']:.2f} tokens/step"))
     print_kv("decode step", pairs)
+    if r.spec:
+        _print_rollback(r.spec)
     agg: dict[str, list] = {}
     for x in r.rows:
         a = agg.setdefault(x.component, [0.0, 0.0, 0.0, x.source])
@@ -315,7 +403,20 @@ def _print_result(r, model_cfg) -> None:
                 [(k, human_bytes(v[0]), f"{v[1] / 1e9:.2f}", f"{v[2] * 1e3:.3f}", v[3]) for k, v in rows])
 
 
-def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--model") -> None:
+def _print_rollback(spec: dict) -> None:
+    """The MTP rollback of each mixer kind: scheme, bytes per step (per GPU, every layer of the kind), seconds."""
+    from k3sim.output import human_bytes, print_table
+
+    rows = [(k["kind"], k["layers"], k["scheme"], human_bytes(k["state_bytes_per_sequence"]),
+             human_bytes(k["snapshot_bytes_per_step"]), human_bytes(k["projection_cache_bytes_per_step"]),
+             "-" if k["recurrent_tokens_per_sequence"] is None else k["recurrent_tokens_per_sequence"],
+             f"{k['seconds_per_step'] * 1e3:.3f}") for k in spec["rollback_by_kind"]]
+    print_table("MTP rollback per layer kind (per GPU and step, every layer of the kind; state: one sequence "
+                "and layer)", ["kind", "layers", "scheme", "state", "snapshots", "inputs", "walked", "ms"], rows)
+
+
+def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--model",
+           context_note: str | None = None) -> None:
     from k3sim.decode.sweep import KIND, roofline_plot, sweep_batches, sweep_table
     from k3sim.files import atomic_write_text, output_dir, safe_name
     from k3sim.output import print_json, print_table
@@ -332,8 +433,9 @@ def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--
                                                  f"ep={layout.ep}, context {context:,}")
     if json_out:
         print_json({"csv": str(d / f"{stem}.csv"), "plot": str(d / f"{stem}.png"),
-                    "rows": df.to_dict(orient="records")})
+                    "rows": df.to_dict(orient="records"), "context_note": context_note})
         return
-    print_table(f"decode sweep ({stem})", ["batch", "TPOT ms", "tok/s/GPU", "roofline", "fits", "expert kernel"],
+    title = f"decode sweep ({stem})" + (f"; {context_note}" if context_note else "")
+    print_table(title, ["batch", "TPOT ms", "tok/s/GPU", "roofline", "fits", "expert kernel"],
                 [(int(r.batch), f"{r.tpot_s * 1e3:.2f}", f"{r.tokens_per_s_per_gpu:,.1f}", r.roofline,
                   r.fits_memory, r.expert_kernel) for r in df.itertuples()])

@@ -199,6 +199,7 @@ def misfit_line(model, hw, par, workload, err) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
     from k3sim.configs import Parallelism, Workload
 
     def default(cls, name: str):
@@ -209,6 +210,7 @@ def register(app: typer.Typer) -> None:
     @app.command("memory")
     def memory(
         model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         hardware: str = typer.Option("h200", "--hardware", help="profile name or path"),
         mode: str = typer.Option("serve", "--mode", help="serve or train"),
         tp: int = typer.Option(1, "--tp"),

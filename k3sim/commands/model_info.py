@@ -125,9 +125,12 @@ def _summary(info: dict) -> list[tuple[str, str]]:
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("model-info")
     def model_info(
         model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
         """Parameter counts (total, active per token, by component), layer mix, KV/state sizes."""

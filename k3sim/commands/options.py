@@ -24,9 +24,51 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Union
 
+import typer
+
 from k3sim.errors import InputError
 
 Text = Union[str, Callable[["Facts"], str]]
+
+
+# ------------------------------------------------------------------------------------------ --set (model what-ifs)
+MODEL_SET_HELP = ("model what-if, repeatable: KEY=VALUE set in the model file before it is validated (dotted keys "
+                  "of the file: kda.num_heads=48, moe.num_active_experts=6, hidden_size=4096; "
+                  "full_attn_layers=every:8 makes every 8th layer full attention and the rest linear; "
+                  "docs/commands/diff.md)")
+
+
+def _install_model_set(ctx, param, value):
+    """`--set`'s callback: parse and check the overrides as soon as the option is read (an unknown key is refused
+    before any work) and make them the overrides of every model this command loads (`configs.overrides.current`,
+    read by `configs.loaders.load_model`), until the command ends. The planner's per-process scenario memo
+    (`planner.sweep._worker_state`, keyed by the scenario's path) is emptied on both sides, so a run in this
+    process never reuses a model loaded under other overrides."""
+    if not value:
+        return value
+    from k3sim.configs import overrides
+
+    overrides.install(overrides.parse(value, option="--set"))
+    _forget_scenarios()
+
+    def done() -> None:
+        overrides.clear()
+        _forget_scenarios()
+
+    ctx.call_on_close(done)
+    return value
+
+
+def _forget_scenarios() -> None:
+    import sys
+
+    sweep = sys.modules.get("k3sim.planner.sweep")
+    if sweep is not None:
+        sweep._worker_state.cache_clear()
+
+
+# The one `--set` of every command that takes a model (`model_set: list[str] = MODEL_SET` in its signature).
+MODEL_SET = typer.Option(None, "--set", metavar="KEY=VALUE", help=MODEL_SET_HELP, callback=_install_model_set)
 
 
 @dataclass
@@ -245,6 +287,10 @@ SWEEP: list[Rule] = [
                  why="applies to serving sweeps only and the scenario's workload.mode is train",
                  fix="remove it (a training sweep takes --tp --pp --virtual --ep --cp --dp --micro-batches "
                      "--global-batch), or sweep a serve scenario"),
+    not_with("--set", "--scheduler",
+             why="changes the model in this process and its forked workers, and with --scheduler a Dask "
+                 "cluster's workers load the scenario's model from its file",
+             fix="write the what-if into a model file the scenario names, or run locally (--workers N)"),
     only_when("--chunk-size", lambda f: f["parallel"],
               why="splits the points over workers and this sweep runs them one by one in this process",
               fix="add --workers N (N > 1) or --scheduler, or remove --chunk-size"),
@@ -253,7 +299,7 @@ SWEEP: list[Rule] = [
 
 # ------------------------------------------------------------------------------------------ pipeline
 # Options read only to derive stage costs or the encoder from the model.
-MODEL_OPTIONS = ("--model", "--hardware", "--tp", "--ep", "--cp", "--microbatch-tokens", "--seq-len",
+MODEL_OPTIONS = ("--model", "--set", "--hardware", "--tp", "--ep", "--cp", "--microbatch-tokens", "--seq-len",
                  "--attn-res-cache")
 ENCODER_SAMPLER_OPTIONS = ("--encoder-cp", "--images-per-microbatch", "--seed")
 
@@ -350,9 +396,10 @@ DECODE: list[Rule] = [
     only_when(("--acceptance", "--rollback"), lambda f: (f.value("--mtp") or 0) > 0,
               why="needs --mtp N >= 1 (no draft tokens to verify or roll back)",
               fix="add --mtp N, or remove it"),
-    only_when("--rollback", lambda f: f["kda_layers"] > 0,
-              why=lambda f: f"rolls back KDA state and {f['model']} has no KDA layers (MLA layers truncate their "
-                            "KV cache on a rejected draft, at no cost)",
+    only_when("--rollback", lambda f: f["recurrent_layers"] > 0,
+              why=lambda f: f"rolls back recurrent state (KDA, GDN, Mamba2, Mamba, lightning) and {f['model']} has "
+                            "no recurrent layers (attention layers truncate their KV cache on a rejected draft, at "
+                            "no cost)",
               fix="remove --rollback"),
     *ep_all_to_all_rules(EP_ALL_TO_ALL_OPTIONS, "this layout runs none", "N > 1"),
     only_when("--max-nodes-per-token", lambda f: f["ep_nodes"] > 1,
@@ -368,6 +415,10 @@ DECODE: list[Rule] = [
                   f"{f['model']} has no routed experts" if not f["moe"] else "--ep 1 holds every expert on one rank"),
               fix="raise --ep, or remove --redundant-experts"),
 ]
+
+# The EP all-to-all's options of `k3sim prefill` (its chunks' tokens meet in experts spread over EP ranks only with
+# attention DP, as decode's).
+PREFILL: list[Rule] = [*ep_all_to_all_rules(EP_ALL_TO_ALL_OPTIONS, "this layout runs none", "N > 1")]
 
 PREFIX_CACHE_SWEEP_OPTIONS = ("--policies", "--hash-blocks", "--physical-blocks", "--capacities")
 

@@ -9,8 +9,11 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("pipeline")
     def pipeline(
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         stages: int = typer.Option(8, "--stages", help="Pipeline stages (devices) p."),
         virtual: int = typer.Option(1, "--virtual", help="Model chunks per stage v (interleaved-1f1b)."),
         microbatches: int = typer.Option(16, "--microbatches", help="Micro-batches per step m."),

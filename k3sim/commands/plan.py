@@ -64,11 +64,14 @@ def progress_bar(json_out: bool):
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("plan")
     def plan(
         scenario_arg: Path = typer.Argument(None, help="scenario YAML "
                                             "(default scenarios/default.yaml)", show_default=False),
         scenario: Path = typer.Option(None, "--scenario", help="scenario YAML (same as the argument)"),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         out: Path = typer.Option(None, "--out", help="report directory: new, empty or a previous plan report "
                                  "(default ./k3sim-out/<scenario name>/)"),
         no_report: bool = typer.Option(False, "--no-report", help="compute and print only; write no files"),
@@ -84,9 +87,47 @@ def register(app: typer.Typer) -> None:
         max_gpus: int = typer.Option(None, "--max-gpus", callback=option_range("gpus", "--max-gpus"),
                                      help="training: the largest cluster the token budget's sweep tries "
                                           "[default: the bounds table's GPU maximum, 1,048,576]"),
+        trace: Path = typer.Option(None, "--trace", help="serving search: the user's Mooncake JSONL trace"),
+        workload: str = typer.Option(None, "--workload", help="serving search: a synthetic workload instead of "
+                                     "a trace (chat | system-prompts | agent | rag)"),
+        arrival_rate: float = typer.Option(None, "--arrival-rate", help="serving search: Poisson arrivals at this "
+                                           "rate (req/s) over the traffic's requests [default: their own times]"),
+        time_scale: float = typer.Option(None, "--time-scale", help="serving search: the trace's own arrival "
+                                         "times x this factor (0.5 = twice the rate)"),
+        slo_ttft: float = typer.Option(None, "--slo-ttft", help="serving search: TTFT SLO (s) [default: "
+                                       "serving.slo_ttft_s]"),
+        slo_tpot: float = typer.Option(None, "--slo-tpot", help="serving search: TPOT SLO (s) [default: "
+                                       "serving.slo_tpot_s]"),
+        slo_percentile: int = typer.Option(99, "--slo-percentile", help="serving search: the percentile the "
+                                           "SLOs hold at (50 | 90 | 99)"),
+        gpus: int = typer.Option(None, "--gpus", callback=option_range("gpus", "--gpus"),
+                                 help="serving search: GPU budget [default: the scenario's cluster]"),
+        requests: int = typer.Option(None, "--requests", min=1, help="serving search: synthetic --workload size "
+                                     "(a --trace: its first N requests) [default: 1000 / the whole trace]"),
+        screen_requests: int = typer.Option(None, "--screen-requests", min=1, help="serving search: requests "
+                                            "of the screening runs [default: 600]"),
+        finalists: int = typer.Option(None, "--finalists", min=1, help="serving search: screened layouts "
+                                      "run on the whole traffic [default: 6]"),
+        workers: int = typer.Option(None, "--workers", min=1, help="serving search: local worker processes "
+                                    "[default: one per core]"),
+        dask_scheduler: str = typer.Option(None, "--scheduler", help="serving search: a Dask scheduler "
+                                           "address (tcp://HOST:PORT) instead of local processes"),
+        require_slo: bool = typer.Option(False, "--require-slo", help="serving search: exit 2 when no layout "
+                                         "meets the SLOs (default: exit 0, meets_slo false)"),
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
-        """Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report."""
+        """Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report. With a
+        serving scenario and --trace / --workload, a search for the cheapest layout meeting the SLOs."""
+        search_opts = {"trace": trace, "workload": workload, "arrival_rate": arrival_rate, "time_scale": time_scale,
+                       "slo_ttft": slo_ttft, "slo_tpot": slo_tpot, "gpus": gpus, "requests": requests,
+                       "screen_requests": screen_requests, "finalists": finalists, "workers": workers,
+                       "scheduler": dask_scheduler, "require_slo": require_slo, "slo_percentile": slo_percentile}
+        if trace is not None or workload is not None:
+            from k3sim.commands.plan_search import run_search
+
+            run_search(pick_scenario(scenario_arg, scenario), out, no_report, json_out, search_opts)
+            return
+        _refuse_search_only(search_opts)
         from k3sim.errors import DoesNotFit
         from k3sim.output import print_json, print_kv
         from k3sim.planner import plan as run_plan
@@ -157,6 +198,22 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 raise typer.Exit(2)
             raise DoesNotFit(res.verdict, source=str(path))  # the report path is in the table above
+
+
+def _refuse_search_only(opts: dict) -> None:
+    """A search option without the traffic it searches on changes nothing: refused, naming the option."""
+    from k3sim.errors import InputError
+
+    for key, flag in (("arrival_rate", "--arrival-rate"), ("time_scale", "--time-scale"), ("slo_ttft", "--slo-ttft"),
+                      ("slo_tpot", "--slo-tpot"), ("gpus", "--gpus"), ("requests", "--requests"),
+                      ("screen_requests", "--screen-requests"), ("finalists", "--finalists"),
+                      ("workers", "--workers"), ("scheduler", "--scheduler")):
+        if opts[key] is not None:
+            raise InputError("is a serving-search option: give the traffic to search on (--trace FILE or "
+                             "--workload NAME)", source=flag)
+    if opts["require_slo"] or opts["slo_percentile"] != 99:
+        raise InputError("is a serving-search option: give the traffic to search on (--trace FILE or "
+                         "--workload NAME)", source="--require-slo" if opts["require_slo"] else "--slo-percentile")
 
 
 def _run(path, inp, serving_requests, json_out, run_plan, sections, budget):

@@ -81,8 +81,11 @@ def _sweep_progress(enabled: bool, label: str = "prefix-cache sweep"):
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("prefix-cache")
     def prefix_cache(
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake JSONL trace (timestamp ms, lengths, hash_ids)"),
         workload: Optional[str] = typer.Option(None, "--workload",
                                                help="synthetic token-level workload instead of a trace: "

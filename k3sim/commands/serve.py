@@ -72,26 +72,54 @@ def _progress(total: int | None):
 
     if not sys.stderr.isatty() or (total is not None and total < 2000):
         return None, None
+    prog, task = _bar("serving", total)
+    return prog, (lambda n: prog.advance(task, n))
+
+
+def _bar(label: str, total: int | None):
+    """A started transient rich progress bar on stderr and its task (the caller checked stderr is a terminal:
+    piped, nothing is drawn, and stdout's bytes never depend on it)."""
     from rich.console import Console
     from rich.progress import Progress
 
     prog = Progress(console=Console(stderr=True), transient=True)
-    task = prog.add_task("serving", total=total)
+    task = prog.add_task(label, total=total)
     prog.start()
-    return prog, (lambda n: prog.advance(task, n))
+    return prog, task
+
+
+def _rate_progress(rates: int):
+    """(bar, progress(done, total)) for a rate sweep at a terminal (each rate is a whole run: seconds to
+    minutes); (None, None) when stderr is piped."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return None, None
+    prog, task = _bar(f"rate sweep ({rates} rates)", rates)
+    return prog, (lambda done, total: prog.update(task, completed=done, total=total))
 
 
 def register(app: typer.Typer) -> None:
+    from k3sim.commands.options import MODEL_SET
+
     @app.command("serve")
     def serve(
         scenario: Path = typer.Option(Path("scenarios/default.yaml"), "--scenario", help="scenario YAML"),
+        model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake JSONL trace"),
         workload: Optional[str] = typer.Option(None, "--workload",
                                                help="synthetic instead of a trace: chat | system-prompts | agent | "
                                                     "rag | stream (block ids made on the fly: any size)"),
         n_requests: int = typer.Option(1000, "--requests", help="synthetic --workload size (a --trace: --limit)"),
         arrival_rate: Optional[float] = typer.Option(None, "--arrival-rate",
-                                                     help="requests/s: new arrival times over the trace's requests"),
+                                                     help="requests/s: replaces the trace's own timing (its "
+                                                          "conversations' bursts and think times) with a Poisson "
+                                                          "(or --arrival gamma) process at this rate; to keep "
+                                                          "that timing at another rate use --time-scale"),
+        time_scale: Optional[float] = typer.Option(None, "--time-scale",
+                                                   help="multiply the trace's own arrival times by S (0.5: twice "
+                                                        "the rate), keeping its conversation timing; not with "
+                                                        "--arrival-rate or --sweep-rate"),
         arrival: str = typer.Option("poisson", "--arrival", help="with --arrival-rate or --sweep-rate: poisson | gamma"),
         arrival_cv: float = typer.Option(2.0, "--arrival-cv", help="with --arrival gamma: coefficient of variation "
                                                                      "of the gaps"),
@@ -153,6 +181,7 @@ def register(app: typer.Typer) -> None:
             from k3sim.errors import InputError
 
             raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
+        _check_time_scale(time_scale, arrival_rate, rates)
         if out is not None:  # an --out k3sim may not write is refused before the run
             from k3sim.files import check_output_dir
             from k3sim.serving.report import RUN_KIND, SWEEP_KIND
@@ -162,7 +191,7 @@ def register(app: typer.Typer) -> None:
             scenario, trace=trace, workload=workload, n_requests=n_requests, arrival=arrival, arrival_cv=arrival_cv,
             cache_policy=cache_policy, pool_bytes=pool_bytes, router=router, disaggregate=disaggregate,
             replicas=replicas, scheduler=scheduler, pp_microbatches=pp_microbatches, slo_ttft=slo_ttft,
-            slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None,
+            slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None, time_scale=time_scale,
             layout=layout_overrides(dp=attention_dp, ep=ep, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype,
                                     redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token,
                                     tbo=tbo, tbo_variant=tbo_variant, routing_zipf=routing_zipf,
@@ -175,6 +204,20 @@ def register(app: typer.Typer) -> None:
         with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
             _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
 
+
+
+def _check_time_scale(time_scale, arrival_rate, rates) -> None:
+    """--time-scale keeps the trace's own timing (scaled); a rate replaces it: one of the two."""
+    if time_scale is None:
+        return
+    from k3sim.errors import InputError
+    from k3sim.serving.arrivals import _check_scale
+
+    _check_scale(time_scale)
+    other = "--arrival-rate" if arrival_rate is not None else "--sweep-rate" if rates is not None else None
+    if other is not None:
+        raise InputError(f"keeps the trace's own timing, scaled, and {other} replaces that timing with a Poisson "
+                         "process: give one of the two", source="--time-scale")
 
 
 def _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_requests, workload) -> None:
@@ -205,7 +248,8 @@ def _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_re
 
 def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,
                  router, disaggregate, replicas, scheduler, pp_microbatches, slo_ttft, slo_tpot, seed, limit,
-                 sweep: bool, layout: dict | None = None, mtp: int | None = None, acceptance: float | None = None):
+                 sweep: bool, layout: dict | None = None, mtp: int | None = None, acceptance: float | None = None,
+                 time_scale: float | None = None):
     """The fleet and the request source the options name, checked before any request is served (every
     option given must change the run; a trace a sweep rereads is validated first). Returns the setup, the
     source (a function of the arrival rate), the run's label and the request count for the progress bar."""
@@ -242,8 +286,10 @@ def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arriva
     else:
         raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
     source = request_source(trace=trace, workload=workload, n_requests=n_requests, seed=seed_v,
-                            arrival=arrival, cv=arrival_cv, limit=limit)
+                            arrival=arrival, cv=arrival_cv, limit=limit, time_scale=time_scale)
     label = f"{setup.scenario_name}: {trace.name if trace is not None else workload}"
+    if time_scale is not None:
+        label += f" (times x {time_scale:g})"
     return setup, source, label, total
 
 
@@ -257,7 +303,12 @@ def _serve_rate_sweep(setup, source, label: str, rates: list[float], *, processe
     from k3sim.serving.run import sweep_rates
 
     warm = source(max(rates))
-    df = sweep_rates(setup, source, rates, processes=processes, warm=itertools.islice(warm, 300))
+    prog, tick = _rate_progress(len(rates))
+    try:
+        df = sweep_rates(setup, source, rates, processes=processes, warm=itertools.islice(warm, 300), progress=tick)
+    finally:
+        if prog is not None:
+            prog.stop()
     files, knee = {}, None
     if out is not None:
         from k3sim.serving.report import SWEEP_KIND, write_sweep
@@ -272,11 +323,16 @@ def _serve_rate_sweep(setup, source, label: str, rates: list[float], *, processe
         print_json({"knee_arrival_rate": knee, "files": files, "rows": df})
         return
     cols = ["arrival_rate", "throughput_requests_per_s", "goodput_requests_per_s", "ttft_p50_s",
-            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "token_hit_rate", "wall_s"]
+            "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "token_hit_rate", "overloaded", "wall_s"]
     print_table(f"rate sweep: {label}", cols,
                 [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row]
                  for row in df[cols].itertuples(index=False)])
     print(f"knee: {knee:.4g} requests/s" if knee is not None else "knee: not reached at these rates")
+    over = df[df["overloaded"]]
+    if len(over):
+        print(f"overloaded from {over['arrival_rate'].min():.4g} requests/s: the queue grows, so those rows' TTFTs "
+              "grow with the trace's length; the fleet sustains about "
+              f"{over['sustainable_rate_per_s'].median():.4g} requests/s (median of their completion rates)")
     for k, v in files.items():
         print(f"{k}: {v}")
 
@@ -310,11 +366,15 @@ def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
         print_json({**{k: s[k] for k in SUMMARY_KEYS}, **{k: v for k, v in s.items() if k not in SUMMARY_KEYS},
                     "files": files})
         return
+    over = s["overloaded"]
+    growing = "not a steady state: grows with the queue (overloaded)"
     print_kv(f"serve: {label}", [
         ("requests", f"{s['requests']} (rejected {s['requests_rejected']}, preemptions {s['preemptions']})"),
-        ("TTFT p50 / p99", f"{human_seconds(s['ttft_p50_s'])} / {human_seconds(s['ttft_p99_s'])}"),
+        *([("overloaded", overload_line(s))] if over else []),
+        ("TTFT p50 / p99", growing if over else
+         f"{human_seconds(s['ttft_p50_s'])} / {human_seconds(s['ttft_p99_s'])}"),
         ("TPOT p50 / p99", f"{human_seconds(s['tpot_p50_s'])} / {human_seconds(s['tpot_p99_s'])}"),
-        ("e2e p50 / p99", f"{human_seconds(s['e2e_p50_s'])} / {human_seconds(s['e2e_p99_s'])}"),
+        ("e2e p50 / p99", growing if over else f"{human_seconds(s['e2e_p50_s'])} / {human_seconds(s['e2e_p99_s'])}"),
         ("throughput", f"{s['throughput_requests_per_s']:.4g} req/s, "
                        f"{s['throughput_output_tokens_per_s_per_gpu']:.4g} output tokens/s/GPU"),
         ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
@@ -323,5 +383,26 @@ def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
         ("mean in system (Little)", f"{s['mean_requests_in_system']:.4g} (error "
                                     f"{100 * s['little_law_relative_error']:.2g} %)"),
         ("simulated / wall", f"{s['sim_seconds']:.6g} s / {s['wall_s']:.3g} s"),
+        ("router", router_line(s["router"])),
+        *[("warning", w) for w in s["warnings"]],
         *[(k, v) for k, v in files.items()],
     ])
+
+
+def overload_line(s: dict) -> str:
+    """The overloaded run's one line: offered against sustainable rate, and what to change."""
+    return (f"arrivals at {s['offered_rate_per_s']:.4g} requests/s, the fleet sustains about "
+            f"{s['sustainable_rate_per_s']:.4g} requests/s (its completion rate over the second half of the "
+            f"arrivals, while the waiting queue grew by {s['queue_growth_requests']:,}); lower the rate "
+            "(--time-scale, --arrival-rate) or add replicas")
+
+
+def router_line(r: dict) -> str:
+    """Which router, how it spread the requests, and the common prefix the prefix-aware one ignored."""
+    spread = r["requests_per_engine"]
+    text = r["name"] + (f": {min(spread):,}-{max(spread):,} requests per engine (of {len(spread)})"
+                        if len(spread) > 1 else "")
+    if r["name"] == "prefix-aware":
+        text += (f"; ignores the {r['ignored_common_blocks']} leading hash block(s) every request shares, load "
+                 f"cap {r['load_cap']} requests above the least loaded")
+    return text

@@ -69,6 +69,8 @@ BOUNDS: dict[str, Range] = {
     "fraction": Range(0, 1, "", "a share of a whole"),
     "seconds": Range(0, 1e9, "s", "~30 years"),
     "rate": Range(1e-9, 1e12, "per second", "tokens or requests per second"),
+    "time_scale": Range(1e-6, 1e6, "", "a factor on a trace's arrival times: a million either way squeezes the "
+                        "hour-long conversation trace into 4 ms or stretches it over 112 years"),
     "train_tokens": Range(1e6, 1e15, "tokens", "a training run's token budget: ~30x the 36T tokens of the largest "
                     "published pre-training runs (Qwen3)"),
     "train_days": Range(0.01, 3650, "days", "a training run's wall-clock time: up to ten years"),

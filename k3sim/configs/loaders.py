@@ -53,33 +53,56 @@ def read_mapping(path: str | Path, *, what: str = "config file", max_bytes: int 
     """Parse a YAML or JSON file that must hold a mapping. Read once through `k3sim.reader` (a directory,
     a device or a missing file is one line; a pipe such as `<(...)` is read exactly once; over `max_bytes` is
     refused before parsing). `what` names the kind of file in those lines."""
-    from k3sim.configs import diskcache
-
     p = Path(path)
     text = reader.read_text(path, source=str(path), what=what, max_bytes=max_bytes)
-    # a YAML text parsed before comes from the disk cache (keyed by its bytes, this loader and PyYAML; only
-    # mappings that parsed cleanly are kept), without importing PyYAML (~30 ms of a warm query)
-    cached = None if p.suffix == ".json" else diskcache.cached_yaml(text)
+    data = _parse_text(text, str(path), as_json=p.suffix == ".json")
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping at top level, got {type(data).__name__}", source=str(path))
+    return data
+
+
+def _parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
+    """A YAML (or JSON) text parsed; a YAML mapping parsed before comes from the disk cache (keyed by its
+    bytes, this loader and PyYAML; only mappings that parsed cleanly are kept), without importing PyYAML
+    (~30 ms of a warm query). Every failure is one InputError line naming `source`."""
+    from k3sim.configs import diskcache
+
+    cached = None if as_json else diskcache.cached_yaml(text)
     if cached is not None:
         return cached
     import yaml
 
+    kind = "JSON" if as_json else "YAML"
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_yaml_loader())  # noqa: S506
+        data = json.loads(text) if as_json else yaml.load(text, Loader=_yaml_loader())  # noqa: S506
     except _AliasRefused as err:
         raise InputError(f"line {err.line}: YAML aliases (*name) are not accepted; write the value out",
-                         source=str(path)) from None
+                         source=source) from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        kind = "JSON" if p.suffix == ".json" else "YAML"
         first = " ".join(str(err).split())
-        raise InputError(f"malformed {kind}: {shorten(first, 160)}", source=str(path)) from None
+        raise InputError(f"malformed {kind}: {shorten(first, 160)}", source=source) from None
     except (RecursionError, ValueError) as err:  # nested too deeply; an integer past Python's digit limit
-        raise InputError(f"malformed {'JSON' if p.suffix == '.json' else 'YAML'}: "
+        raise InputError(f"malformed {kind}: "
                          f"{'nested too deeply' if isinstance(err, RecursionError) else shorten(str(err), 120)}",
-                         source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError(f"expected a mapping at top level, got {type(data).__name__}", source=str(path))
-    return data if p.suffix == ".json" else diskcache.remember_yaml(text, data)
+                         source=source) from None
+    return data if as_json or not isinstance(data, dict) else diskcache.remember_yaml(text, data)
+
+
+# The one key of the document a command-line value is parsed in (`parse_yaml_value`).
+_VALUE_KEY = "value"
+
+
+def parse_yaml_value(raw: str, *, source: str) -> Any:
+    """One command-line value (`--set KEY=VALUE`'s VALUE) parsed as a YAML value of a config file is: `48`
+    int, `0.5` float, `true` bool, `null` (or nothing) None, `[4, 8]` a list, anything else a string. Parsed
+    as the document `value: VALUE`, so it comes from the disk cache as a file does; one line only (a newline
+    would add keys to that document)."""
+    if "\n" in raw or "\r" in raw:
+        raise InputError("a value is one line of YAML", source=source)
+    data = _parse_text(f"{_VALUE_KEY}: {raw}", source)
+    if not isinstance(data, dict) or list(data) != [_VALUE_KEY]:
+        raise InputError("expected one YAML value (quote a string that holds ': ' or '#')", source=source)
+    return data[_VALUE_KEY]
 
 
 def _schema_fields() -> set[str]:
@@ -126,14 +149,19 @@ def validate(cls: type[T], data: dict[str, Any], source: str) -> T:
         raise InputError(reason, source=source, field=field) from None
 
 
-def load_model(path: str | Path) -> ModelConfig:
+def load_model(path: str | Path, overrides: Any = None) -> ModelConfig:
     """Our model YAML, or a Hugging Face config.json (K3 nested `text_config`, Kimi-Linear/K2 flat),
     or a Hugging Face model folder holding one. A relative path missing from the working directory is looked
-    up in the project (`models/kimi-k3.yaml` works from any directory)."""
+    up in the project (`models/kimi-k3.yaml` works from any directory).
+
+    `overrides`: model what-ifs, `KEY=VALUE` texts or `configs.overrides.Override`s (`["kda.num_heads=48",
+    "full_attn_layers=every:8"]`), applied to the file's fields before the one validation (`configs.overrides`);
+    None = the running command's `--set` (`overrides.current()`), () = none."""
+    from k3sim.configs import overrides as what_if
     from k3sim.configs.hf import hf_to_model_fields, is_hf_config
-    from k3sim.configs.model import ModelConfig
     from k3sim.files import project_path
 
+    items = what_if.current() if overrides is None else what_if.parse(overrides)
     path = project_path(path)
     if _is_dir(Path(path)) and reader.is_file(Path(path) / "config.json"):
         path = Path(path) / "config.json"
@@ -142,7 +170,7 @@ def load_model(path: str | Path) -> ModelConfig:
         p = Path(path)
         default_name = p.parent.name if p.name == "config.json" else p.stem
         data = hf_to_model_fields(data, str(path), default_name)
-    return validate(ModelConfig, data, str(path))
+    return what_if.validated(data, items, str(path))
 
 
 def hardware_names() -> list[str]:

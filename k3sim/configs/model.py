@@ -52,10 +52,10 @@ class VisionConfig(BaseModel):
 PATTERN_ONLY = ("gdn", "mamba2", "mamba", "lightning", "gqa", "swa")
 
 
-# The mixer kinds the step model (decode, prefill, serving, training), context parallelism and the prefix
-# cache price today; every other kind loads, counts and sizes (model-info, memory) and is refused by those
-# consumers in one line (`ModelConfig.require_kinds`) until they are generalised (issue 23).
-MODELLED_MIXERS: tuple[str, ...] = ("kda", "mla")
+# The mixer kinds the step model prices (decode, prefill and serving steps: `k3sim.step.mixers`, one call builder
+# per kind): every registered kind. A consumer that does not price a kind yet refuses it in one line with its own
+# list (`ModelConfig.require_kinds`).
+MODELLED_MIXERS: tuple[str, ...] = tuple(MIXERS)
 
 
 class ModelConfig(BaseModel):

@@ -42,7 +42,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 # modules named in `recompute_modules`).
 RecomputeMode = Literal["none", "full", "selective"]
 RECOMPUTE_MODES: tuple[str, ...] = get_args(RecomputeMode)
-RecomputeModule = Literal["norms", "mla_up_proj", "attention_core", "moe_act", "kda_core"]
+RecomputeModule = Literal["norms", "mla_up_proj", "attention_core", "moe_act", "kda_core", "linear_attn_core"]
 RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 # DeepSeek-V3's recipe (arXiv 2412.19437 sec. 3.2.3, "Recomputation of RMSNorm and MLA Up-Projection"). Its
 # FP8 scheme also recomputes the MoE SwiGLU's output from a cached input (sec. 3.3.4): `moe_act`, named
@@ -50,10 +50,14 @@ RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
 DEEPSEEK_V3_RECOMPUTE: tuple[str, ...] = ("norms", "mla_up_proj")
 # The layer part each recompute module acts on (None: every layer), here below the memory planner and the step
 # model, which both refuse a module the model lacks (`k3sim.step.modules.MODULE_NEEDS` is this table).
-RECOMPUTE_MODULE_NEEDS: dict[str, str | None] = {"norms": None, "mla_up_proj": "mla", "attention_core": "mla",
-                                                 "moe_act": "moe", "kda_core": "kda"}
+# `attention_core` acts on every softmax-attention kind (MLA, GQA, SWA), `linear_attn_core` on every recurrent
+# kind's core (chunk kernel and short conv), KDA's too: it covers `kda_core`, which stays KDA's alone.
+RECOMPUTE_MODULE_NEEDS: dict[str, str | None] = {"norms": None, "mla_up_proj": "mla", "attention_core": "attention",
+                                                 "moe_act": "moe", "kda_core": "kda", "linear_attn_core": "recurrent"}
+RECOMPUTE_MODULE_COVERS: dict[str, tuple[str, ...]] = {"linear_attn_core": ("kda_core",)}
 _NEED_LAYERS = {"mla": ("num_mla_layers", "MLA layers"), "kda": ("num_kda_layers", "KDA layers"),
-                "moe": ("num_moe_layers", "MoE layers")}
+                "moe": ("num_moe_layers", "MoE layers"), "attention": (None, "softmax attention layers"),
+                "recurrent": (None, "recurrent (linear-attention or state-space) layers")}
 
 
 def resolve_recompute(model: Any, recompute: str | None, modules: tuple[str, ...] | list[str],
@@ -90,8 +94,15 @@ def resolve_recompute(model: Any, recompute: str | None, modules: tuple[str, ...
 
 
 def _has_part(model: Any, need: str | None) -> bool:
-    """Whether `model` has layers of the part a recompute module needs (None: every model)."""
-    return need is None or bool(getattr(model, _NEED_LAYERS[need][0]))
+    """Whether `model` has layers of the part a recompute module needs (None: every model); "recurrent" /
+    "attention": a mixer kind whose registry entry is (or is not) recurrent."""
+    if need is None:
+        return True
+    if _NEED_LAYERS[need][0] is not None:
+        return bool(getattr(model, _NEED_LAYERS[need][0]))
+    from k3sim.configs.kinds import MIXERS
+
+    return any(MIXERS[k].recurrent == (need == "recurrent") for k in model.mixer_kinds)
 
 
 # Pipeline schedules of the training step ("auto": 1F1B, interleaved 1F1B when virtual_stages > 1).

@@ -58,9 +58,11 @@ class EngineConfig(BaseModel):
     watermark_fraction: Annotated[float, BeforeValidator(_finite)] = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     reserve_output: bool = Field(False, description="reserve pages for the whole output at admission (no "
                                                     "preemption); vLLM does not")
-    pp_microbatches: bool = Field(False, description="with pp > 1, keep pp batches in flight: the replica runs "
-                                                     "pp engines, each with 1/pp of the pool and its own prefix "
-                                                     "cache (vLLM V0's virtual engines); off: one batch at a time")
+    # on: what engines do (vLLM V1 max_concurrent_batches = pp, V0 virtual engines, SGLang pp micro-batches;
+    # k3sim.serving.run._pp_engines cites them); with attention DP it stays off, noted in the result
+    pp_microbatches: bool = Field(True, description="with pp > 1, keep pp batches in flight: the replica runs "
+                                                    "pp engines, each with 1/pp of the pool and its own prefix "
+                                                    "cache (vLLM V0's virtual engines); off: one batch at a time")
 
     @field_validator("pool_bytes")
     @classmethod

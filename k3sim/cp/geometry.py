@@ -119,12 +119,21 @@ def kda_layer_geometry(heads: int, name: str) -> CPGeometry:
 
 
 def geometry_from_model(model: Any, tp: int = 1) -> CPGeometry:
-    """Read a `ModelConfig` (DEVELOPING.md attribute names) into a CPGeometry; a mixer kind CP does not model
-    yet is refused in one line (`configs.model.MODELLED_MIXERS`)."""
-    from k3sim.configs.model import MODELLED_MIXERS
+    """Read a `ModelConfig` (DEVELOPING.md attribute names) into a CPGeometry, which holds KDA and MLA layers
+    only: a model with another mixer kind is refused in one line, so that no consumer of the geometry (the
+    training step's CP overhead, the planner's CP sweep) prices its other layers as free. Every kind:
+    `cp.model_cp_step` (what `k3sim cp` runs)."""
+    from k3sim.cp.kinds import GEOMETRY_KINDS
 
     if hasattr(model, "require_kinds"):
-        model.require_kinds(MODELLED_MIXERS, "context parallelism (k3sim cp)", field="model")
+        model.require_kinds(GEOMETRY_KINDS, "the KDA/MLA context-parallel geometry (k3sim.cp.geometry_from_model; "
+                            "`k3sim cp` prices every kind)", field="model")
+    return kda_mla_geometry(model, tp)
+
+
+def kda_mla_geometry(model: Any, tp: int = 1) -> CPGeometry:
+    """The KDA and MLA layers of `model` as a CPGeometry (no KDA or MLA: zero layers of each); its other kinds
+    are `cp.kinds`' (`model_cp_step` prices both)."""
     kda, mla = getattr(model, "kda", None), getattr(model, "mla", None)
     kw: dict[str, Any] = dict(hidden_size=model.hidden_size, tp=tp, name=getattr(model, "name", "model"),
                               num_kda_layers=model.num_kda_layers, num_mla_layers=model.num_mla_layers,

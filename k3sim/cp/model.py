@@ -1,5 +1,7 @@
 """One training step's attention work across a CP group: KCP (or another scheme) on the KDA layers,
-a chosen scheme on the MLA layers, summed over the hybrid stack as it is (K3: 69 KDA + 24 MLA)."""
+a chosen scheme on the MLA layers, summed over the hybrid stack as it is (K3: 69 KDA + 24 MLA); and for any
+model (`model_cp_step`), every mixer kind with its own scheme (`cp/kinds.py`: the GDN and scalar-decay folds of
+`cp/folds.py`, the GQA / SWA schemes of `cp/attention.py`), summed over its layers by kind."""
 
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ class CPStepResult:
     cp: int
     tp: int
     state_dtype: str
-    kda_strategy: str
-    mla_strategy: str
-    mla_kv: str
+    kda_strategy: str | None        # None: the model has no KDA layers (`kinds` holds every kind's scheme)
+    mla_strategy: str | None
+    mla_kv: str | None
     docs: int
     link: str
     num_kda_layers: int
@@ -42,6 +44,26 @@ class CPStepResult:
     kda: LayerCost | None = None
     mla: LayerCost | None = None
     breakdown: list[dict] = field(default_factory=list)
+    kinds: list[KindCost] = field(default_factory=list)   # every mixer kind: its layers, scheme and cost
+
+
+@dataclass
+class KindCost:
+    """One mixer kind of the step: its layer count, the scheme it ran and one layer's bytes and seconds."""
+
+    kind: str
+    title: str
+    layers: int
+    scheme: str
+    scheme_label: str
+    state_dtype: str | None                    # the state a fold moves (None: an attention kind)
+    layer_recv_bytes_per_rank: float           # forward, one layer (a fold: summaries + conv halo)
+    layer_state_recv_bytes_per_rank: float     # forward, the state summaries alone (0 for attention kinds)
+    layer_time_s: float                        # forward + backward, one layer
+    step_time_s: float                         # all its layers
+    notes: list[str] = field(default_factory=list)
+    layer: LayerCost | None = None             # the per-layer cost (the `kda` / `mla` fields for those kinds)
+    kv_form: str | None = None                 # MLA: the K/V form moved (latent | expanded)
 
 
 def _state_recv(g: CPGeometry, strategy: str, seq_len: int, P: int, state_dtype: str) -> float:
@@ -124,13 +146,14 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
             mla_strategy: str = DEFAULT_MLA_STRATEGY, *, state_dtype: str = "fp32", mla_kv: str = DEFAULT_MLA_KV,
             docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
             bandwidth_override: float | None = None, kcp_pre_factor: float | None = None,
-            intra: Any = "auto") -> CPStepResult:
+            intra: Any = "auto", others: tuple = ()) -> CPStepResult:
     """Per-rank bytes and seconds of every attention layer of one training step (one sequence).
 
     `intra="auto"` fits the intra-device KDA model to the profile's measured chunk_kda_fwd when there is
-    any (host floor and GPU time for KCP's pre-process); None uses the kernel predictor's times alone."""
+    any (host floor and GPU time for KCP's pre-process); None uses the kernel predictor's times alone.
+    `others`: the layers of kinds `g` does not hold (`cp.kinds.KindLayers`, from `model_cp_step`)."""
     if isinstance(intra, str) and intra == "auto":
-        intra = fitted_intra(hardware) if kernel_time is None else None
+        intra = fitted_intra(hardware) if kernel_time is None and g.num_kda_layers else None
     check_state_dtype(state_dtype)
     if mla_kv not in ("latent", "expanded"):
         raise InputError(f"MLA KV form must be latent or expanded, got '{mla_kv}'", source="--mla-kv")
@@ -138,6 +161,10 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
         check_strategy(kda_strategy, "kda", seq_len, P, g.kda_heads_per_rank, "--strategy")
     if g.num_mla_layers:
         check_strategy(mla_strategy, "mla", seq_len, P, g.mla_heads_per_rank, "--mla-strategy")
+    from k3sim.cp.attention import check_split
+
+    for kl in others:
+        check_split(kl.scheme, seq_len, P)
     x = layer_inputs(g, hardware, seq_len, P, state_dtype=state_dtype, mla_kv=mla_kv, docs=docs,
                      doc_lengths=doc_lengths, kernel_time=kernel_time, bandwidth_override=bandwidth_override,
                      kcp_pre_factor=kcp_pre_factor, intra=intra)
@@ -147,23 +174,84 @@ def cp_step(g: CPGeometry, hardware: Any, seq_len: int, P: int, kda_strategy: st
     nk, nm = g.num_kda_layers, g.num_mla_layers
     t_k = kda.time_s if kda else 0.0
     t_m = mla.time_s if mla else 0.0
-    breakdown = []
-    for n, lc in ((nk, kda), (nm, mla)):
-        if lc is None:
-            continue
-        for phase in ("fwd", "bwd"):
-            for r in getattr(lc, phase).rows:
-                breakdown.append({"layer": lc.layer_kind, "phase": phase, "component": r["component"],
-                                  "seconds_per_layer": r["seconds"], "seconds_step": n * r["seconds"],
-                                  "source": r["source"]})
+    kinds = _geometry_kinds(g, kda, mla, _state_recv(g, kda_strategy, seq_len, P, state_dtype) if kda else 0.0,
+                            state_dtype, mla_kv) + [_other_kind(kl, x) for kl in others]
+    breakdown = [{"layer": kc.kind, "phase": phase, "component": r["component"], "seconds_per_layer": r["seconds"],
+                  "seconds_step": kc.layers * r["seconds"], "source": r["source"]}
+                 for kc in kinds for phase in ("fwd", "bwd") for r in getattr(kc.layer, phase).rows]
     return CPStepResult(
         model=g.name, hardware=str(getattr(hardware, "name", hardware)), seq_len=seq_len, cp=P, tp=g.tp,
         state_dtype=state_dtype, kda_strategy=kda_strategy, mla_strategy=mla_strategy, mla_kv=mla_kv,
         docs=len(bounds) - 1, link=comm.link, num_kda_layers=nk, num_mla_layers=nm,
         kda_layer_recv_bytes_per_rank=kda.fwd.recv_bytes if kda else 0.0,
-        kda_layer_state_recv_bytes_per_rank=_state_recv(g, kda_strategy, seq_len, P, state_dtype) if kda else 0.0,
+        kda_layer_state_recv_bytes_per_rank=kinds[0].layer_state_recv_bytes_per_rank if kda else 0.0,
         mla_layer_recv_bytes_per_rank=mla.fwd.recv_bytes if mla else 0.0,
-        kda_layer_time_s=t_k, mla_layer_time_s=t_m, step_attention_time_s=nk * t_k + nm * t_m,
-        step_recv_bytes_per_rank=(nk * (kda.fwd.recv_bytes + kda.bwd.recv_bytes) if kda else 0.0)
-        + (nm * (mla.fwd.recv_bytes + mla.bwd.recv_bytes) if mla else 0.0),
-        kda=kda, mla=mla, breakdown=breakdown)
+        kda_layer_time_s=t_k, mla_layer_time_s=t_m, step_attention_time_s=sum(kc.step_time_s for kc in kinds),
+        step_recv_bytes_per_rank=sum(kc.layers * (kc.layer.fwd.recv_bytes + kc.layer.bwd.recv_bytes)
+                                     for kc in kinds),
+        kda=kda, mla=mla, breakdown=breakdown, kinds=kinds)
+
+
+def _kind_cost(kind: str, layers: int, lc: LayerCost, state_dtype: str | None, state_recv: float) -> KindCost:
+    from k3sim.configs.kinds import MIXERS
+    from k3sim.cp.kinds import SCHEME_LABELS
+
+    return KindCost(kind=kind, title=MIXERS[kind].title, layers=layers, scheme=lc.strategy,
+                    scheme_label=SCHEME_LABELS.get(lc.strategy, lc.strategy), state_dtype=state_dtype,
+                    layer_recv_bytes_per_rank=float(lc.fwd.recv_bytes),
+                    layer_state_recv_bytes_per_rank=float(state_recv),
+                    layer_time_s=float(lc.time_s), step_time_s=float(layers * lc.time_s), notes=list(lc.notes),
+                    layer=lc)
+
+
+def _geometry_kinds(g: CPGeometry, kda: LayerCost | None, mla: LayerCost | None, kda_state_recv: float,
+                    state_dtype: str, mla_kv: str) -> list[KindCost]:
+    """The KDA and MLA entries of `CPStepResult.kinds` (their costs as `cp_step` always made them)."""
+    out = []
+    if kda is not None:
+        out.append(_kind_cost("kda", g.num_kda_layers, kda, state_dtype, kda_state_recv))
+    if mla is not None:
+        out.append(_kind_cost("mla", g.num_mla_layers, mla, None, 0.0))
+        out[-1].kv_form = mla_kv if mla.strategy != "ulysses" else "expanded"
+    return out
+
+
+def _other_kind(kl: Any, x: LayerInputs) -> KindCost:
+    """A kind `CPGeometry` does not hold: its fold (recurrent) or attention scheme (`cp/kinds.py`)."""
+    from k3sim.cp.attention import attention_layer
+    from k3sim.cp.folds import fold_layer, state_recv_bytes
+    from k3sim.cp.kinds import RecurrentShape
+
+    s = kl.shape
+    if isinstance(s, RecurrentShape):
+        return _kind_cost(kl.kind, kl.layers, fold_layer(x, s, kl.scheme), s.state_dtype, state_recv_bytes(s, x.P))
+    return _kind_cost(kl.kind, kl.layers, attention_layer(x, s, kl.scheme), None, 0.0)
+
+
+def model_cp_step(model: Any, hardware: Any, seq_len: int, P: int, *, tp: int = 1, strategy: str | None = None,
+                  mla_strategy: str | None = None, state_dtype: str | None = None, mla_kv: str | None = None,
+                  docs: int | None = None, doc_lengths: list[int] | None = None, kernel_time=None,
+                  bandwidth_override: float | None = None, intra: Any = "auto") -> CPStepResult:
+    """`cp_step` for any model: every mixer kind with the scheme `cp.kinds.resolve_schemes` gives it (--strategy
+    where the kind runs it, else its default; MLA's from --mla-strategy), the step summed over the layers by
+    kind. `state_dtype` None: each recurrent kind moves its own state dtype (KDA's: `default_state_dtype`). KDA
+    and MLA are priced by `cp_step` exactly as for `CPGeometry` alone."""
+    from k3sim.cp.geometry import default_state_dtype, kda_mla_geometry
+    from k3sim.cp.kinds import model_kinds, resolve_schemes
+
+    schemes = resolve_schemes(model, strategy, mla_strategy)
+    if mla_kv is not None and "mla" not in schemes:
+        raise InputError(f"sets how MLA layers move K/V and {getattr(model, 'name', 'the model')} has no MLA "
+                         "layers", source="--mla-kv")
+    if state_dtype is not None:
+        check_state_dtype(state_dtype)
+    g = kda_mla_geometry(model, tp)
+    others = tuple(model_kinds(model, tp, schemes, state_dtype))
+    r = cp_step(g, hardware, seq_len, P, schemes.get("kda", "kcp"), schemes.get("mla", DEFAULT_MLA_STRATEGY),
+                state_dtype=default_state_dtype(model) if state_dtype is None else state_dtype,
+                mla_kv=DEFAULT_MLA_KV if mla_kv is None else mla_kv, docs=docs, doc_lengths=doc_lengths,
+                kernel_time=kernel_time, bandwidth_override=bandwidth_override, intra=intra, others=others)
+    # the KDA / MLA fields name what those layers ran: nothing where the model has none
+    r.kda_strategy = r.kda_strategy if "kda" in schemes else None
+    r.mla_strategy, r.mla_kv = (r.mla_strategy, r.mla_kv) if "mla" in schemes else (None, None)
+    return r

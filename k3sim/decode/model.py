@@ -9,8 +9,10 @@ The batch a replica can hold at a context comes from the memory planner (`max_co
 
 Speculative decoding with MTP (any model): the verify step feeds n + 1 tokens per sequence through every
 layer (`Batch.tokens_per_decode`), the n draft passes of the MTP module run on the last stage
-(`mtp_draft_seconds`), and a step advances `accepted_tokens_per_step(n, a)` tokens per sequence. KDA layers
-add their state rollback (`k3sim.decode.mtp`); MLA layers truncate their KV and add nothing.
+(`mtp_draft_seconds`), and a step advances `accepted_tokens_per_step(n, a)` tokens per sequence. Every
+recurrent layer kind (KDA, GDN, Mamba2, Mamba, lightning) adds its state rollback, snapshot or replay
+(`k3sim.decode.rollback`, per kind in the `speculative` block's `rollback_by_kind`); attention layers (MLA,
+GQA, SWA) truncate their KV and add nothing.
 
 The step is split into compute, exposed communication and hidden communication: the step model's own split
 (`forward_step` extras `comm_exposed_s` / `comm_hidden_s`, two-batch overlap included) where it gives one,
@@ -22,10 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
 from k3sim.decode.mtp import SpecConfig
 from k3sim.step import Batch, StepLayout, StepResult, forward_step
-from k3sim.step.calls import BF16, Call, StepComponent, Timer
+from k3sim.step.calls import Call, StepComponent, Timer
 from k3sim.step.experts import distinct_experts
 
 
@@ -60,25 +63,23 @@ class DecodeResult:
     ep_kernel_used: str | None = None  # the EP all-to-all kernel the verify step runs (None: no all-to-all)
 
 
-def _state_snapshot_calls(model: ModelConfig, layout: StepLayout, batch: int, spec: SpecConfig) -> list[Call]:
-    """Extra KDA state writes of the snapshot rollback, per KDA layer: n copies of each sequence's state."""
-    from k3sim.memory.sizes import kda_state_bytes_per_layer
-
-    state = kda_state_bytes_per_layer(model) / layout.tp
-    extra = spec.extra_state_writes() * batch * state
-    if extra <= 0:
-        return []
-    # a write-only stream of X bytes moves what a copy of X/2 bytes moves (copy = read + write)
-    return [Call("kda_state_snapshots", "hbm_copy", {"bytes": max(1, int(extra / 2))}, proxy_bytes=extra)]
-
-
-def _projection_cache_calls(model: ModelConfig, layout: StepLayout, batch: int, spec: SpecConfig) -> list[Call]:
-    """Replay's projected-input cache: q, k, v, g (D each) and beta per head and draft token, bf16, written
-    in the verify and read in the replay."""
-    kda = model.kda
-    per_tok = kda.num_heads / layout.tp * (3 * kda.head_dim_k + kda.head_dim_v + 1) * BF16
-    nbytes = 2 * batch * (spec.depth + 1) * per_tok
-    return [Call("kda_projection_cache", "hbm_copy", {"bytes": max(1, int(nbytes / 2))}, proxy_bytes=nbytes)]
+def mtp_layer_indices(model: ModelConfig) -> tuple[int, ...]:
+    """The layers whose calls price the MTP module's one decoder layer: the model's last layer with an
+    attention (non-recurrent) mixer, as vLLM builds Qwen3-Next's MTP layer (`qwen3_next_mtp.py`:
+    `Qwen3NextDecoderLayer(layer_type="full_attention")` with the MoE block), so the draft keeps a KV cache
+    and no recurrent state to roll back; DeepSeek-V3's and the Kimi models' last layer is such a layer
+    (MLA + MoE), so their draft is unchanged. Where that layer has no FFN (Nemotron-H's blocks hold a mixer
+    or an FFN), the last mixer-free FFN layer is added, so the draft is one attention + FFN layer like
+    every other model's. A model without attention layers takes its last layer as it is."""
+    layers = model.layers
+    attn = [ly for ly in layers if ly.mixers and not any(MIXERS[k].recurrent for k in ly.mixers)]
+    if not attn:
+        return (model.num_layers - 1,)
+    last = attn[-1]
+    if last.ffn is not None:
+        return (last.index,)
+    ffn_only = [ly for ly in layers if not ly.mixers and ly.ffn is not None]
+    return (last.index,) + ((ffn_only[-1].index,) if ffn_only else ())
 
 
 def _draft_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: str) -> list[Call]:
@@ -87,15 +88,17 @@ def _draft_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: s
     DeepSeekMultiTokenPredictorLayer): the next token's embedding (shared with the main model) and the
     previous hidden state, each RMSNorm-ed, concatenated and projected 2d -> d by `eh_proj` (a plain
     replicated linear: whole on every TP rank), one decoder layer, then the shared head (final norm + LM head).
-    The layer is priced as the model's last layer (same attention and FFN kinds; assumption for K3, whose
-    MTP layer is not published; DeepSeek-V3's is an MLA + MoE layer like its last). Its attention reads the
-    module's own cache over the context."""
+    The layer is priced as the model's layers `mtp_layer_indices` name (its last attention layer; an
+    assumption for K3, whose MTP layer is not published). Its attention reads the module's own cache over
+    the context."""
     from k3sim.step.layers import embedding_calls, gemm, layer_calls, lm_head_calls, rmsnorm
 
     M, d = batch.tokens, model.hidden_size
     calls = [*embedding_calls(model, batch), rmsnorm("mtp_enorm", M, d), rmsnorm("mtp_hnorm", M, d),
              gemm("mtp_eh_proj", M, d, 2 * d)]
-    return calls + layer_calls(model, model.num_layers - 1, layout, batch, kernel) + lm_head_calls(model, layout, batch)
+    for i in mtp_layer_indices(model):
+        calls += layer_calls(model, i, layout, batch, kernel)
+    return calls + lm_head_calls(model, layout, batch)
 
 
 def _draft_rows(model: ModelConfig, layout: StepLayout, num_decode: int, context: int,
@@ -128,37 +131,15 @@ def mtp_draft_seconds(model: ModelConfig, hw: Any, layout: StepLayout, num_decod
     return mtp * sum(r.seconds for r in rows if not r.hidden)
 
 
-def _kda_rollback(model: ModelConfig, layout: StepLayout, batch: int, tpd: int, spec: SpecConfig, timer: Timer,
-                  stage_s: list[float], rows: list[StepComponent]) -> int:
-    """Add the KDA layers' rollback work (replay's accepted tokens and projection cache, or snapshot's
-    state copies) to each stage; returns the tokens per sequence the KDA verify kernel walks."""
-    n_kda = [sum(model.layer_kinds[i] == "kda" for i in ls) for ls in layout.stage_layers(model.num_layers)]
-    kda_t = spec.kda_tokens_per_sequence()
-    if kda_t != tpd:  # replay walks the previous step's accepted tokens too
-        base = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": tpd, "H": _heads(model, layout)}), 0)
-        more = timer.row(Call("x", "recurrent_kda_decode", {"B": batch, "T": kda_t, "H": _heads(model, layout)}), 0)
-        delta = more.seconds - base.seconds
-        for s, n in enumerate(n_kda):
-            stage_s[s] += n * delta
-            rows.append(StepComponent("kda_replay_accepted", "recurrent_kda_decode", n * (more.bytes - base.bytes),
-                                      n * (more.flop - base.flop), n * delta, more.source, s, n))
-    extra = _state_snapshot_calls(model, layout, batch, spec) + (
-        _projection_cache_calls(model, layout, batch, spec) if spec.rollback == "replay" else [])
-    for c in extra:
-        r = timer.row(c, 0)
-        for s, n in enumerate(n_kda):
-            stage_s[s] += n * r.seconds
-            rows.append(StepComponent(r.component, r.op, n * r.bytes, 0.0, n * r.seconds, r.source, s, n))
-    return kda_t
-
-
 def _speculate(model: ModelConfig, layout: StepLayout, batch: int, context: int, spec: SpecConfig, timer: Timer,
-               stage_s: list[float], rows: list[StepComponent]) -> tuple[dict[str, Any], float]:
-    """The MTP work beyond the n + 1-token verify the step model already priced: KDA rollback where the
-    model has KDA layers, the n draft passes on the last stage (any model). Returns the `speculative`
-    block and the drafts' communication seconds (exposed)."""
-    has_kda = model.kda is not None and model.num_kda_layers > 0
-    kda_t = _kda_rollback(model, layout, batch, spec.depth + 1, spec, timer, stage_s, rows) if has_kda else None
+               stage_s: list[float], rows: list[StepComponent], expert_kernel: str) -> tuple[dict[str, Any], float]:
+    """The MTP work beyond the n + 1-token verify the step model already priced: every recurrent kind's
+    rollback (`k3sim.decode.rollback`; attention kinds truncate their KV), the n draft passes on the last
+    stage (any model). Returns the `speculative` block and the drafts' communication seconds (exposed)."""
+    from k3sim.decode.rollback import rollback
+
+    kinds = rollback(model, layout, batch, spec, expert_kernel, timer, stage_s, rows)
+    recurrent = {k.kind: k for k in kinds if k.scheme != "kv-truncate"}
     one = _draft_rows(model, layout, batch, context, timer)
     draft = spec.depth * sum(r.seconds for r in one if not r.hidden)
     draft_comm = spec.depth * sum(r.seconds for r in one if not r.hidden and _comm(r.op))
@@ -169,10 +150,15 @@ def _speculate(model: ModelConfig, layout: StepLayout, batch: int, context: int,
                               sum(r.flop for r in one) * spec.depth, draft,
                               "step model (MTP module: eh_proj + one layer + shared LM head)", layout.pp - 1,
                               spec.depth))
+    walked = spec.recurrent_tokens_per_sequence() if recurrent else None
     info = {"depth": spec.depth, "acceptance": spec.acceptance,
-            "rollback": spec.rollback if has_kda else "kv-truncate",
+            "rollback": spec.rollback if recurrent else "kv-truncate",
             "tokens_per_step": spec.tokens_per_step, "verify_tokens_per_sequence": spec.depth + 1,
-            "draft_s": draft, "draft_comm_s": draft_comm, "kda_tokens_per_sequence": kda_t}
+            "draft_s": draft, "draft_comm_s": draft_comm,
+            "recurrent_tokens_per_sequence": walked,
+            "kda_tokens_per_sequence": walked if "kda" in recurrent else None,
+            "rollback_s": sum(k.seconds_per_step for k in kinds),
+            "rollback_by_kind": [k.as_dict() for k in kinds]}
     return info, draft_comm
 
 
@@ -203,7 +189,7 @@ def decode_step(model: ModelConfig, hw: Any, layout: StepLayout, batch: int, con
     rows = list(res.rows)
     stage_s = list(res.stage_seconds)
     spec_info, draft_comm = (None, 0.0) if spec is None else _speculate(model, layout, batch, context, spec,
-                                                                        timer, stage_s, rows)
+                                                                        timer, stage_s, rows, res.expert_kernel)
     step = sum(stage_s)
     pp = layout.pp
     cycle = max(step, pp * max(stage_s))
@@ -246,10 +232,6 @@ def _expert_tables(out: DecodeResult, model: ModelConfig, hw: Any, layout: StepL
     out.expected_distinct_experts_per_rank = out.expected_distinct_experts_per_layer / layout.ep
     out.expert_kernels = expert_kernel_table(model, hw, layout, b, timer)
     out.router_fusion = router_fusion_table(model, hw, layout, b, timer)
-
-
-def _heads(model: ModelConfig, layout: StepLayout) -> int:
-    return max(1, model.kda.num_heads // layout.tp)
 
 
 def _comm(op: str) -> bool:

@@ -1,24 +1,28 @@
-"""Speculative decoding with MTP drafts: what verifying n drafts costs, and how the KDA state rolls back.
+"""Speculative decoding with MTP drafts: what verifying n drafts costs, and how a recurrent state rolls back.
 
 A verify step feeds n + 1 tokens per sequence (the last accepted token and n drafts). Softmax-attention
-layers just append KV and truncate on rejection; a KDA layer's state has already advanced through the
-rejected tokens, so it must be restored (MISSION sec. 1):
+layers (MLA, GQA, SWA) just append KV and truncate on rejection; a recurrent layer's state (KDA, GDN,
+Mamba2, Mamba, lightning) has already advanced through the rejected tokens, so it must be restored
+(MISSION sec. 1). Two schemes, priced per kind by `k3sim.decode.rollback`:
 
-- snapshot: the verify kernel writes a copy of the state after every verified position (n + 1 states per
-  sequence and layer), and rollback points the sequence at the accepted one. State writes grow with n.
-- replay (K3, as ReplaySSM): only the drafts' projected inputs (q, k, v, gates, beta: a few KB per token
+- snapshot: the verify writes a copy of the state (and of the short-conv window) after every verified
+  position, and rollback points the sequence at the accepted one. State writes grow with n. This is what
+  the engines run for Mamba2 and Gated DeltaNet: SGLang's and TensorRT-LLM's Mamba pools keep per-draft-token
+  "intermediate" SSM states and conv windows (`intermediate_ssm_state_cache`, `intermediate_conv_window`;
+  TensorRT-LLM `MambaCacheManager._update_speculative_mamba_states` copies the accepted one back), and
+  vLLM's GDN verify writes the state of every position into its own slot (`fused_recurrent_gated_delta_rule`
+  with a per-token `ssm_state_indices` row and `num_accepted_tokens`, vllm/model_executor/models/qwen3_next.py).
+- replay (K3, as ReplaySSM): only the drafts' projected inputs (the recurrence's inputs: a few KB per token
   and layer) are cached; the next step's kernel loads the persisted state, replays the accepted tokens on
   chip, persists that state once, then runs the new tokens without persisting. One state read and one
   state write per step whatever n is, over a + n + 1 tokens (a accepted last step).
 
-Both verify kernels are the measured multi-token `recurrent_kda_decode` (T tokens per sequence walked in
-sequence); snapshot adds its extra state writes as HBM traffic. Verify latency against n is therefore a
-model output: sub-linear for replay (fixed state traffic, the per-token serial step grows), above it for
-snapshots.
+Verify latency against n is therefore a model output: sub-linear for replay (fixed state traffic, the
+per-token serial step grows), above it for snapshots.
 
 Every model verifies the same way: n + 1 tokens per sequence through every layer (`Batch.tokens_per_decode`;
-MLA folds them into its head axis, as FlashMLA folds seqlen_q). What differs is rollback: softmax (MLA)
-layers truncate their KV on rejection at no cost; only KDA layers pay snapshot or replay.
+MLA folds them into its head axis, as FlashMLA folds seqlen_q). What differs is rollback: softmax layers
+truncate their KV on rejection at no cost; only recurrent layers pay snapshot or replay.
 
 Acceptance: each draft is accepted with probability `acceptance` given all earlier ones were (the usual
 chain model); the bonus token from the verify is always kept, so a step yields
@@ -68,12 +72,16 @@ class SpecConfig:
     def tokens_per_step(self) -> float:
         return accepted_tokens_per_step(self.depth, self.acceptance)
 
-    def kda_tokens_per_sequence(self) -> int:
-        """Tokens the KDA verify kernel walks per sequence: n + 1, plus the replayed accepted tokens of
-        the previous step (rounded up) under replay."""
+    def recurrent_tokens_per_sequence(self) -> int:
+        """Tokens a recurrent layer's verify walks per sequence: n + 1, plus the replayed accepted tokens of
+        the previous step (rounded up) under replay. The same for every recurrent kind."""
         if self.rollback == "snapshot":
             return self.depth + 1
         return self.depth + 1 + max(0, math.ceil(self.tokens_per_step - 1.0))
+
+    def kda_tokens_per_sequence(self) -> int:
+        """The earlier name of `recurrent_tokens_per_sequence` (one rule under two names)."""
+        return self.recurrent_tokens_per_sequence()
 
     def extra_state_writes(self) -> int:
         """State copies written per sequence and layer beyond the one a plain step writes."""

@@ -202,6 +202,11 @@ DECODE_OPS: dict[str, OpSpec] = {s.name: s for s in [
     OpSpec("gqa_decode", "attention", ("B", "C", "Hq", "Hkv", "D"),
            {"B": ParamRange("batch"), "C": _T, "Hq": _HEADS, "Hkv": _HEADS, "D": ParamRange("head_dim")},
            gqa_decode_flop, gqa_decode_bytes, shape_params=("Hq", "Hkv", "D"), check=_gqa_heads),
+    # the same attention over a paged cache read through a block table (our Triton split-KV kernel, 64-token pages,
+    # hybrid_ops.paged_decode_call); the table's 4 bytes per page are left out of the bytes (< 0.01 % of the cache)
+    OpSpec("gqa_decode_paged", "attention", ("B", "C", "Hq", "Hkv", "D"),
+           {"B": ParamRange("batch"), "C": _T, "Hq": _HEADS, "Hkv": _HEADS, "D": ParamRange("head_dim")},
+           gqa_decode_flop, gqa_decode_bytes, shape_params=("Hq", "Hkv", "D"), check=_gqa_heads),
     _small("router_softmax_topk", ("T", "E", "topk"), {"T": _T, "E": ParamRange("experts"), "topk": ParamRange("topk")},
            _router_softmax, ("E", "topk"), check=_topk_le_e),
     _small("shared_expert_gate", ("T", "D"), {"T": _T, "D": _W}, _shared_gate, ("D",)),

@@ -25,7 +25,45 @@ checkpointing, core_attn ... normal checkpointing"), per tensor:
 - `kda_core` (normal checkpointing): drops the chunk kernel's saved q, k, v (the short conv's outputs, q and k
   L2-normed, with their fp32 inverse norms) and its chunk-local Aqk / Akk matrices (H x 64 per token each,
   fla `ChunkKDAFunction.save_for_backward`); keeps the conv input, the decay gate and beta (its inputs) and
-  the chunk output, which the gated output norm saves as its own input.
+  the chunk output, which the gated output norm saves as its own input;
+- `linear_attn_core` (normal checkpointing): the same for every recurrent kind (GDN, Mamba2, Mamba, lightning,
+  and KDA: it covers `kda_core`, `configs.planning.RECOMPUTE_MODULE_COVERS`): drops what the chunk kernel (or
+  selective scan) saves of its own and the short conv's (or lightning's SiLU's) output; keeps their inputs and
+  the core's output.
+`attention_core` acts on every softmax-attention kind (MLA, GQA, SWA): FlashAttention's log-sum-exp.
+
+What each mixer kind saves, from the autograd functions of the implementations its models train with:
+- GDN (Qwen3-Next; fla `chunk_gated_delta_rule`, `ChunkGatedDeltaRuleFunction.save_for_backward(q, q_rstd, k,
+  k_rstd, v, g, beta, A, ...)` with `use_qk_l2norm_in_kernel=True`): q and k after the in-kernel L2 norm (HK
+  d_k each, the key heads: fla reads key head h // (HV / HK) for grouped value heads) with their fp32 inverse
+  norms, v (HV d_v), the chunk-local cumulative decay g (fp32) and beta per value head, and the solved WY
+  matrix A (HV x 64 per token, bf16); the chunk states are rebuilt in the backward (`chunk_gated_delta_rule_bwd`
+  re-runs `chunk_gated_delta_rule_fwd_h`). Around it: the short conv's input (causal_conv1d saves x), the decay
+  g = -exp(A_log) softplus(a + dt_bias) computed in fp32 (softplus saves its input, the product its operand),
+  beta = sigmoid(b), the gated RMSNorm's input and gate z, and o_proj's input.
+- Mamba2 (Nemotron-H, Granite-4.0-H; mamba_ssm `MambaChunkScanCombinedFn.save_for_backward(out, x, dt,
+  dA_cumsum, A, B, C, D, z, dt_bias, ...)`): the conv's output x, B, C (d_inner + 2 G N), the raw dt (the
+  kernel applies dt_bias and softplus), the fp32 cumulative decay per head, the scan output (the gated norm's
+  input, or with z inside the scan its ungated output); the conv's input, z, and o_proj's input.
+- Mamba (Jamba; mamba_ssm `SelectiveScanFn.save_for_backward(u, delta, A, B, C, D, z, delta_bias, x, out)`):
+  the conv output u (x_proj's input too), delta, B and C, z, the chunk states x (fp32, d_inner x 2N per
+  2048-token chunk of the CUDA kernel) and the ungated output; Jamba's RMSNorms on dt, B and C save their inputs.
+- lightning (MiniMax-M1; the chunked linear attention with a fixed decay as fla `chunk_simple_gla` with
+  `g_gamma`, `ChunkSimpleGLAFunction.save_for_backward(q, k, v, g, g_gamma, ...)`): q, k, v (SiLU's output),
+  SiLU's input, the core output (the norm's input), the norm output and the sigmoid output gate (the gate
+  multiply's operands), o_proj's input.
+- GQA / SWA (FlashAttention-2 `FlashAttnFunc`: `ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...)`,
+  K and V at the KV heads, no expansion): q, k, v after the q/k norms and RoPE, the output and the fp32 LSE per
+  query head; with q/k norms their inputs; with Qwen3-Next's output gate, the sigmoid gate and the gated o_proj
+  input (as MLA's gate). RoPE saves nothing (its backward needs only cos and sin).
+FFN: a plain MLP (Nemotron-H's squared ReLU) saves its up-projection output (the activation's input) and the
+activation output; a sigmoid-gated shared expert (Qwen3-Next) saves the shared expert's output and the gate,
+the two operands of their product. A layer without a mixer saves only its FFN's tensors, a layer without an
+FFN only its mixer's; parallel mixers (Falcon-H1) read one normed input and save each mixer's tensors.
+
+Tensor parallelism: every figure is per token of the whole layer (tp = 1); at tp > 1 the lists give tp x one
+rank's elements (`saved_tensors(..., tp)`), which is the whole layer's except where TP replicates a count:
+GQA's KV heads past tp = KV heads (vLLM `QKVParallelLinear`) and a single Mamba2 B/C group, whole on every rank.
 
 FP8 caching (precision "fp8", DeepSeek-V3 arXiv 2412.19437 sec. 3.3.4, "we cache the activations in FP8 format
 for the backward pass of the Linear operator"): a tensor saved only as a linear layer's input is kept in e4m3
@@ -45,8 +83,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Callable
+
 from k3sim.configs.dtypes import bytes_per_element
+from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
+from k3sim.configs.planning import RECOMPUTE_MODULE_COVERS
 from k3sim.kernels.ops import KDA_CHUNK
 
 FP32 = 4
@@ -58,6 +100,10 @@ E5M6_CACHED = 1.5 + 4 / 128
 # How a saved tensor is stored: "act" the activation dtype, "fp32", "linear" a linear layer's input (FP8 under
 # fp8), "attn_linear" the attention output o_proj saves (E5M6 under fp8), "moe_swiglu_in" (FP8 under fp8).
 STORES = ("act", "fp32", "linear", "attn_linear", "moe_swiglu_in")
+LINEAR_CORE = "linear_attn_core"  # the recompute module of the recurrent kinds' cores (KDA's is `kda_core`)
+# mamba_ssm's selective scan keeps its running state once per chunk of this many tokens
+# (csrc/selective_scan/selective_scan.cpp: n_chunks = (seqlen + 2048 - 1) / 2048)
+SELECTIVE_SCAN_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -101,12 +147,23 @@ def element_bytes(store: str, precision: str, act_bytes: float) -> float:
 
 
 def _norm_tensors(model: ModelConfig, index: int) -> list[Saved]:
-    """The two pre-norms: inputs kept (the layer input and the attention residual), outputs under `norms`. The
-    MoE pre-norm output also feeds the BF16 router, so it is not FP8-cached."""
-    d = model.hidden_size
-    ffn_out = "act" if model.ffn_kinds[index] == "moe" else "linear"
-    return [Saved("layer_input", d, "act"), Saved("attn_norm_out", d, "linear", "norms"),
-            Saved("ffn_norm_in", d, "act"), Saved("ffn_norm_out", d, ffn_out, "norms")]
+    """The pre-norms of the sublayers the layer has: inputs kept (the layer input and the attention residual),
+    outputs under `norms`. The MoE pre-norm output also feeds the BF16 router, so it is not FP8-cached. A layer
+    without a mixer starts at its FFN norm (its input is the layer input, one tensor)."""
+    d, layer = model.hidden_size, model.layers[index]
+    out = []
+    if layer.mixers:
+        out += [Saved("layer_input", d, "act"), Saved("attn_norm_out", d, "linear", "norms")]
+    if layer.ffn is not None:
+        ffn_out = "act" if layer.ffn == "moe" else "linear"
+        out += [Saved("ffn_norm_in", d, "act"), Saved("ffn_norm_out", d, ffn_out, "norms")]
+    return out
+
+
+def _tp_equivalent(count: int, rule, tp: int) -> int:
+    """tp x the count one rank holds (`TPRule.per_rank`): the count itself where tp splits it, more where TP
+    replicates it (every rank keeps one whole copy)."""
+    return rule.per_rank(tp) * tp if tp > 1 else count
 
 
 def mla_tensors(model: ModelConfig) -> list[Saved]:
@@ -156,9 +213,99 @@ def kda_tensors(model: ModelConfig) -> list[Saved]:
                   Saved("kda_o_proj_in", h * dv, "linear", "norms")]
 
 
+def gdn_tensors(model: ModelConfig, tp: int = 1) -> list[Saved]:
+    """Gated DeltaNet (the module docstring's fla autograd): the conv input; the chunk kernel's q, k (key heads,
+    after its L2 norm, fp32 inverse norms), v, solved WY matrix A and cumulative decay; the fp32 decay terms,
+    beta, chunk output, output gate z and o_proj input (the gated norm's output)."""
+    g = model.gdn
+    hk, hv, dk, dv = g.num_key_heads, g.num_value_heads, g.head_dim_k, g.head_dim_v
+    core = LINEAR_CORE
+    return [Saved("gdn_conv_in", 2 * hk * dk + hv * dv, "act"),
+            Saved("gdn_q", hk * dk, "act", core), Saved("gdn_k", hk * dk, "act", core),
+            Saved("gdn_qk_inv_norm", 2 * hk, "fp32", core), Saved("gdn_v", hv * dv, "act", core),
+            Saved("gdn_chunk_a", hv * KDA_CHUNK, "act", core), Saved("gdn_g_cumsum", hv, "fp32", core),
+            Saved("gdn_g", hv, "fp32", only_if=core),  # the kernel's decay input, held apart only if it is rebuilt
+            Saved("gdn_decay_softplus_in", hv, "fp32"), Saved("gdn_decay_softplus_out", hv, "fp32"),
+            Saved("gdn_beta", hv, "act"), Saved("gdn_chunk_out", hv * dv, "act"),
+            Saved("gdn_out_gate", hv * dv, "act"), Saved("gdn_o_proj_in", hv * dv, "linear", "norms")]
+
+
+def mamba2_tensors(model: ModelConfig, tp: int = 1) -> list[Saved]:
+    """Mamba2 (mamba_ssm's chunked scan): the conv's input and output (x, B, C), the raw dt, the fp32 cumulative
+    decay, z, the scan output and o_proj's input. With the gated RMSNorm the scan output is the norm's input
+    (kept); without it (z gates inside the scan) the scan keeps its ungated output of its own."""
+    m = model.mamba2
+    inner = m.num_heads * m.head_dim
+    bc = 2 * _tp_equivalent(m.n_groups, MIXERS["mamba2"].tp_rules(m)[1], tp) * m.state_size
+    core = LINEAR_CORE
+    out = [Saved("mamba2_conv_in", inner + bc, "act"), Saved("mamba2_conv_out", inner + bc, "act", core),
+           Saved("mamba2_dt", m.num_heads, "act"), Saved("mamba2_da_cumsum", m.num_heads, "fp32", core),
+           Saved("mamba2_z", inner, "act")]
+    if m.gated_norm:
+        return out + [Saved("mamba2_scan_out", inner, "act"), Saved("mamba2_o_proj_in", inner, "linear", "norms")]
+    return out + [Saved("mamba2_scan_out", inner, "act", core), Saved("mamba2_o_proj_in", inner, "linear")]
+
+
+def mamba_tensors(model: ModelConfig, tp: int = 1) -> list[Saved]:
+    """Mamba-1 (mamba_ssm's selective scan): the conv input and output u (which x_proj also reads, so no core
+    recompute drops it), x_proj's output (dt low rank, B, C; with Jamba's inner norms their inputs, the outputs
+    under `norms`), delta, z, the scan's chunk states and ungated output, o_proj's input."""
+    m = model.mamba
+    di, n, r = m.inner_size, m.state_size, m.dt_rank
+    core = LINEAR_CORE
+    out = [Saved("mamba_conv_in", di, "act"), Saved("mamba_conv_out", di, "act"), Saved("mamba_z", di, "act")]
+    if m.inner_norms:
+        out += [Saved("mamba_x_proj_out", r + 2 * n, "act"),
+                Saved("mamba_dt_norm_out", r, "linear", "norms"), Saved("mamba_bc_norm_out", 2 * n, "act", "norms")]
+    else:
+        out += [Saved("mamba_dt_low_rank", r, "linear"), Saved("mamba_bc", 2 * n, "act")]
+    return out + [Saved("mamba_delta", di, "act"),
+                  Saved("mamba_scan_states", di * 2 * n / SELECTIVE_SCAN_CHUNK, "fp32", core),
+                  Saved("mamba_scan_out", di, "act", core), Saved("mamba_o_proj_in", di, "linear")]
+
+
+def lightning_tensors(model: ModelConfig, tp: int = 1) -> list[Saved]:
+    """Lightning attention (MiniMax): SiLU's input (the qkv projection's output) and output (q, k, v, the chunk
+    kernel's saved inputs, under the core module), the core output, the norm output and the sigmoid gate (the
+    gate multiply's operands), o_proj's input."""
+    lt = model.lightning
+    inner = lt.num_heads * lt.head_dim
+    return [Saved("lightning_qkv_proj_out", 3 * inner, "act"), Saved("lightning_qkv", 3 * inner, "act", LINEAR_CORE),
+            Saved("lightning_chunk_out", inner, "act"), Saved("lightning_norm_out", inner, "act", "norms"),
+            Saved("lightning_out_gate", inner, "act"), Saved("lightning_o_proj_in", inner, "linear")]
+
+
+def gqa_tensors(model: ModelConfig, tp: int = 1, kind: str = "gqa") -> list[Saved]:
+    """GQA / SWA under FlashAttention: q, k, v (after the q/k norms and RoPE; k and v at the KV heads, replicated
+    past tp), the fp32 LSE per query head, the output; the q/k norms' inputs; with the output gate the gate and
+    the gated o_proj input, else the output is o_proj's input (E5M6 under fp8, as MLA's)."""
+    g = model.section(kind)
+    hq, D = g.num_heads, g.head_dim
+    kv = _tp_equivalent(g.num_kv_heads, MIXERS[kind].tp_rules(g)[1], tp) * D
+    out = []
+    if g.qk_norm:
+        out += [Saved(f"{kind}_q_norm_in", hq * D, "act"), Saved(f"{kind}_k_norm_in", kv, "act")]
+    out += [Saved(f"{kind}_q", hq * D, "act"), Saved(f"{kind}_k", kv, "act"), Saved(f"{kind}_v", kv, "act"),
+            Saved(f"{kind}_attn_lse", hq, "fp32", "attention_core")]
+    if g.output_gate:
+        return out + [Saved(f"{kind}_attn_out", hq * D, "act"), Saved(f"{kind}_out_gate", hq * D, "act"),
+                      Saved(f"{kind}_o_proj_in", hq * D, "linear")]
+    return out + [Saved(f"{kind}_attn_out", hq * D, "attn_linear")]
+
+
+# Every mixer kind's saved tensors (model, tp) -> list; `memory.plan.TRAINED_KINDS` is its keys.
+MIXER_TENSORS: dict[str, Callable[[ModelConfig, int], list[Saved]]] = {
+    "kda": lambda model, tp=1: kda_tensors(model), "mla": lambda model, tp=1: mla_tensors(model),
+    "gdn": gdn_tensors, "mamba2": mamba2_tensors, "mamba": mamba_tensors, "lightning": lightning_tensors,
+    "gqa": gqa_tensors, "swa": lambda model, tp=1: gqa_tensors(model, tp, "swa"),
+}
+
+
 def ffn_tensors(model: ModelConfig, kind: str) -> list[Saved]:
-    """Dense GLU: gate/up output (the SwiGLU input) and the SwiGLU output (down's input). MoE: fp32 router
-    scores; the shared experts' SwiGLU input and output; LatentMoE's latent down output (its norm's input)
+    """Dense GLU: gate/up output (the SwiGLU input) and the SwiGLU output (down's input); a plain MLP the same with
+    the up output alone (its squared ReLU's input). MoE: fp32 router
+    scores; the shared experts' SwiGLU input and output (with a sigmoid gate, its output and the gate);
+    LatentMoE's latent down output (its norm's input)
     and the latent up-projection's input; per routed copy (top-k) the dispatched input, the SwiGLU input, its
     fp32 routing weight and the weighted SwiGLU output (down's input).
 
@@ -171,42 +318,58 @@ def ffn_tensors(model: ModelConfig, kind: str) -> list[Saved]:
     time model does price such a combine, the measured fused unpermute whose backward reads the rows for the
     routing-weight gradient, `calibration/permute_fused.py`: the two agree on a Megatron-style stack only up to
     where that dot product runs, one read of the rows either way.)"""
+    glu = 2 if model.ffn_gated else 1  # a plain MLP's activation reads the up-projection alone
     if kind == "dense":
         w = model.dense_ffn_width
-        return [Saved("dense_gate_up", 2 * w, "act"), Saved("dense_act", w, "linear")]
+        return [Saved("dense_gate_up", glu * w, "act"), Saved("dense_act", w, "linear")]
     moe = model.moe
     out = [Saved("moe_router_scores", moe.num_routed_experts, "fp32")]
     shared_w = moe.num_shared_experts * (moe.shared_expert_ffn_width or moe.expert_ffn_width)
     if shared_w:
-        out += [Saved("shared_gate_up", 2 * shared_w, "moe_swiglu_in"),
+        out += [Saved("shared_gate_up", glu * shared_w, "moe_swiglu_in"),
                 Saved("shared_act", shared_w, "linear", "moe_act")]
+        if moe.shared_expert_gate:  # sigmoid(x w) x shared output: the product saves both operands
+            out += [Saved("shared_out", model.hidden_size, "act"), Saved("shared_gate", 1, "act")]
     if moe.latent_width:
         if moe.latent_norm:
             out.append(Saved("moe_latent_down", moe.latent_width, "act"))
         out.append(Saved("moe_latent_up_in", moe.latent_width, "linear"))
     width_in, k, n = moe.latent_width or model.hidden_size, moe.num_active_experts, moe.expert_ffn_width
-    return out + [Saved("routed_in", k * width_in, "linear"), Saved("routed_gate_up", k * 2 * n, "moe_swiglu_in"),
+    return out + [Saved("routed_in", k * width_in, "linear"), Saved("routed_gate_up", k * glu * n, "moe_swiglu_in"),
                   Saved("routed_weight", k, "fp32"), Saved("routed_act", k * n, "linear", "moe_act")]
 
 
-def saved_tensors(model: ModelConfig, index: int) -> list[Saved]:
-    """Every tensor layer `index` (0-based) saves for its backward without recompute, plus the `only_if` ones."""
-    attn = kda_tensors(model) if model.layer_kinds[index] == "kda" else mla_tensors(model)
-    return _norm_tensors(model, index) + attn + ffn_tensors(model, model.ffn_kinds[index])
+def saved_tensors(model: ModelConfig, index: int, tp: int = 1) -> list[Saved]:
+    """Every tensor layer `index` (0-based) saves for its backward without recompute, plus the `only_if` ones:
+    its pre-norms', each mixer's (`MIXER_TENSORS`) and its FFN's. `tp`: elements are tp x one rank's (the module
+    docstring), the whole layer's at tp = 1."""
+    layer = model.layers[index]
+    out = _norm_tensors(model, index)
+    for kind in layer.mixers:
+        out += MIXER_TENSORS[kind](model, tp)
+    return out + (ffn_tensors(model, layer.ffn) if layer.ffn is not None else [])
+
+
+def module_parts(recompute_modules: tuple[str, ...]) -> frozenset[str]:
+    """The modules whose tensors `recompute_modules` rebuild: each one and those it covers
+    (`configs.planning.RECOMPUTE_MODULE_COVERS`: `linear_attn_core` rebuilds KDA's `kda_core` tensors too)."""
+    return frozenset(recompute_modules).union(*(RECOMPUTE_MODULE_COVERS.get(m, ()) for m in recompute_modules))
 
 
 def layer_activations(model: ModelConfig, index: int, recompute_modules: tuple[str, ...] = (),
-                      precision: str = "bf16") -> LayerActivations:
+                      precision: str = "bf16", tp: int = 1) -> LayerActivations:
     """Layer `index` under selective recompute of `recompute_modules` (empty: nothing recomputed) and `precision`:
-    what stays saved, what is rebuilt before its backward, and which kept tensors are FP8 / E5M6."""
+    what stays saved, what is rebuilt before its backward, and which kept tensors are FP8 / E5M6. Bytes per token
+    of the whole layer (tp = 1) or, given `tp`, tp x one rank's (divide by tp for one rank)."""
     a = bytes_per_element(model.activation_dtype)
+    parts = module_parts(recompute_modules)
     kept = rebuilt = 0.0
     fp8, e5m6 = [], []
-    for t in saved_tensors(model, index):
-        if t.only_if is not None and t.only_if not in recompute_modules:
+    for t in saved_tensors(model, index, tp):
+        if t.only_if is not None and t.only_if not in parts:
             continue
         b = t.elements * element_bytes(t.store, precision, a)
-        if t.module is not None and t.module in recompute_modules:
+        if t.module is not None and t.module in parts:
             rebuilt += b
             continue
         kept += b

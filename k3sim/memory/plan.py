@@ -28,8 +28,9 @@ GiB = 2 ** 30  # what tables and errors print
 TP_SHARDED = (*MIXERS, "dense_ffn", "shared_experts", "latent_projections", "router")
 REPLICATED = ("norms", "attn_res")  # small; kept whole on every rank
 COMPONENT_ORDER = COMPONENTS
-# Mixer kinds whose saved training tensors `memory.activations` lists; the others are refused in mode train.
-TRAINED_KINDS = ("kda", "mla")
+# Mixer kinds whose saved training tensors `memory.activations` lists (every kind of the registry today); a kind
+# added to `configs.kinds` without its list is refused in mode train.
+TRAINED_KINDS = tuple(act.MIXER_TENSORS)
 
 
 @dataclass
@@ -357,7 +358,7 @@ def _activation_row(model: ModelConfig, layers: list[int], mode: str, modules: t
     none: every saved tensor of every layer for each micro-batch in flight. full: each layer's input, plus one
     layer's whole activations while it is rebuilt before its backward. selective: each layer's kept tensors,
     plus one layer's rebuilt modules (`memory.activations.layer_activations`)."""
-    per = [act.layer_activations(model, i, () if mode == "full" else modules, precision) for i in layers]
+    per = [act.layer_activations(model, i, () if mode == "full" else modules, precision, tp) for i in layers]
     if mode == "full":
         kept = len(layers) * act.checkpointed_layer_bytes_per_token(model)
         transient, how = max((p.full_bytes for p in per), default=0.0), \
@@ -381,18 +382,10 @@ def _activation_row(model: ModelConfig, layers: list[int], mode: str, modules: t
 
 
 def check_trainable(model: ModelConfig, source: str | None = None) -> None:
-    """Refuse, in one line naming the first kind, a model whose training activations `memory.activations`
-    does not list: mixer kinds other than KDA and MLA, layers without a mixer or an FFN, plain (non-GLU)
-    FFNs. Its serving plan and its parameter counts still answer."""
+    """Refuse, in one line naming the first kind, a model whose training activations `memory.activations` does
+    not list (a mixer kind without a `MIXER_TENSORS` entry). Its serving plan and its parameter counts still
+    answer."""
     model.require_kinds(TRAINED_KINDS, "the training activations (memory.activations)", source=source, field="mode")
-    for layer in model.layers:
-        if not layer.mixers or layer.ffn is None:
-            raise InputError(f"training activations of a layer without a {'mixer' if not layer.mixers else 'FFN'} "
-                             f"(layer {layer.index}, 0-based) are not modelled yet; mode serve and model-info answer "
-                             "for this model", source=source, field="mode")
-    if not model.ffn_gated:
-        raise InputError("training activations of plain (non-GLU) FFNs are not modelled yet; mode serve and "
-                         "model-info answer for this model", source=source, field="mode")
 
 
 def train_plan(model: ModelConfig, hw: HardwareProfile, par: Parallelism, seq_len_tokens: int, *,

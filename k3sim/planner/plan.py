@@ -97,6 +97,7 @@ class PlanResult:
     timings_s: dict[str, float] = field(default_factory=dict)
     hw: Any = field(default=None, repr=False)
     model_path: str = ""
+    serving_search: Any = None         # planner.serve_search.SearchResult: the layout this plan is the answer of
 
     def to_json(self) -> dict:
         """Stable keys, SI units: for training `step_time_s`, `tokens_per_s`, `mfu`, the breakdown and the
@@ -125,6 +126,9 @@ class PlanResult:
             out["decode"] = self.decode.to_dict(orient="records")
         if self.token_budget is not None:
             out["token_budget"] = self.token_budget.to_json()
+        if self.serving_search is not None:
+            out["search"] = self.serving_search.to_json()
+            out["meets_slo"] = self.serving_search.meets_slo
         out["memory"] = self.memory
         out["notes"] = self.notes
         out["kernel_calls"] = self.kernel_calls
@@ -188,6 +192,51 @@ def plan(path: str | Path, *, kernel_time: Callable | None = None, progress: Cal
     if "calibration" in sections:
         _section(res, "calibration", lambda: _calibration(res, inp, kt), progress)
     res.assumptions = _assumptions(res, inp)
+    return res
+
+
+def searched_scenario(scenario: Any, row: dict) -> Any:
+    """The scenario with a search row's fleet: its layout, GPUs, replicas, P:D split, batch limit, scheduler."""
+    from k3sim.configs.parallel import Cluster
+    from k3sim.configs.parallelism import Parallelism
+    from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
+    from k3sim.planner.serve_search import layout_of
+
+    base = {k: getattr(scenario.parallelism, k) for k in scenario.parallelism.model_fields_set}
+    par = Parallelism(**{**base, **layout_of(row)})
+    sv = scenario.serving or ServingConfig()
+    eng = sv.engine.model_copy(update={"max_batch": row["max_batch"], "scheduler": row["scheduler"],
+                                       "pp_microbatches": row["pp"] > 1 and row["dp"] == 1})
+    split = None
+    if row["prefill_replicas"]:
+        split = DisaggregationConfig(prefill=PoolConfig(replicas=row["prefill_replicas"]),
+                                     decode=PoolConfig(replicas=row["replicas"] - row["prefill_replicas"]))
+    sv = sv.model_copy(update={"engine": eng, "replicas": row["replicas"], "disaggregation": split})
+    cluster = Cluster(num_gpus=row["gpus"], gpus_per_node=scenario.cluster.gpus_per_node)
+    return scenario.model_copy(update={"parallelism": par, "cluster": cluster, "serving": sv})
+
+
+def plan_searched(path: str | Path, inp, result) -> PlanResult:
+    """The planning report of a serving search's answer (the recommendation, or the closest layout): every
+    section on that layout, its serving figures the search's whole-traffic run (not a synthetic sample)."""
+    import dataclasses
+
+    row = result.recommendation or result.closest
+    if row is None:
+        res = PlanResult(scenario=inp.scenario.name, scenario_file=str(path), description=inp.scenario.description or "",
+                         mode=inp.mode, model=inp.model.name, hardware=inp.hw.name,
+                         cluster=inp.scenario.cluster.model_dump(), parallelism=inp.scenario.parallelism.model_dump(),
+                         replicas=inp.scenario.replicas, fits=False, verdict=result.verdict(), hw=inp.hw)
+        res.serving_search = result
+        return res
+    chosen = dataclasses.replace(inp, scenario=searched_scenario(inp.scenario, row))
+    res = plan(path, inputs=chosen, sections=tuple(s for s in SECTIONS if s != "serving"))
+    res.serving = {k: row[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "goodput_requests_per_s",
+                                       "throughput_output_tokens_per_s_per_gpu", "token_hit_rate", "requests")}
+    res.notes["serving"] = (f"the serving search's whole-traffic run of this layout ({result.traffic}, "
+                            f"{result.traffic_requests:,} requests)")
+    res.serving_search = result
+    res.verdict = result.verdict()
     return res
 
 

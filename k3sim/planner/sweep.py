@@ -365,7 +365,8 @@ def _serve_point(inp, kt, p: dict, requests: int) -> dict:
     setup = ServeSetup.from_scenario(inp.path, disaggregate=split)
     sv = setup.serving
     setup.serving = sv.model_copy(update={"engine": sv.engine.model_copy(update={"max_batch": p["max_batch"]})})
-    s = simulate(setup, serving_sample(setup, requests)).summary
+    # `requests`: a count (the seeded synthetic sample) or the user's trace (`serving.run.TraceSample`)
+    s = simulate(setup, requests.stream() if hasattr(requests, "stream") else serving_sample(setup, requests)).summary
     return {"gpus": setup.gpus, "fits": True, "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
             "tpot_p99_s": s["tpot_p99_s"], "goodput_requests_per_s": s["goodput_requests_per_s"],
             "goodput_requests_per_s_per_gpu": s["goodput_requests_per_s"] / setup.gpus,
@@ -418,38 +419,58 @@ def run_points(path: str | Path, points: list[dict], *, workers: int = 1, schedu
                chunk_size: int | None = None, kernel_key: str | None = None,
                progress: Callable[[int, int], None] | None = None,
                serving_requests: int = SERVING_REQUESTS) -> list[dict]:
-    """Evaluate `points`: in this process (workers 1), on forked local processes (workers > 1; at most one
-    per chunk, `k3sim.procs.ProcessPool`), or on a Dask distributed cluster (`scheduler` = tcp://HOST:PORT).
-    Ctrl-C or SIGTERM stops every way promptly: local workers are killed, a cluster's futures cancelled."""
+    """Evaluate `points` in chunks (`map_tasks`: this process, forked local processes or a Dask cluster)."""
     path = str(path)
     n = len(points)
     chunk_size, processes = chunking(n, workers, chunk_size)
     chunks = [(path, c, kernel_key, serving_requests) for c in _chunks(points, chunk_size)]
-    results: list[list[dict]] = []
+    parts = map_tasks(evaluate_chunk, chunks, workers=processes, scheduler=scheduler, progress=progress,
+                      size=lambda task: len(task[1]))
+    rows = [r for part in parts for r in part]
+    return sorted(rows, key=lambda r: r["index"])
+
+
+def map_tasks(fn: Callable, tasks: list, *, workers: int = 1, scheduler: str | None = None,
+              progress: Callable[[int, int], None] | None = None,
+              size: Callable[[Any], int] = lambda task: 1) -> list:
+    """fn over `tasks` (top-level fn, picklable tasks): in this process (workers 1), on forked local processes
+    (workers > 1, at most one per task, `k3sim.procs.ProcessPool`), or on a Dask distributed cluster
+    (`scheduler` = tcp://HOST:PORT). Results in completion order; `progress(done, total)` counts `size` units
+    of the finished tasks. Ctrl-C or SIGTERM stops every way promptly: local workers are killed, a cluster's
+    futures cancelled. The one runner of the planner's sweeps and searches."""
+    from k3sim.procs import worker_count
+
+    total = sum(size(t) for t in tasks)
+    results: list = []
     done = 0
 
-    def record(part: list[dict]) -> None:
+    def record(task_size: int, out: Any) -> None:
         nonlocal done
-        results.append(part)
-        done += len(part)
+        results.append(out)
+        done += task_size
         if progress:
-            progress(done, n)
+            progress(done, total)
 
+    processes = worker_count(max(workers, 1), max(len(tasks), 1))
     if scheduler:
-        _run_distributed(scheduler, chunks, record)
+        _run_distributed(scheduler, fn, tasks, lambda i, out: record(size(tasks[i]), out))
     elif processes <= 1:
-        for c in chunks:
-            record(evaluate_chunk(c))
+        for t in tasks:
+            record(size(t), fn(t))
     else:
         from k3sim.procs import ProcessPool
 
         # forked: workers inherit the imported modules (spawn re-imports numpy, pandas, k3sim per worker,
-        # seconds each on a small machine) and each loads the scenario once per chunk (`_worker_state`)
+        # seconds each on a small machine) and each loads the scenario once (`_worker_state`)
         with ProcessPool(processes) as pool:
-            for part in pool.imap_unordered(evaluate_chunk, chunks):
-                record(part)
-    rows = [r for part in results for r in part]
-    return sorted(rows, key=lambda r: r["index"])
+            for i, out in pool.imap_unordered(_indexed, [(fn, i, t) for i, t in enumerate(tasks)]):
+                record(size(tasks[i]), out)
+    return results
+
+
+def _indexed(args: tuple) -> tuple[int, Any]:
+    fn, i, task = args
+    return i, fn(task)
 
 
 # Seconds the Dask client may take to close when a sweep stops: bounded, so Ctrl-C ends the command within the
@@ -457,7 +478,7 @@ def run_points(path: str | Path, points: list[dict], *, workers: int = 1, schedu
 CLIENT_CLOSE_S = 1.0
 
 
-def _run_distributed(address: str, chunks: list, record: Callable[[list[dict]], None]) -> None:
+def _run_distributed(address: str, fn: Callable, tasks: list, record: Callable[[int, Any], None]) -> None:
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -469,9 +490,9 @@ def _run_distributed(address: str, chunks: list, record: Callable[[list[dict]], 
                          source=f"--scheduler {address}") from None
     futures = []
     try:
-        futures = client.map(evaluate_chunk, chunks, pure=False)
+        futures = client.map(_indexed, [(fn, i, t) for i, t in enumerate(tasks)], pure=False)
         for fut in as_completed(futures):
-            record(fut.result())
+            record(*fut.result())
     finally:
         # Ctrl-C, SIGTERM or an error: the cluster must not keep computing chunks nobody collects
         pending = [f for f in futures if not f.done()]

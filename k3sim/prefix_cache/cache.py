@@ -1,9 +1,14 @@
-"""The hybrid KDA+MLA prefix cache: chained-hash index over MLA pages, KDA checkpoints in per-group slots,
-the two-level lookup, the checkpoint policy, and the three consistency rules.
+"""The hybrid prefix cache: chained-hash index over attention-KV pages, recurrent-state checkpoints in
+per-group slots, the two-level lookup, the checkpoint policy of each engine, and the three consistency rules.
 
 Vocabulary: positions are counted in hash blocks (`hb`) of `B_h` tokens; a physical block (one page) holds
 `r = B_p / B_h` hash blocks. Key j = chained hash of hash blocks 0..j, so finding key j proves the whole prefix
-of (j+1)*B_h tokens. Everything here is plain dicts, lists and ints: it is the replay's hot path.
+of (j+1)*B_h tokens. A checkpoint sits at a token position `tok` (a hash boundary for the K3 design and vLLM,
+anywhere for SGLang's chunk ends and TensorRT-LLM's intervals) and is indexed under the key of the hash block
+that holds it: a request whose match covers that block can restore it, and its hit is `tok` (the nearest
+restorable position below the match; the rest is prefilled again). Placement per policy: `config.MECHANISM`.
+Names keep the KDA+MLA vocabulary (`MLA` pages hold every attention kind's KV, `KDA` pages every recurrent
+kind's state). Everything here is plain dicts, lists and ints: it is the replay's hot path.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ class CacheStats:
     checkpoints_skipped: int = 0  # no free page beyond reservations: best effort
     checkpoints_recycled: int = 0
     checkpoints_evicted: int = 0
-    checkpoint_pages_peak: int = 0
+    checkpoints_donated: int = 0  # finished requests' states kept cached (SGLang), never matched in a trace
+    checkpoint_pages_peak: int = 0  # pages of the pool states come from
     # failures the consistency rules prevent (stay 0 with the rules on)
     evicted_hits: int = 0  # rule 1: a hit page reused by the request's own allocation
     stale_reads: int = 0  # rule 2: a hit on bytes that had not landed yet
@@ -38,23 +44,27 @@ class CacheStats:
 
 
 class Ckpt:
-    """One KDA checkpoint at a boundary: a read-only slot per KDA cache group (-1 once that group's slot is gone)."""
+    """One state checkpoint at token `tok`: a read-only slot per state group (-1 once that group's slot is gone).
+    `key` None: not indexed (a position the trace cannot prove shared, or a finished request's donated state)."""
 
-    __slots__ = ("key", "slots", "ready", "kept", "cached")
+    __slots__ = ("key", "slots", "ready", "kept", "cached", "tok", "held")
 
-    def __init__(self, key: int, ready: int, kept: bool):
+    def __init__(self, key: int | None, ready: int, kept: bool, tok: int = 0):
         self.key = key
         self.slots: list[int] = []
         self.ready = ready  # first step whose lookups may read it (it is written by the forward of ready-1)
         self.kept = kept  # turn boundary or junction: released to the LRU; else transient, recycled when superseded
         self.cached = True
+        self.tok = tok
+        self.held = False  # pinned by its request until superseded (vLLM align mode), then released to the LRU
 
 
 class ReqState:
     """A request's private view: its block table, private KDA state, progress, and what it pins."""
 
     __slots__ = ("keys", "L", "O", "blocks", "state_slots", "computed", "hit_hb", "reg_hb", "turn_hb",
-                 "junction_tok", "transient", "reserve_left", "generated", "total_blocks", "arrival_s")
+                 "junction_tok", "transient", "reserve_left", "generated", "total_blocks", "arrival_s",
+                 "hit_tokens", "held")
 
     def __init__(self, keys: list[int], L: int, O: int, arrival_s: float = 0.0):
         self.keys = keys
@@ -72,6 +82,8 @@ class ReqState:
         self.generated = 0
         self.total_blocks = 0
         self.arrival_s = arrival_s
+        self.hit_tokens = 0
+        self.held: Ckpt | None = None
 
 
 WAIT, REJECT = "wait", "reject"
@@ -85,10 +97,18 @@ class HybridPrefixCache:
         self.r = self.B_p // self.B_h
         self.G = cfg.groups
         self.k = cfg.pages_per_group_state
-        self.coarse = cfg.policy == "coarse"
+        self.mech = cfg.mechanism
+        self.coarse = self.mech == "boundary"
+        self.reuse = cfg.reuses
+        self.private = cfg.private_state_slots
+        self.N, self.C = cfg.snapshot_interval_tokens, cfg.track_tokens
         self.retain = cfg.retention_interval_tokens if self.G else 0
         self.pool = BlockPool(cfg.num_pages)
         self.pool.on_evict = self._on_evict
+        # states come from the same pool, or from one of their own (SGLang's mamba pool: a slot per state)
+        self.spool = BlockPool(cfg.num_state_pages) if cfg.split_pools else self.pool
+        if self.spool is not self.pool:
+            self.spool.on_evict = self._on_evict_state
         self.flops = PrefillFlops(cfg.prefill_flop_linear, cfg.prefill_flop_pair)
         self.flop_aware = cfg.eviction == "flop-aware"
         # flop-aware: the chain of MLA pages (page -> the page of the previous physical block of its prefix), so
@@ -99,6 +119,8 @@ class HybridPrefixCache:
             self.pool.victim_window = cfg.eviction_window
             self.pool.alpha = cfg.eviction_alpha
             self.pool.is_leaf = lambda page: page not in self.mla_children
+            if self.spool is not self.pool:  # a state pool of its own: its checkpoints weighed the same way
+                self.spool.victim_window, self.spool.alpha = cfg.eviction_window, cfg.eviction_alpha
         self.mla_index: dict[int, int] = {}  # key -> page holding that prefix endpoint
         self.mla_ready: dict[int, int] = {}  # key -> first step its bytes have landed
         self.page_keys: dict[int, list[int]] = {}  # MLA page -> keys registered on it (alias endpoints)
@@ -115,33 +137,36 @@ class HybridPrefixCache:
         self._recycle: list[Ckpt] = []
 
     # ---------------------------------------------------------------- slots
-    def _alloc_slot(self, ckpt: Ckpt | None) -> int:
+    def _alloc_slot(self, ckpt: Ckpt | None, copies: int = 1) -> int:
+        """A state slot of k pages (`copies` x k: several snapshots sharing one allocation, `_place`)."""
         sid = self._next_slot
         self._next_slot += 1
-        pages = self.pool.allocate_n(KDA, self.k)
+        n = self.k * copies
+        pages = self.spool.allocate_n(KDA, n)
         self.slot_pages[sid] = pages
         self.slot_ckpt[sid] = ckpt
         self.page_slot[pages[0]] = sid  # only a unit's first page can be evicted
         if ckpt is not None:
-            self.ckpt_pages += self.k
+            self.ckpt_pages += n
             if self.ckpt_pages > self.stats.checkpoint_pages_peak:
                 self.stats.checkpoint_pages_peak = self.ckpt_pages
         return sid
 
     def _forget_slot(self, sid: int) -> None:
-        del self.page_slot[self.slot_pages.pop(sid)[0]]
+        pages = self.slot_pages.pop(sid)
+        del self.page_slot[pages[0]]
         if self.slot_ckpt.pop(sid) is not None:
-            self.ckpt_pages -= self.k
+            self.ckpt_pages -= len(pages)
 
     def _slot_incref(self, sid: int) -> None:
-        self.pool.incref_n(self.slot_pages[sid])
+        self.spool.incref_n(self.slot_pages[sid])
 
     def _slot_decref(self, sid: int) -> None:
         pages = self.slot_pages[sid]
         ck = self.slot_ckpt[sid]
         cached = ck is not None and ck.cached
-        self.pool.decref_n(pages, cached)
-        if not cached and self.pool.refcount[pages[0]] == 0:
+        self.spool.decref_n(pages, cached)
+        if not cached and self.spool.refcount[pages[0]] == 0:
             self._forget_slot(sid)
 
     def _drop_ckpt(self, ck: Ckpt) -> None:
@@ -154,8 +179,8 @@ class HybridPrefixCache:
         for sid in ck.slots:
             if sid >= 0 and sid in self.slot_pages:
                 pages = self.slot_pages[sid]
-                if self.pool.refcount[pages[0]] == 0:
-                    self.pool.uncache_n(pages)
+                if self.spool.refcount[pages[0]] == 0:
+                    self.spool.uncache_n(pages)
                     self._forget_slot(sid)
 
     # ---------------------------------------------------------------- eviction
@@ -175,6 +200,10 @@ class HybridPrefixCache:
                     del self.mla_index[key]
                     del self.mla_ready[key]
             return
+        self._on_evict_state(page)
+
+    def _on_evict_state(self, page: int) -> None:
+        """A state page (the first of a slot's unit) was evicted: its checkpoint loses that group."""
         sid = self.page_slot[page]
         ck = self.slot_ckpt[sid]
         self._forget_slot(sid)  # the pool already moved the slot's other pages to the empty end
@@ -187,14 +216,20 @@ class HybridPrefixCache:
 
     # ---------------------------------------------------------------- lookup
     def lookup(self, keys: list[int], L: int) -> tuple[int, int, list[int], int, Ckpt | None, bool]:
-        """Two-level lookup -> (hit_hb, mla_end_hb, whole-block pages, partial source page, checkpoint, stale).
+        """`match` with the hit in hash blocks (rounded down: exact for checkpoints on hash boundaries)."""
+        hit, mla_end, pages, src, ck, stale = self.match(keys, L)
+        return hit // self.B_h, mla_end, pages, src, ck, stale
+
+    def match(self, keys: list[int], L: int) -> tuple[int, int, list[int], int, Ckpt | None, bool]:
+        """Two-level lookup -> (hit tokens, mla_end_hb, whole-block pages, partial source page, checkpoint, stale).
 
         MLA: whole physical blocks by chained hash, then the hash endpoints inside the first missing block.
-        KDA: the longest endpoint within the MLA match holding a checkpoint (one index probe: rule 3 keeps an
-        indexed checkpoint present in every group). At least one prompt token is always recomputed (logits).
+        KDA: the deepest checkpoint indexed within the MLA match (one index probe per hash block: rule 3 keeps
+        an indexed checkpoint present in every group); the hit is its token position. At least one prompt token
+        is always recomputed (logits).
         """
         B_h, r = self.B_h, self.r
-        cap = (L - 1) // B_h
+        cap = min((L - 1) // B_h, len(keys))  # fewer keys: blocks the trace cannot prove (keys.block_keys)
         idx, ready, step = self.mla_index, self.mla_ready, self.step
         fence = self.cfg.fence_unlanded
         probes = 0
@@ -245,64 +280,58 @@ class HybridPrefixCache:
                             fenced = True
                             continue
                         unready_hb = min(unready_hb, j + 1)
-                    hit = j + 1
+                    hit = c.tok
                     ck = c
                     break
         else:
-            hit = mla_end
+            hit = mla_end * B_h
         self.stats.lookups += 1
         self.stats.lookup_probes += probes
         if fenced:
             self.stats.fenced_lookups += 1
-        m = hit // r
-        if hit % r:
+        B_p = self.B_p
+        m = hit // B_p
+        if hit % B_p:
             src = pages[m] if m < k else src
         else:
             src = -1
-        return hit, mla_end, pages[:m], src, ck, hit >= unready_hb
+        return hit, mla_end, pages[:m], src, ck, hit > (unready_hb - 1) * B_h
 
     # ---------------------------------------------------------------- admission
     def admit(self, keys: list[int], L: int, O: int, arrival_s: float = 0.0) -> ReqState | str:
         """Look up, pin the hit, reserve every page the request will need, allocate its private state.
 
         Returns the request's state, WAIT (not enough free pages now) or REJECT (larger than the pool)."""
-        cfg, pool, r, G, k = self.cfg, self.pool, self.r, self.G, self.k
-        hit, mla_end, hit_pages, src, ck, stale = self.lookup(keys, L)
+        cfg, pool, G, k = self.cfg, self.pool, self.G, self.k
+        if self.reuse:
+            hit, mla_end, hit_pages, src, ck, stale = self.match(keys, L)
+        else:  # `none`: nothing is looked up
+            hit, mla_end, hit_pages, src, ck, stale = 0, 0, [], -1, None, False
         total_blocks = -(-(L + O) // self.B_p)
         shared = len(hit_pages)
-        need = total_blocks - shared + G * k
+        n_private = G * self.private
         pin_pages = list(hit_pages)
         if src >= 0:
             pin_pages.append(src)
         ck_slots = [s for s in ck.slots if s >= 0] if ck is not None else []
-        for s in ck_slots:
-            pin_pages.extend(self.slot_pages[s])
-        if pool.capacity is not None and need + len(pin_pages) > pool.capacity:
-            return REJECT  # could not fit even in an otherwise empty pool
-        pins_from_free = 0
-        rc = pool.refcount
-        seen = set()
-        for p in pin_pages:
-            if rc[p] == 0 and p not in seen:
-                pins_from_free += 1
-                seen.add(p)
-        if need + pins_from_free > pool.available():
-            return WAIT
+        units = [self.slot_pages[s] for s in ck_slots]
+        verdict = self._room(total_blocks - shared, pin_pages, n_private * k, units)
+        if verdict is not None:
+            return verdict
         rs = ReqState(keys, L, O, arrival_s)
         rs.total_blocks = total_blocks
-        gens = [pool.generation[p] for p in pin_pages]
+        gens = [pool.generation[p] for p in pin_pages] + [self.spool.generation[u[0]] for u in units]
         if cfg.pin_before_allocate:  # rule 1: pin the hit in all groups before any allocation
             self._pin(rs, hit_pages, src, ck_slots)
-        rs.state_slots = [self._alloc_slot(None) for _ in range(G)]  # private running state (copy target)
-        partial = hit % r != 0
+        rs.state_slots = [self._alloc_slot(None) for _ in range(n_private)]  # private running state (copy target)
+        partial = hit % self.B_p != 0
         if partial:
             rs.blocks.append(pool.allocate(MLA))  # private copy of the shared half-block (copy-on-write)
         if not cfg.pin_before_allocate:
             ck_slots = [s for s in ck_slots if s in self.slot_pages]
             self._pin(rs, hit_pages, src, ck_slots)
-        if any(pool.generation[p] != g for p, g in zip(pin_pages, gens)) or (
-            ck is not None and len(ck_slots) < sum(1 for s in ck.slots if s >= 0)
-        ):
+        now = [pool.generation[p] for p in pin_pages] + [self.spool.generation[u[0]] for u in units]
+        if now != gens or (ck is not None and len(ck_slots) < sum(1 for s in ck.slots if s >= 0)):
             self.stats.evicted_hits += 1
         if ck is not None and (not ck.cached or any(s < 0 for s in ck.slots)):
             self.stats.partial_restores += 1
@@ -311,21 +340,43 @@ class HybridPrefixCache:
         rs.blocks = hit_pages + rs.blocks  # block table: shared whole blocks, then the private partial copy
         rs.reserve_left = total_blocks - len(rs.blocks)
         pool.reserved += rs.reserve_left
-        rs.computed = hit * self.B_h
-        rs.hit_hb = rs.reg_hb = hit
+        rs.computed = rs.hit_tokens = hit
+        rs.hit_hb = rs.reg_hb = hit // self.B_h
         rs.turn_hb = L // self.B_h
-        if cfg.junction_checkpoints and G and not self.coarse and mla_end > hit:
+        if cfg.junction_checkpoints and G and not self.coarse and mla_end * self.B_h > hit:
             rs.junction_tok = mla_end * self.B_h
         st = self.stats
         st.requests_admitted += 1
-        st.hit_tokens += hit * self.B_h
+        st.hit_tokens += hit
         st.prefill_flop_requested += self.flops(L)
         if hit:
-            st.prefill_flop_saved += self.flops(hit * self.B_h)
+            st.prefill_flop_saved += self.flops(hit)
         st.mla_match_tokens += mla_end * self.B_h
         if hit:
             st.requests_with_hit += 1
         return rs
+
+    def _room(self, kv_need: int, kv_pins: list[int], state_need: int, units: list[list[int]]) -> str | None:
+        """REJECT if the request could not fit even an otherwise empty pool, WAIT if not now, else None.
+        `*_need`: pages to allocate; `kv_pins` / `units`: cached KV pages and state slots the hit pins (those
+        now free count against the room; a slot's count is its first page's)."""
+        pool, spool = self.pool, self.spool
+        rc = pool.refcount
+        kv_free = len({q for q in kv_pins if rc[q] == 0})
+        src = spool.refcount
+        n_state = sum(len(u) for u in units)
+        state_free = sum(len(u) for u in units if src[u[0]] == 0)
+        if spool is pool:
+            checks = ((pool, kv_need + state_need, len(kv_pins) + n_state, kv_free + state_free),)
+        else:
+            checks = ((pool, kv_need, len(kv_pins), kv_free), (spool, state_need, n_state, state_free))
+        for p, need, pinned, _ in checks:
+            if p.capacity is not None and need + pinned > p.capacity:
+                return REJECT  # could not fit even in an otherwise empty pool
+        for p, need, _, from_free in checks:
+            if need + from_free > p.available():
+                return WAIT
+        return None
 
     def _pin(self, rs: ReqState, hit_pages: list[int], src: int, ck_slots: list[int]) -> None:
         for p in hit_pages:
@@ -345,14 +396,18 @@ class HybridPrefixCache:
         if s >= L or budget <= 0:
             return 0
         e = min(L, s + budget)
-        J = rs.junction_tok
-        if s < J < e:
-            e = J  # end the chunk at the junction so its checkpoint lands there (vLLM align-mode style)
-        I = self.retain
-        if I and not self.coarse:
-            nxt = (s // I + 1) * I
-            if nxt < e:
-                e = nxt
+        J, I, mech = rs.junction_tok, self.retain, self.mech
+        if mech == "decoupled":
+            if s < J < e:
+                e = J  # end the chunk at the junction so its checkpoint lands there (vLLM align-mode style)
+            if I:
+                nxt = (s // I + 1) * I
+                if nxt < e:
+                    e = nxt
+        elif mech == "step-end":
+            e = self._aligned_end(s, e, L)
+            if e <= s:
+                return 0  # no whole block fits this step's budget: the request waits (vLLM align mode)
         B_h, B_p, pool = self.B_h, self.B_p, self.pool
         need_blocks = -(-e // B_p)
         blocks = rs.blocks
@@ -361,10 +416,10 @@ class HybridPrefixCache:
             rs.reserve_left -= 1
             pool.reserved -= 1
         hb_end = e // B_h
-        if hb_end > rs.reg_hb:
+        if hb_end > rs.reg_hb and self.reuse:
             idx, ready, pk, keys, r = self.mla_index, self.mla_ready, self.page_keys, rs.keys, self.r
             nxt = self.step + 1
-            for j in range(rs.reg_hb, hb_end):
+            for j in range(rs.reg_hb, min(hb_end, len(keys))):
                 key = keys[j]
                 if key not in idx:
                     p = blocks[j // r]
@@ -385,37 +440,102 @@ class HybridPrefixCache:
                     else:
                         lst.append(key)
             rs.reg_hb = hb_end
-        if self.G:
-            if self.coarse:  # a checkpoint at every physical block boundary crossed, all kept
-                for b in range(s // B_p + 1, e // B_p + 1):
-                    self._write_ckpt(rs, b * self.r, kept=True)
-            elif hb_end * B_h > s and hb_end > 0:  # the last hash-aligned position of this forward
-                if rs.transient is not None:
-                    self._recycle.append(rs.transient)  # superseded by progress
-                    rs.transient = None
-                kept = hb_end == rs.turn_hb or hb_end * B_h == J or (I > 0 and hb_end * B_h % I == 0)
-                self._write_ckpt(rs, hb_end, kept)
+        if self.G and self.reuse:
+            if mech == "decoupled":
+                if hb_end * B_h > s and hb_end > 0:  # the last hash-aligned position of this forward
+                    if rs.transient is not None:
+                        self._recycle.append(rs.transient)  # superseded by progress
+                        rs.transient = None
+                    kept = hb_end == rs.turn_hb or hb_end * B_h == J or (I > 0 and hb_end * B_h % I == 0)
+                    self._write_ckpt(rs, hb_end * B_h, kept)
+            else:
+                self._place(rs, s, e)
         rs.computed = e
         return e - s
 
-    def _write_ckpt(self, rs: ReqState, hb: int, kept: bool) -> None:
-        key = rs.keys[hb - 1]
-        if key in self.ckpt_index:
-            return  # someone else already persisted this boundary
-        if self.pool.available() < self.G * self.k:
-            self.stats.checkpoints_skipped += 1
+    def _aligned_end(self, s: int, e: int, L: int) -> int:
+        """vLLM align mode's chunk end (scheduler `_mamba_block_aligned_split`, PR #30877): before the prompt's
+        last block boundary a chunk is a whole number of blocks; the chunk crossing it stops there."""
+        B = self.B_p
+        last = L - L % B
+        if e < last:
+            return s + (e - s) // B * B
+        if s < last < e:
+            return last
+        return e
+
+    def _place(self, rs: ReqState, s: int, e: int) -> None:
+        """The checkpoints a forward over [s, e) leaves, per engine mechanism (`config.MECHANISM`)."""
+        mech, B_p = self.mech, self.B_p
+        if mech == "boundary":  # every physical block boundary crossed, all kept (vLLM 'all', coarse)
+            for b in range(s // B_p + 1, e // B_p + 1):
+                self._write_ckpt(rs, b * B_p, kept=True)
+        elif mech == "step-end":  # the step's end when it is a block boundary (vLLM 'align')
+            if e % B_p == 0:
+                self._write_ckpt(rs, e, kept=True, hold=True)
+        elif mech == "chunk-end":  # every forward's end, the prompt's end included (SGLang no_buffer)
+            self._write_ckpt(rs, e, kept=True)
+        elif mech == "tracked":  # SGLang extra_buffer: the branch point, else the deepest 64-token position inside
+            J, C = rs.junction_tok, self.C
+            if s < J <= e:
+                self._write_ckpt(rs, J, kept=True)
+            elif e - s > C:
+                self._write_ckpt(rs, s + (e - s - 1) // C * C, kept=True)
+        elif mech == "periodic":  # every multiple of the interval (TensorRT-LLM periodic_snapshot_interval)
+            # snapshots of one forward inside one hash block share an allocation: a lookup can only prove the
+            # block, so the deepest one is the one restored; the others hold memory with it
+            N, B_h = self.N, self.B_h
+            t = (s // N + 1) * N
+            while t <= e:
+                end = min(e, -(-t // B_h) * B_h)  # the end of the hash block holding t
+                last = end // N * N
+                self._write_ckpt(rs, last, kept=True, copies=(last - t) // N + 1)
+                t = last + N
+
+    def _write_ckpt(self, rs: ReqState, tok: int, kept: bool, hold: bool = False, copies: int = 1) -> None:
+        """A checkpoint of the request's state at token `tok`, indexed under the key of the hash block holding
+        it (none when that block is the prompt's partial last one: such a checkpoint costs memory but no lookup
+        can prove a later prompt shares it). One per key: a deeper one in the same block takes the index."""
+        j = -(-tok // self.B_h) - 1
+        key = rs.keys[j] if j < len(rs.keys) else None
+        old = self.ckpt_index.get(key) if key is not None else None
+        if old is not None:
+            if old.tok >= tok:
+                return  # someone else already persisted this boundary
+            del self.ckpt_index[key]  # superseded for lookups; it stays cached until evicted
+        if self.spool.available() < self.G * self.k * copies:
+            self.stats.checkpoints_skipped += copies
+            if old is not None:
+                self.ckpt_index[key] = old
             return
-        ck = Ckpt(key, self.step + 1, kept)
-        ck.slots = [self._alloc_slot(ck) for _ in range(self.G)]  # new slots: cached ones stay read-only
+        ck = Ckpt(key, self.step + 1, kept, tok)
+        ck.slots = [self._alloc_slot(ck, copies) for _ in range(self.G)]  # new slots: cached ones stay read-only
         if self.flop_aware:  # a hit on this checkpoint skips the whole prefix; it holds G slots of k pages
-            v = self.flops(hb * self.B_h) / (self.G * self.k * self.cfg.page_bytes)
+            v = self.flops(tok) / (self.G * self.k * copies * self.cfg.state_page_bytes)
             for sid in ck.slots:
-                self.pool.value[self.slot_pages[sid][0]] = v
-        self.ckpt_index[key] = ck
-        self.stats.checkpoints_written += 1
+                self.spool.value[self.slot_pages[sid][0]] = v
+        if key is not None:
+            self.ckpt_index[key] = ck
+        self.stats.checkpoints_written += copies
         self._step_writes.append(ck)
+        if hold:  # pinned by the request until its next aligned state (vLLM align: running + latest aligned)
+            self._unhold(rs)
+            ck.held = True
+            rs.held = ck
         if not kept:
             rs.transient = ck
+
+    def _unhold(self, rs: ReqState) -> None:
+        """Release a request's held checkpoint to the LRU (still cached), once its write has landed."""
+        ck = rs.held
+        if ck is None:
+            return
+        rs.held = None
+        ck.held = False
+        if ck not in self._step_writes:  # else end_step releases it with the step's other kept writes
+            for sid in ck.slots:
+                if sid >= 0 and sid in self.slot_pages:
+                    self._slot_decref(sid)
 
     def grow_decode(self, rs: ReqState, tokens: int) -> None:
         """Advance decode by `tokens`; KV pages for generated tokens come from the request's reservation."""
@@ -438,7 +558,7 @@ class HybridPrefixCache:
                 self._slot_decref(x)
         self._step_unpins.clear()
         for ck in self._step_writes:
-            if ck.kept:
+            if ck.kept and not ck.held:
                 for sid in ck.slots:
                     if sid >= 0:
                         self._slot_decref(sid)
@@ -461,7 +581,12 @@ class HybridPrefixCache:
         for p in reversed(rs.blocks):
             pool.decref(p, p in pk)
         rs.blocks = []
-        for sid in rs.state_slots:
+        self._unhold(rs)
+        slots = rs.state_slots
+        if self.cfg.donate_final_state and self.G and self.reuse:
+            self._donate(rs, slots[:self.G])
+            slots = slots[self.G:]
+        for sid in slots:
             self._slot_decref(sid)
         rs.state_slots = []
         if rs.transient is not None:
@@ -473,10 +598,27 @@ class HybridPrefixCache:
         pool.reserved -= rs.reserve_left
         rs.reserve_left = 0
 
+    def _donate(self, rs: ReqState, slots: list[int]) -> None:
+        """SGLang keeps a finished request's state in its radix tree (cache_finished_req): the slots become a
+        cached checkpoint at the request's end, which no trace lookup can prove shared (the trace names no
+        output tokens): it holds memory and is evicted in LRU order like any other."""
+        ck = Ckpt(None, self.step + 1, True, rs.L + rs.generated)
+        ck.slots = slots
+        for sid in slots:
+            self.slot_ckpt[sid] = ck
+            self.ckpt_pages += len(self.slot_pages[sid])
+        if self.ckpt_pages > self.stats.checkpoint_pages_peak:
+            self.stats.checkpoint_pages_peak = self.ckpt_pages
+        self.stats.checkpoints_donated += 1
+        for sid in slots:
+            self._slot_decref(sid)
+
     # ---------------------------------------------------------------- invariants
     def check(self) -> None:
-        pool = self.pool
+        pool, spool = self.pool, self.spool
         pool.check()
+        if spool is not pool:
+            spool.check()
         for key, p in self.mla_index.items():
             assert pool.kind[p] == MLA, f"index key on a non-MLA page {p}"
             assert key in self.page_keys.get(p, ()), "index key missing from its page"
@@ -488,14 +630,16 @@ class HybridPrefixCache:
                 assert all(s >= 0 for s in ck.slots), "indexed checkpoint with a missing group"
             for s in ck.slots:
                 if s >= 0:
-                    assert all(pool.kind[p] == KDA for p in self.slot_pages[s])
+                    assert spool.kind[self.slot_pages[s][0]] == KDA  # a unit's kind is its first page's
         assert self.ckpt_pages == sum(
             len(self.slot_pages[s]) for s, c in self.slot_ckpt.items() if c is not None
         ), "checkpoint page count drifted"
         for p in pool.empty:
-            assert p not in self.page_keys and p not in self.page_slot, f"empty page {p} still holds content"
+            assert p not in self.page_keys, f"empty page {p} still holds content"
+        for p in spool.empty:
+            assert p not in self.page_slot, f"empty state page {p} still holds content"
         for c, par in self.mla_parent.items():  # flop-aware chain links join registered MLA pages both ways
             assert c in self.page_keys and par in self.page_keys and c in self.mla_children[par], "stale chain link"
         assert sum(map(len, self.mla_children.values())) == len(self.mla_parent), "chain links not symmetric"
         for sid, pages in self.slot_pages.items():
-            assert self.page_slot[pages[0]] == sid and (len(pages) == 1 or pool.unit[pages[0]] is pages)
+            assert self.page_slot[pages[0]] == sid and (len(pages) == 1 or spool.unit[pages[0]] is pages)

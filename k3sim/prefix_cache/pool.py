@@ -5,8 +5,10 @@ are handed out first; free pages that still hold cached content sit behind them 
 (their index entries dropped through `on_evict`) only when no empty page is left. Unbounded pools grow instead.
 
 A KDA state slot of several pages is one *unit*: its pages are pinned, freed, cached and evicted together, so
-only its first page stands in the LRU (the others are "parked" behind it). Plain lists and ints: this is the
-simulator's hot path.
+only its first page stands in the LRU (the others are "parked" behind it) and only its first page's refcount is
+kept (a pin or release is one operation however many pages the state takes: a TensorRT-LLM snapshot of K3 is
+32 pages of 512 tokens); the other pages' counts are reset when the unit's pages go back to the empty end.
+Plain lists and ints: this is the simulator's hot path.
 
 Eviction picks the oldest free cached entry (LRU), or with `victim_window` > 0 the entry of lowest utility
 among the leaves (`is_leaf`: no cached entry depends on it) of the `victim_window` oldest: recency rank +
@@ -71,11 +73,9 @@ class BlockPool:
             page = self._victim()
             k = self.kind[page]
             members = self.unit.pop(page, None)
-            if members is not None:  # the rest of the unit becomes empty
+            if members is not None:  # the rest of the unit becomes empty (their refcounts are already 0)
                 rest = members[1:]
                 self.parked -= len(rest)
-                for p in rest:
-                    self.kind[p] = FREE
                 self.empty.extend(rest)
             self.evictions += 1 if members is None else len(members)
             self.evictions_by_kind[k] += 1 if members is None else len(members)
@@ -114,11 +114,13 @@ class BlockPool:
 
     def allocate_n(self, kind: int, n: int) -> list[int]:
         """A unit of n pages (a KDA state slot): empty pages in bulk, growth in bulk, then one `allocate` (which
-        may evict and so refill the empty end) at a time."""
+        may evict and so refill the empty end) at a time. Only the first page carries the refcount and the kind;
+        the others keep refcount 0 (so they go back to the empty end as they are) and get a new generation."""
         empty, rc, kd, gen = self.empty, self.refcount, self.kind, self.generation
         if not empty and self.capacity is None:  # fast path: an unbounded pool grows by the whole unit
             first = len(rc)
-            rc.extend([1] * n)
+            rc.append(1)
+            rc.extend([0] * (n - 1))
             kd.extend([kind] * n)
             gen.extend([1] * n)
             out = list(range(first, first + n))
@@ -132,37 +134,39 @@ class BlockPool:
                 chunk = empty[-take:]
                 del empty[-take:]
                 for p in chunk:
-                    rc[p] = 1
-                    kd[p] = kind
                     gen[p] += 1
                 out += chunk
                 continue
             grow = n - len(out) if self.capacity is None else min(n - len(out), self.capacity - len(rc))
             if grow > 0:
                 first = len(rc)
-                rc.extend([1] * grow)
+                rc.extend([0] * grow)
                 kd.extend([kind] * grow)
                 gen.extend([1] * grow)
                 out.extend(range(first, first + grow))
             else:
-                out.append(self.allocate(kind))
+                page = self.allocate(kind)  # evicts: a unit's other pages refill the empty end
+                rc[page] = 0
+                out.append(page)
+        head = out[0]
+        rc[head] = 1
+        kd[head] = kind
         if n > 1:
-            self.unit[out[0]] = out
+            self.unit[head] = out
         return out
 
     def incref_n(self, pages: list[int]) -> None:
-        rc = self.refcount
-        if rc[pages[0]] == 0:
-            del self.lru[pages[0]]  # the unit leaves the free list
+        """Pin a unit: its first page's refcount stands for all its pages."""
+        rc, head = self.refcount, pages[0]
+        if rc[head] == 0:
+            del self.lru[head]  # the unit leaves the free list
             self.parked -= len(pages) - 1
-        for p in pages:
-            rc[p] += 1
+        rc[head] += 1
 
     def decref_n(self, pages: list[int], cached: bool) -> None:
-        rc = self.refcount
-        for p in pages:
-            rc[p] -= 1
-        if rc[pages[0]] == 0:  # a unit's pages always share one refcount
+        rc, head = self.refcount, pages[0]
+        rc[head] -= 1
+        if rc[head] == 0:  # a unit's pages share its first page's refcount
             if cached:
                 self.lru[pages[0]] = None
                 self.parked += len(pages) - 1
@@ -177,9 +181,8 @@ class BlockPool:
             self._to_empty(pages)
 
     def _to_empty(self, pages: list[int]) -> None:
-        kd = self.kind
-        for p in pages:
-            kd[p] = FREE
+        self.kind[pages[0]] = FREE  # a unit's other pages carry neither a kind nor a refcount
+        self.refcount[pages[0]] = 0
         self.empty.extend(pages)
         if len(pages) > 1:
             del self.unit[pages[0]]
@@ -211,13 +214,15 @@ class BlockPool:
         """Invariants: refcounts >= 0; free <=> refcount 0; no page both free and referenced; conservation;
         a unit's pages share one refcount and only its first page stands in the LRU."""
         n = len(self.refcount)
-        rcs = self.refcount
+        rcs = list(self.refcount)
         free = set(self.empty)
         assert len(free) == len(self.empty), "page twice in the empty list"
         assert not (free & self.lru.keys()), "page both empty and in the LRU"
         parked = 0
         for head, pages in self.unit.items():
-            assert pages[0] == head and all(rcs[p] == rcs[head] for p in pages), f"unit {head} split"
+            assert pages[0] == head and not (free & set(pages)), f"unit {head} split"
+            for p in pages[1:]:
+                rcs[p] = rcs[head]  # a unit's count is its first page's
             if head in self.lru:
                 parked += len(pages) - 1
                 assert not (free & set(pages[1:])), "parked page also empty"

@@ -67,10 +67,11 @@ def _summary(res) -> list[tuple[str, str]]:
                     ("MFU", f"{100 * t.mfu:.1f} %"), ("micro-batches", str(t.num_micro_batches)),
                     ("bubble ratio", f"{t.bubble_ratio:.3f}"), ("EP load imbalance (max/mean)", f"{t.ep_imbalance:.3f}")]
     if res.serving:
-        for k in ("goodput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "ttft_p99_s", "tpot_p99_s"):
+        for k, label in (("goodput_requests_per_s", "goodput (requests/s within the SLOs)"),
+                         ("throughput_output_tokens_per_s_per_gpu", "output tokens/s per GPU"),
+                         ("ttft_p99_s", "p99 TTFT"), ("tpot_p99_s", "p99 TPOT")):
             if k in res.serving:
-                v = res.serving[k]
-                summary.append((k, _fmt(k, v)))
+                summary.append((label, _fmt(k, res.serving[k])))
     return summary
 
 
@@ -253,8 +254,9 @@ def _trust_sections(res) -> list[dict]:
 def build_context(res, fig_dir: Path) -> dict:
     """Tables and figures of every section (figures drawn into `fig_dir`), in report order."""
     from k3sim.report.budget import budget_sections
+    from k3sim.report.search import search_sections
 
-    sections = (_memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _stage_sections(res)
+    sections = (search_sections(res, fig_dir) + _memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _stage_sections(res)
                 + budget_sections(res)
                 + _serving_sections(res, fig_dir)
                 + _decode_sections(res, fig_dir) + _prefix_cache_sections(res, fig_dir) + _cp_sections(res, fig_dir)

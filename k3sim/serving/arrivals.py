@@ -1,4 +1,5 @@
-"""Arrival processes over a stream of requests: the trace's own timestamps, Poisson, or gamma-bursty at a rate.
+"""Arrival processes over a stream of requests: the trace's own timestamps (optionally scaled), Poisson, or
+gamma-bursty at a rate.
 
 Every function takes and yields an iterator, one request at a time, so a million-request trace never sits in
 memory. Poisson and gamma draw inter-arrival gaps from one seeded generator in blocks of unit-mean draws scaled
@@ -56,6 +57,27 @@ def retime(requests: Iterable[TraceRequest], kind: str, rate: float, *, seed: in
         t += next(gaps) / rate
         yield TraceRequest(t, r.input_tokens, r.output_tokens, block_ids=r.block_ids, block_tokens=r.block_tokens,
                            tokens=r.tokens, session_id=r.session_id, line=r.line)
+
+
+def time_scaled(requests: Iterable[TraceRequest], scale: float) -> Iterator[TraceRequest]:
+    """The same requests at their own arrival times multiplied by `scale` (0.5: twice the rate): the trace's
+    conversation timing (bursts, think times, the order of turns) is kept, only compressed or stretched,
+    where `retime` replaces it with a Poisson or gamma process at a rate."""
+    import dataclasses
+
+    _check_scale(scale)
+    for r in requests:
+        yield dataclasses.replace(r, arrival_s=r.arrival_s * scale)
+
+
+def _check_scale(scale: float, source: str = "--time-scale") -> None:
+    """A positive factor in the bounds table's `time_scale` range (k3sim/configs/bounds.py)."""
+    from k3sim.configs.bounds import check_range
+
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale <= 0:
+        raise InputError(f"must be a positive factor of the trace's arrival times (0.5: twice the rate), "
+                         f"got {scale}", source=source)
+    check_range(scale, "time_scale", source)
 
 
 def synthetic_stream(n: int, *, seed: int = 0, rate: float = 10.0, prompts: int = 64, zipf_a: float = 1.2,

@@ -104,6 +104,7 @@ class DPReplica:
                       for i in range(dp)]
         self.step_end_s = 0.0
         self.steps = 0  # lockstep steps of the replica (each rank counts the steps it worked)
+        self.routed = 0  # requests the fleet's router gave this replica
 
     # ------------------------------------------------------------------ what the fleet reads
     @property

@@ -62,6 +62,7 @@ class StepTimer:
         self.memo: dict = {}
         self._budget_memo: dict = {}
         self.calls = 0
+        self.floor = SarathiFloor(slo_tpot_s)
 
     def __call__(self, num_decode: int, context_sum: int, prefill: tuple = ()) -> float:
         self.calls += 1
@@ -81,10 +82,11 @@ class StepTimer:
         """Sarathi-Serve: the most prefill tokens (a multiple of `unit`) whose step with these decodes stays
         within the TPOT SLO; at least `unit` so the queue always moves. `prefix`: the tokens already cached
         before the chunk that will run first (its attention reads them), so a late chunk of a long prompt
-        gets the smaller budget it needs."""
+        gets the smaller budget it needs. A step that misses the SLO even at the `unit` floor is counted in
+        `self.floor` (the target is unreachable there: the run says so instead of letting the queue grow)."""
         key = (num_decode, bucket(context_sum), max_tokens, bucket(prefix), unit)
-        b = self._budget_memo.get(key)
-        if b is None:
+        hit = self._budget_memo.get(key)
+        if hit is None:
             pre = key[3]
             hi = max((max_tokens - num_decode) // unit, 1)
             lo = 1
@@ -97,8 +99,60 @@ class StepTimer:
                         lo = mid
                     else:
                         hi = mid
-            b = self._budget_memo[key] = lo * unit
-        return b
+            at_floor = self(num_decode, context_sum, ((unit, pre),)) if lo == 1 else 0.0
+            hit = self._budget_memo[key] = (lo * unit, at_floor if at_floor > self.slo_tpot_s else 0.0)
+        budget, missed_s = hit
+        self.floor.decided(unit, missed_s, num_decode)
+        return budget
+
+
+class SarathiFloor:
+    """What Sarathi's stall-free budget did in a run: how many budget decisions fell to the one-block floor
+    because even that step misses the TPOT target, and how long such a step takes (min and max), so the
+    result can say the target is unreachable at this layout instead of the queue diverging in silence."""
+
+    __slots__ = ("slo_tpot_s", "decisions", "floor_steps", "floor_steps_with_decodes", "floor_tokens",
+                 "step_s_min", "step_s_max")
+
+    def __init__(self, slo_tpot_s: float):
+        self.slo_tpot_s = slo_tpot_s
+        self.decisions = 0
+        self.floor_steps = 0
+        self.floor_steps_with_decodes = 0
+        self.floor_tokens = 0
+        self.step_s_min = math.inf
+        self.step_s_max = 0.0
+
+    def decided(self, unit: int, missed_s: float, num_decode: int) -> None:
+        self.decisions += 1
+        if missed_s:
+            self.floor_steps += 1
+            self.floor_steps_with_decodes += num_decode > 0
+            self.floor_tokens = unit
+            if missed_s < self.step_s_min:
+                self.step_s_min = missed_s
+            if missed_s > self.step_s_max:
+                self.step_s_max = missed_s
+
+    def merged(self, others) -> "SarathiFloor":
+        out = SarathiFloor(self.slo_tpot_s)
+        for f in (self, *others):
+            out.decisions += f.decisions
+            out.floor_steps += f.floor_steps
+            out.floor_steps_with_decodes += f.floor_steps_with_decodes
+            out.floor_tokens = max(out.floor_tokens, f.floor_tokens)
+            out.step_s_min = min(out.step_s_min, f.step_s_min)
+            out.step_s_max = max(out.step_s_max, f.step_s_max)
+        return out
+
+    def summary(self) -> dict:
+        """The run's JSON entry: `tpot_unreachable` when any step fell to the floor with the SLO missed."""
+        hit = self.floor_steps > 0
+        return {"slo_tpot_s": self.slo_tpot_s, "tpot_unreachable": hit, "budget_decisions": self.decisions,
+                "floor_steps": self.floor_steps, "floor_steps_with_decodes": self.floor_steps_with_decodes,
+                "floor_budget_tokens": self.floor_tokens if hit else None,
+                "floor_step_s_min": self.step_s_min if hit else None,
+                "floor_step_s_max": self.step_s_max if hit else None}
 
 
 class Replica:
@@ -114,6 +168,7 @@ class Replica:
         self.lookahead = mtp
         self.advance = advance
         self.backlog = 0  # prefill tokens routed here and not yet run (the attention-DP balancer's measure)
+        self.routed = 0  # requests the fleet's router gave this replica
         self.ecfg = ecfg
         self.timer = timer
         self.gpus = gpus
@@ -211,8 +266,11 @@ class Replica:
 
     # ------------------------------------------------------------------ P/D decode side
     def try_accept(self) -> None:
-        """Decode role: reserve pages for the head of `incoming` (FCFS), then let its KV move."""
-        while self.incoming:
+        """Decode role: reserve pages for the head of `incoming` (FCFS), then let its KV move; at most
+        `max_batch` requests running or landing (a decode instance's max_num_seqs / max_running_requests
+        bounds it as any engine's: the rest wait in `incoming`, where the overload check sees them)."""
+        max_batch = self.ecfg.max_batch
+        while self.incoming and len(self.running) + self.landing < max_batch:
             req = self.incoming[0]
             ctx = req.context
             out = req.O - req.generated + self.lookahead

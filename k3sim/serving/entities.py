@@ -21,7 +21,8 @@ class Request:
 
     __slots__ = ("rid", "arrival_s", "L", "O", "keys", "rs", "target", "generated", "scheduled_s",
                  "first_token_s", "hit_tokens", "preemptions", "replica", "decode_replica", "prefill_done_s",
-                 "transfer_s", "admitted", "seq", "done", "rs_decode", "rank", "carry", "route_tokens")
+                 "transfer_s", "admitted", "seq", "done", "rs_decode", "rank", "carry", "route_tokens",
+                 "transfer_start_s")
 
     def __init__(self, rid: int, arrival_s: float, L: int, O: int, keys: list[int]):
         self.rid = rid
@@ -40,6 +41,7 @@ class Request:
         self.decode_replica = -1
         self.prefill_done_s = NAN
         self.transfer_s = 0.0
+        self.transfer_start_s = NAN  # P/D: when a decode replica reserved its pages and the KV started moving
         self.admitted = False
         self.seq = 0  # admission order on its replica (preemption victim: the latest)
         self.done = False  # set for one step's bookkeeping
@@ -55,7 +57,8 @@ class Request:
 
 
 RECORD_COLUMNS = ("request", "arrival_s", "scheduled_s", "first_token_s", "completion_s", "input_tokens",
-                  "output_tokens", "hit_tokens", "preemptions", "replica", "rank", "decode_replica", "transfer_s")
+                  "output_tokens", "hit_tokens", "preemptions", "replica", "rank", "decode_replica", "transfer_s",
+                  "transfer_start_s")
 
 
 class RecordBook:
@@ -75,6 +78,7 @@ class RecordBook:
         self.rank = array("l")  # attention-DP rank of `replica` that prefilled it (0 without attention DP)
         self.decode_replica = array("l")
         self.transfer_s = array("d")
+        self.transfer_start_s = array("d")  # P/D: the KV transfer's start (NaN: colocated, or no decode)
 
     def add(self, r: Request, completion_s: float) -> None:
         self.request.append(r.rid)
@@ -90,6 +94,7 @@ class RecordBook:
         self.rank.append(r.rank)
         self.decode_replica.append(r.decode_replica)
         self.transfer_s.append(r.transfer_s)
+        self.transfer_start_s.append(r.transfer_start_s)
 
     def __len__(self) -> int:
         return len(self.request)

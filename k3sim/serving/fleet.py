@@ -6,6 +6,10 @@ Routers (arrivals go to the colocated replicas, or to the prefill pool):
 - prefix-aware: the replica whose prefix cache holds the longest prefix of the request, among the replicas at
   most `load_cap` requests above the least loaded (SGLang's cache-aware router: cache affinity unless the load
   imbalance passes `balance_abs_threshold`; Mooncake's Conductor weighs cache hits against load the same way).
+  Blocks every request routed so far begins with (the fleet-wide common prefix: block 0 of a system prompt all
+  requests share, as in Mooncake's conversation trace) count for no replica: every replica soon holds them, so
+  an affinity to them would only pile the traffic onto whichever replica served the first request (up to the
+  load cap) for no hit that the others would miss. Ties go to the least loaded.
 
 P/D: a request finishes its prompt on a prefill replica (first token there), then the least-loaded decode
 replica reserves pages for its context and whole output, and its MLA KV plus one KDA state and conv state move
@@ -124,6 +128,9 @@ class Fleet:
         self._next_sample = 0.0
         self.samples: list[tuple] = []  # (t, running, waiting, pinned bytes, cached bytes)
         self.progress = progress
+        self.common: list | None = None  # prefix-aware: the hash keys every request routed so far begins with
+        self.first_arrival_s = math.nan
+        self.last_arrival_s = math.nan
 
     @property
     def replicas(self) -> list:
@@ -166,11 +173,16 @@ class Fleet:
                 self.next_arrival_s = tr.arrival_s
                 yield env.timeout(tr.arrival_s - env.now)
             req = Request(rid, env.now, tr.input_tokens, tr.output_tokens, prefix_keys(tr, B_h))
+            if not rid:
+                self.first_arrival_s = env.now
+            self.last_arrival_s = env.now
             rid += 1
             self._tick()
             self.in_system += 1
             self.arrived += 1
-            self.route(req).submit(req)
+            target = self.route(req)
+            target.routed += 1
+            target.submit(req)
             nxt = next(it, None)
             self.next_arrival_s = nxt.arrival_s if nxt is not None else math.inf
             if self.progress is not None:
@@ -189,14 +201,41 @@ class Fleet:
         low = min(loads)
         if self.router == "least-loaded":
             return reps[loads.index(low)]
+        shared = self._common_blocks(req.keys)
         best, best_key = reps[0], None
         for rep, load in zip(reps, loads):
             if load > low + self.load_cap:
                 continue
-            key = (self._cached_prefix(rep, req.keys), -load, -rep.idx)
+            key = (max(0, self._cached_prefix(rep, req.keys) - shared), -load, -rep.idx)
             if best_key is None or key > best_key:
                 best, best_key = rep, key
         return best
+
+    def _common_blocks(self, keys: list[int]) -> int:
+        """Leading hash blocks every request routed so far (this one included) shares: the prefix-aware
+        router's blocks that count for no replica."""
+        common = self.common
+        if common is None:
+            self.common = list(keys)
+            return len(keys)
+        n = 0
+        for a, b in zip(common, keys):
+            if a != b:
+                break
+            n += 1
+        if n < len(common):
+            del common[n:]
+        return n
+
+    def router_summary(self) -> dict:
+        """The router as the run's JSON reports it: its name, the prefix-aware load cap and the common prefix
+        it ignored (hash blocks), and the requests each front engine was given (an engine: a replica, one of a
+        replica's pp micro-batch engines, or an attention-DP replica with its own balancer)."""
+        out = {"name": self.router, "requests_per_engine": [r.routed for r in self.front]}
+        if self.router == "prefix-aware":
+            out.update(load_cap=self.load_cap, ignored_common_blocks=len(self.common or ()),
+                       hash_block_tokens=self.hash_block_tokens)
+        return out
 
     @staticmethod
     def _cached_prefix(rep, keys: list[int]) -> int:
@@ -255,6 +294,7 @@ class Fleet:
     def start_transfer(self, req: Request, drep) -> None:
         t = self.transfer.seconds(req.context)
         req.transfer_s = t
+        req.transfer_start_s = self.env.now
         drep.landing_times.append(self.env.now + t)
         drep.next_landing_s = min(drep.landing_times)
         self.env.process(self._move(req, drep, t))

@@ -23,7 +23,8 @@ from typing import Callable, Iterable
 
 from k3sim.prefix_cache.cache import REJECT, WAIT, HybridPrefixCache
 from k3sim.prefix_cache.config import CacheConfig
-from k3sim.workloads.request import TraceRequest, prefix_keys
+from k3sim.prefix_cache.keys import block_keys
+from k3sim.workloads.request import TraceRequest
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,9 @@ class ReplayResult:
     eviction: str = "lru"
     prefill_flop_saved: float = 0.0  # FLOP (whole model) the hits skipped
     prefill_flop_saved_fraction: float = 0.0  # of the admitted prompts' prefill FLOP
+    checkpoint_bytes: int = 0  # pool bytes one checkpoint holds (its groups' slots, padded to pages)
+    checkpoints_donated: int = 0  # finished requests' states kept cached (SGLang)
+    state_pool_bytes_peak: int = 0  # peak of the separate state pool (SGLang), 0 when the pool is unified
     extra: dict = field(default_factory=dict)
 
 
@@ -236,7 +240,7 @@ class _Replay:
         self.next_arrival_s = math.inf
         self.arrivals_done = False
         self.wake_event = None
-        self.rejected = self.input_tokens = self.steps = self.peak_pages = 0
+        self.rejected = self.input_tokens = self.steps = self.peak_pages = self.peak_state_pages = 0
 
     def wake(self) -> None:
         """Resume an idle scheduler (a request arrived, or the trace ended)."""
@@ -251,7 +255,7 @@ class _Replay:
             if req.arrival_s > env.now:
                 self.next_arrival_s = req.arrival_s
                 yield env.timeout(req.arrival_s - env.now)
-            self.waiting.append(_Request(req, prefix_keys(req, self.B_h), seq))
+            self.waiting.append(_Request(req, block_keys(req, self.B_h), seq))
             self.wake()
         self.next_arrival_s = math.inf
         self.arrivals_done = True
@@ -266,7 +270,7 @@ class _Replay:
             r.rs = rs
             self.input_tokens += req.input_tokens
             if self.record_requests:
-                self.per_request.append((req.input_tokens, rs.hit_hb * self.B_h))
+                self.per_request.append((req.input_tokens, rs.hit_tokens))
         return rs
 
     def preempt(self, r: _Request) -> None:  # pragma: no cover - pages are reserved at admission
@@ -319,9 +323,14 @@ class _Replay:
         self.steps += n_steps
         if self.check_every and self.steps % self.check_every < n_steps:
             cache.check()
-        pool_pages = cache.pool.num_pages - (len(cache.pool.empty) if self.cfg.capacity_bytes is None else 0)
+        unbounded = self.cfg.capacity_bytes is None
+        pool_pages = cache.pool.num_pages - (len(cache.pool.empty) if unbounded else 0)
         if pool_pages > self.peak_pages:
             self.peak_pages = pool_pages
+        if cache.spool is not cache.pool:
+            state_pages = cache.spool.num_pages - (len(cache.spool.empty) if unbounded else 0)
+            if state_pages > self.peak_state_pages:
+                self.peak_state_pages = state_pages
 
     def _advance(self, n_steps: int) -> None:
         """Requests past their prefill generate tokens (the last prefill forward yields the first one, a decode
@@ -365,8 +374,8 @@ class _Replay:
             token_hit_rate=s.hit_tokens / inp if inp else 0.0,
             request_hit_rate=s.requests_with_hit / n if n else 0.0,
             mla_only_token_hit_rate=s.mla_match_tokens / inp if inp else 0.0,
-            checkpoint_bytes_peak=s.checkpoint_pages_peak * cfg.page_bytes,
-            pool_bytes_peak=self.peak_pages * cfg.page_bytes,
+            checkpoint_bytes_peak=s.checkpoint_pages_peak * cfg.state_page_bytes,
+            pool_bytes_peak=self.peak_pages * cfg.page_bytes + self.peak_state_pages * cfg.state_page_bytes,
             evictions=cache.pool.evictions,
             evicted_kv_pages=cache.pool.evictions_by_kind[1],
             evicted_kda_pages=cache.pool.evictions_by_kind[2],
@@ -387,6 +396,9 @@ class _Replay:
             prefill_flop_saved=s.prefill_flop_saved,
             prefill_flop_saved_fraction=(s.prefill_flop_saved / s.prefill_flop_requested
                                          if s.prefill_flop_requested else 0.0),
+            checkpoint_bytes=cfg.checkpoint_bytes,
+            checkpoints_donated=s.checkpoints_donated,
+            state_pool_bytes_peak=self.peak_state_pages * cfg.state_page_bytes,
             extra=extra,
         )
 

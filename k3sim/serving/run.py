@@ -30,6 +30,8 @@ class PoolSpec:
     cache: object  # prefix_cache.CacheConfig (pages per TP rank, all layers; capacity in those bytes)
     pool_bytes_per_gpu: float | str | None  # as given: bytes, 'unbounded', or None (the memory planner's free HBM;
     # the figure in whole-model pages is `cache.capacity_bytes`)
+    pp_engines: int = 1  # batches in flight per replica: pp with pp micro-batches (`_pp_engines`), else 1
+    note: str | None = None  # why a pp > 1 replica keeps one batch in flight, when it does
 
     @property
     def gpus_per_replica(self) -> int:
@@ -123,13 +125,16 @@ class ServeSetup:
             except Exception as err:  # pydantic ValidationError: one line
                 raise InputError(_first_error(err), source=_option_of(err, upd, src)) from None
         _check_mla_only_policy(model, sv.engine.cache_policy, cache_policy is not None, src)
+        pp_explicit = pp_microbatches is not None or (scn.serving is not None and
+                                                      "pp_microbatches" in scn.serving.engine.model_fields_set)
         from k3sim.configs.parallel import check_layout
 
         gpn = scn.cluster.gpus_per_node
         pools = []
         if sv.disaggregation is None:
             check_layout(model, scn.parallelism, mode="serve", source=src, hardware=hw)
-            pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src))
+            pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src,
+                               pp_explicit))
         else:
             dz = sv.disaggregation
             if sv.replicas is None and dz.prefill.replicas + dz.decode.replicas != scn.replicas and \
@@ -139,7 +144,7 @@ class ServeSetup:
             for role, pc in (("prefill", dz.prefill), ("decode", dz.decode)):
                 par = pc.parallelism or scn.parallelism
                 check_layout(model, par, mode="serve", source=src, hardware=hw)
-                pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src))
+                pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src, pp_explicit))
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src, scn.serving)
 
 
@@ -286,15 +291,37 @@ def default_physical_block(model, hash_block: int, tp: int, policy: str) -> int:
     return max(1, math.ceil(tokens / hash_block)) * hash_block
 
 
-def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
+def _pp_engines(e, par, explicit: bool) -> tuple[int, str | None]:
+    """Batches in flight per replica of layout `par` and, when a pp > 1 replica keeps one, why.
+
+    On by default (`serving.engine.pp_microbatches`): engines keep pp batches in flight so no stage idles
+    while the others work (vLLM V1: `VllmConfig.max_concurrent_batches` is the pipeline size, "PP requires
+    PP-size concurrent batches to fill the pipeline", vllm/config/vllm.py; vLLM V0 ran pp virtual engines,
+    one scheduler each, vllm/engine/llm_engine.py; SGLang's `event_loop_pp` keeps pp_size micro-batches,
+    python/sglang/srt/managers/scheduler_pp_mixin.py). With attention DP the lockstep ranks are one engine
+    here: pp micro-batches are refused when asked for, and off (with the note) by default."""
+    if par.pp == 1:
+        return 1, None
+    if not e.pp_microbatches:
+        return 1, (f"pp micro-batches off: one batch at a time passes the {par.pp} pipeline stages, so each "
+                   f"stage idles {par.pp - 1}/{par.pp} of the time (engines keep pp batches in flight: "
+                   "--pp-microbatches)")
+    if par.dp > 1:
+        if explicit:
+            raise InputError(f"pp micro-batches (virtual engines) with attention DP (dp={par.dp}) are not modelled: "
+                             "an attention-DP replica steps its ranks in lockstep; remove one of the two",
+                             source="serving.engine.pp_microbatches")
+        return 1, (f"pp micro-batches are not modelled with attention DP (dp={par.dp}): one batch at a time passes "
+                   f"the {par.pp} pipeline stages, so throughput is a lower bound")
+    return par.pp, None
+
+
+def _pool(role, n, par, model, hw, sv, scn, src, pp_explicit: bool = False) -> PoolSpec:
     from k3sim.prefix_cache.config import config_from_model
     from k3sim.prefix_cache.setup import named_options
 
     e = sv.engine
-    if e.pp_microbatches and par.pp > 1 and par.dp > 1:
-        raise InputError(f"pp micro-batches (virtual engines) with attention DP (dp={par.dp}) are not modelled: an "
-                         "attention-DP replica steps its ranks in lockstep; remove one of the two",
-                         source="serving.engine.pp_microbatches")
+    pp_engines, note = _pp_engines(e, par, pp_explicit)
     pb = e.physical_block_tokens or default_physical_block(model, e.hash_block_tokens, par.tp, e.cache_policy)
     per_gpu = e.pool_bytes
     if per_gpu == "unbounded":
@@ -314,7 +341,7 @@ def _pool(role, n, par, model, hw, sv, scn, src) -> PoolSpec:
         raise InputError(f"{what} holds {pages} pages of {cfg.page_bytes} B (all layers' share per GPU); one "
                          f"request needs {cfg.min_pages_one_request()} (1 KV page + {cfg.groups} KDA state slots)",
                          source="--pool-bytes" if e.pool_bytes is not None else src)
-    return PoolSpec(role, n, par, cfg, per_gpu)
+    return PoolSpec(role, n, par, cfg, per_gpu, pp_engines, note)
 
 
 @dataclass
@@ -374,7 +401,7 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
                 lst.append(rep)
                 env.process(rep.run())
             continue
-        engines, cache_cfg = _engines_per_replica(sv.engine, pool)
+        engines, cache_cfg = _engines_per_replica(pool)
         for _ in range(pool.replicas * engines):
             rep = Replica(fleet, len(lst), pool.role, cache_cfg, sv.engine, timer, pool.gpus_per_replica / engines,
                           mtp=mtp, advance=advance)
@@ -399,10 +426,37 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
     res.summary["replicas"] = {p.role: p.replicas for p in setup.pools}
     res.summary["layouts"] = {p.role: _layout_summary(p.parallelism) for p in setup.pools}
     res.summary["mtp"] = {"drafts": setup.serving.mtp, "acceptance": setup.serving.acceptance}
+    res.summary.update(behaviour_summary(setup, fleet, timers))
     if transfer is not None:
         res.summary["transfer_bytes"] = transfer.total_bytes
         res.summary["transfers"] = transfer.transfers
     return res
+
+
+def behaviour_summary(setup: ServeSetup, fleet, timers: list) -> dict:
+    """What the fleet did that a reader must know to trust the figures: the router's spread (and the common
+    prefix the prefix-aware router ignored), the batches in flight per replica of each pool, Sarathi's budget
+    floor, and `warnings` (one sentence each) when pp micro-batches are off or the TPOT target is unreachable."""
+    sv = setup.serving
+    warnings = [p.note for p in setup.pools if p.note]
+    sarathi = None
+    if sv.engine.scheduler == "sarathi":
+        floors = [t.floor for t in timers]
+        sarathi = floors[0].merged(floors[1:]).summary()
+        if sarathi["tpot_unreachable"]:
+            warnings.append(sarathi_sentence(sarathi))
+    return {"router": fleet.router_summary(), "batches_in_flight": {p.role: p.pp_engines for p in setup.pools},
+            "sarathi": sarathi, "warnings": warnings}
+
+
+def sarathi_sentence(s: dict) -> str:
+    """The one line that says Sarathi's TPOT target cannot be met (`s`: `SarathiFloor.summary()`)."""
+    lo, hi = s["floor_step_s_min"], s["floor_step_s_max"]
+    span = f"{lo:.4g} s" if math.isclose(lo, hi, rel_tol=1e-3) else f"{lo:.4g}-{hi:.4g} s"
+    return (f"sarathi: the TPOT target {s['slo_tpot_s']:.4g} s is unreachable in {s['floor_steps']:,} of "
+            f"{s['budget_decisions']:,} steps with prefill to schedule: the prefill budget fell to its floor of "
+            f"{s['floor_budget_tokens']:,} tokens, where a step still takes {span} (raise --slo-tpot, or use a "
+            "faster layout)")
 
 
 def mtp_options(sv) -> tuple[int, float]:
@@ -415,14 +469,14 @@ def mtp_options(sv) -> tuple[int, float]:
     return sv.mtp, accepted_tokens_per_step(sv.mtp, sv.acceptance)
 
 
-def _engines_per_replica(ecfg, pool: PoolSpec):
-    """pp engines of 1/pp of the pool when `pp_microbatches` (each batch still passes every stage, so a step
+def _engines_per_replica(pool: PoolSpec):
+    """pp engines of 1/pp of the pool when `pool.pp_engines` (each batch still passes every stage, so a step
     lasts the sum of the stages; pp batches in flight keep every stage busy when the stages are balanced,
     the decode model's cycle max(sum, pp x busiest stage)); else one engine with the whole pool."""
     import dataclasses
 
-    pp = pool.parallelism.pp
-    if not ecfg.pp_microbatches or pp == 1:
+    pp = pool.pp_engines
+    if pp == 1:
         return 1, pool.cache
     cfg = pool.cache
     if cfg.capacity_bytes is not None:
@@ -454,15 +508,20 @@ _SWEEP: dict = {}  # what sweep workers read (set before the pool forks)
 def _sweep_point(rate: float) -> dict:
     st = _SWEEP
     res = simulate(st["setup"], st["requests"](rate), sample_interval_s=st["sample_interval_s"])
-    return {"arrival_rate": rate, **{k: v for k, v in res.summary.items() if not isinstance(v, dict)}}
+    s = res.summary
+    sarathi = s["sarathi"] or {}
+    return {"arrival_rate": rate, **{k: v for k, v in s.items() if not isinstance(v, (dict, list)) and k != "sarathi"},
+            "sarathi_tpot_unreachable": bool(sarathi.get("tpot_unreachable", False))}
 
 
 def sweep_rates(setup: ServeSetup, requests_at: Callable[[float], Iterable], rates: list[float], *,
-                processes: int | None = None, sample_interval_s: float = 10.0, warm: Iterable | None = None):
+                processes: int | None = None, sample_interval_s: float = 10.0, warm: Iterable | None = None,
+                progress: Callable[[int, int], None] | None = None):
     """One simulation per arrival rate (`requests_at(rate)` gives the stream), on `processes` forked workers
     (default one per core, never more than rates; `k3sim.procs.ProcessPool`: they ignore Ctrl-C and SIGTERM,
     the parent kills them on any way out). `warm`: a short stream simulated first in this process, so the
-    step-cost tables every worker needs are computed once and inherited. Returns a DataFrame by rate."""
+    step-cost tables every worker needs are computed once and inherited. `progress(done, total)`: called as
+    each rate finishes (the rows do not depend on it). Returns a DataFrame by rate."""
     import pandas as pd
 
     from k3sim.procs import ProcessPool, worker_count
@@ -471,11 +530,18 @@ def sweep_rates(setup: ServeSetup, requests_at: Callable[[float], Iterable], rat
         simulate(setup, warm, sample_interval_s=sample_interval_s)
     _SWEEP.update(setup=setup, requests=requests_at, sample_interval_s=sample_interval_s)
     procs = worker_count(processes, len(rates))
+    rows: list = []
     if procs <= 1:
-        rows = [_sweep_point(r) for r in rates]
+        for r in rates:
+            rows.append(_sweep_point(r))
+            if progress is not None:
+                progress(len(rows), len(rates))
     else:
         with ProcessPool(procs) as pool:
-            rows = list(pool.imap_unordered(_sweep_point, rates))
+            for row in pool.imap_unordered(_sweep_point, rates):
+                rows.append(row)
+                if progress is not None:
+                    progress(len(rows), len(rates))
     return pd.DataFrame(rows).sort_values("arrival_rate").reset_index(drop=True)
 
 
@@ -502,10 +568,15 @@ def check_trace(trace: str | Path, hash_block_tokens: int, *, rereads: bool = Fa
 
 
 def request_source(*, trace: str | Path | None, workload: str | None, n_requests: int, seed: int,
-                   arrival: str, cv: float, limit: int | None) -> Callable[[float | None], Iterable]:
-    """A function of the arrival rate (None: the trace's or generator's own times) giving a fresh request
-    stream: a Mooncake trace (streamed), a seeded synthetic workload, or the streamed synthetic generator."""
-    from k3sim.serving.arrivals import retime, synthetic_stream
+                   arrival: str, cv: float, limit: int | None,
+                   time_scale: float | None = None) -> Callable[[float | None], Iterable]:
+    """A function of the arrival rate (None: the trace's or generator's own times, multiplied by `time_scale`
+    when given) giving a fresh request stream: a Mooncake trace (streamed), a seeded synthetic workload, or
+    the streamed synthetic generator. A rate replaces the own times with a Poisson / gamma process."""
+    from k3sim.serving.arrivals import _check_scale, retime, synthetic_stream, time_scaled
+
+    if time_scale is not None:
+        _check_scale(time_scale)
 
     if (trace is None) == (workload is None):
         raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
@@ -525,8 +596,35 @@ def request_source(*, trace: str | Path | None, workload: str | None, n_requests
 
     def at(rate: float | None):
         if rate is None:
-            return base(None)
+            return base(None) if time_scale is None else time_scaled(base(None), time_scale)
+        if time_scale is not None:
+            raise InputError("keeps the trace's own timing, scaled; an arrival rate replaces that timing with a "
+                             "Poisson or gamma process: give one of the two", source="--time-scale")
         kind = "poisson" if arrival == "trace" else arrival
         return retime(base(rate), kind, rate, seed=seed, cv=cv)
 
     return at
+
+
+@dataclass(frozen=True)
+class TraceSample:
+    """The requests a serving sweep point simulates when the user gives a trace: the first `limit` requests of
+    the Mooncake trace at `path` (absolute: a worker process or Dask worker reads it, as it reads the
+    scenario), at their own times x `time_scale`, or at a Poisson `arrival_rate` drawn with `seed`.
+    Picklable; `stream()` is a fresh request stream each call (the trace is streamed, never held)."""
+
+    path: str
+    limit: int | None = None
+    time_scale: float | None = None
+    arrival_rate: float | None = None
+    seed: int = 0
+
+    def stream(self) -> Iterable:
+        src = request_source(trace=self.path, workload=None, n_requests=1, seed=self.seed, arrival="poisson",
+                             cv=1.0, limit=self.limit, time_scale=self.time_scale)
+        return src(self.arrival_rate)
+
+    def describe(self) -> dict:
+        """The sample as the sweep's JSON reports it."""
+        return {"kind": "trace", "trace": self.path, "limit": self.limit, "time_scale": self.time_scale,
+                "arrival_rate": self.arrival_rate}

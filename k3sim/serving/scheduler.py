@@ -94,9 +94,10 @@ def form_batch(rep) -> StepPlan:
     plan.context_sum = context_sum
     nd = len(decoders)
     budget = ecfg.token_budget - nd
-    if ecfg.scheduler == "sarathi" and rep.role != "decode":
+    if ecfg.scheduler == "sarathi" and rep.role != "decode" and (partial or rep.waiting):
         # priced with the cached prefix of the chunk that runs first (a running partial prefill's computed
-        # tokens; a new admission's cached prefix is known only once admitted: 0)
+        # tokens; a new admission's cached prefix is known only once admitted: 0); a step with no prefill to
+        # schedule needs no budget (and is not a step where the TPOT target was missed at the floor)
         prefix = partial[0].rs.computed if partial else 0
         budget = min(budget, rep.timer.stall_free_budget(nd, plan.context_sum, ecfg.token_budget, rep.B_h, prefix))
     cap = ecfg.chunk_tokens or ecfg.token_budget

@@ -7,12 +7,13 @@ own calls and timer, and interpolates only the smooth ones:
 
     t(step) = base(M tokens, nd decodes) + sum over chunks chunk(c, p) + nd x decode-attention(nd, context)
 
-- chunk(c, p): the per-chunk kernels (MLA latent expansion over prefix + chunk, MLA causal attention of the
-  chunk against prefix + chunk, chunk_kda from the cached state), every layer, timed exactly (memo on c and
-  the bucketed prefix);
-- decode attention: the MLA decode attention over the KV of each sequence, timed exactly at a context grid
-  (`GRID_PER_OCTAVE` points per octave) and interpolated linearly (its bytes are linear in the context);
-- base: everything else (projections, experts, norms, communication, LM head, KDA recurrent step): it depends
+- chunk(c, p): the per-chunk kernels (`step.layers.PER_CHUNK`: MLA latent expansion over prefix + chunk, MLA and
+  GQA causal attention of the chunk against prefix + chunk, every recurrent kind's chunked kernel from the cached
+  state), every layer, timed exactly (memo on c and the bucketed prefix);
+- decode attention: the MLA and GQA decode attention over the KV of each sequence (`step.layers.DECODE_CONTEXT`;
+  a sliding window caps it), timed exactly at a context grid (`GRID_PER_OCTAVE` points per octave) and
+  interpolated linearly (its bytes are linear in the context);
+- base: everything else (projections, experts, norms, communication, LM head, recurrent steps): it depends
   on the step's token count M and, through the decode-only kernels, on nd. base(M, nd) =
   base_prefill(M) + base_decode(nd) - base_prefill(nd), each a 1-D table of exact step-model evaluations
   (minus their chunk / decode-attention parts) on a grid exact to `GRID_EXACT` and `GRID_PER_OCTAVE` points
@@ -50,10 +51,7 @@ import dataclasses
 import math
 
 from k3sim.serving.engine import bucket
-from k3sim.step.layers import EXPERT_SIDE
-
-PER_CHUNK = ("mla_kv_b_expand", "mla_prefill_attention", "kda_chunk_prefill")
-DECODE_CONTEXT = ("mla_decode_attention",)
+from k3sim.step.layers import DECODE_CONTEXT, EXPERT_SIDE, PER_CHUNK  # noqa: F401 - the parts' names, re-exported
 GRID_EXACT = 16  # modelling choice: below this, every integer is a grid point
 GRID_PER_OCTAVE = 8  # modelling choice: 9 % spacing; the base parts are smooth in token count
 # single kernels are less smooth (tile quantisation, measured points): a finer grid for GridKernelTime
@@ -80,8 +78,9 @@ VARYING = ("M", "T", "B", "C", "bytes")  # the token- or size-like parameters of
 class GridKernelTime:
     """`kernel_time` on a grid: each token-like parameter (`VARYING`) is taken at the grid points around it and
     the predictions are interpolated linearly (multilinearly if several vary); the shape parameters (widths,
-    heads, experts, GPUs) stay exact. A run then asks the predictor about a few hundred shapes, not one per
-    distinct token count."""
+    heads, experts, GPUs) stay exact, an attention window too unless it is full (window = T: it moves with T) or
+    a grid point of T falls below it (then it is T's: a query sees at most the T keys there are). A run then asks
+    the predictor about a few hundred shapes, not one per distinct token count."""
 
     def __init__(self, kernel_time=None):
         if kernel_time is None:
@@ -120,6 +119,8 @@ class GridKernelTime:
                     p[name], w = hi, w * f
                 else:
                     p[name], w = lo, w * (1 - f)
+            if "window" in p:  # attention's window (gqa_prefill_fwd): follows T where full, never past it
+                p["window"] = p["T"] if params["window"] >= params["T"] else min(params["window"], p["T"])
             s, source = self._exact(op, p, hardware)
             total += w * s
         return _KT(total, f"{source} (grid-interpolated)")
@@ -173,15 +174,16 @@ class SeparableStepCost:
 
     # ----------------------------------------------------------------- parts from the step model's own calls
     def _parts(self, batch, names: tuple[str, ...]) -> float:
-        from k3sim.step.layers import kda_calls, mla_calls
+        """Seconds of the components `names` over every layer: per mixer kind, its body's calls of those names
+        (`step.layers.kind_calls`: a kind's calls do not depend on the layer or on a parallel mixer beside it)
+        times the layers holding the kind, parallel mixers included."""
+        from k3sim.step.layers import kind_calls
 
         m, total = self.model, 0.0
-        if m.mla is not None and m.num_mla_layers:
-            total += m.num_mla_layers * sum(self.timer.row(c, 0).seconds for c in mla_calls(m, self.layout, batch)
-                                            if c.component in names and not c.hidden)
-        if m.kda is not None and m.num_kda_layers:
-            total += m.num_kda_layers * sum(self.timer.row(c, 0).seconds for c in kda_calls(m, self.layout, batch)
-                                            if c.component in names and not c.hidden)
+        for kind in m.mixer_kinds:
+            part = sum(self.timer.row(c, 0).seconds for c in kind_calls(m, kind, self.layout, batch)
+                       if c.component in names and not c.hidden)
+            total += m.num_layers_with(kind) * part
         return total
 
     def chunk(self, c: int, p: int) -> float:
@@ -205,7 +207,7 @@ class SeparableStepCost:
         return v
 
     def decode_attention(self, nd: int, ctx: float) -> float:
-        """MLA decode attention of nd sequences at mean context ctx, all layers (s)."""
+        """Decode attention (MLA, GQA) of nd sequences at mean context ctx, all layers (s)."""
         lo, hi = _grid_points(max(ctx, 1.0))
         a = self._dec_exact(nd, lo)
         if lo == hi:

@@ -14,14 +14,21 @@ uses the table (`glue.is_glue`) and not only the checks.
 from __future__ import annotations
 
 # (family, profiler kernel-name substrings, registry ops); a kernel or op in no row is OTHER.
+# "KDA kernel" holds every recurrent mixer's kernels (KDA, Gated DeltaNet, Mamba2's SSD and state update, and the
+# ops Mamba-1 and lightning borrow: `step.mixers`), "MLA attention" every softmax-attention kernel (MLA and
+# GQA / SWA): fla's GDN kernels share names with KDA's (chunk_gated_delta_rule_*), and FlashAttention's serve MLA
+# prefill and GQA alike, so a profiled kernel could not be told apart by name; the labels are the reports'.
 FAMILIES = [
     ("routed experts", ("enable_3x_kernel_for_sm9x", "prepare_grouped_gemm_data", "gate_up_kernel", "down_kernel"),
      ("moe_grouped_bf16", "moe_mxfp4_decode")),
     ("KDA kernel", ("fused_recurrent_kda", "chunk_kda", "chunk_gated_delta", "chunk_gla", "recompute_w_u",
-                    "kda_gate_chunk_cumsum", "l2norm_fwd", "l2norm_bwd", "kda_gate_bwd", "chunk_local_cumsum"),
-     ("recurrent_kda_decode", "chunk_kda_fwd")),
+                    "kda_gate_chunk_cumsum", "l2norm_fwd", "l2norm_bwd", "kda_gate_bwd", "chunk_local_cumsum",
+                    "fused_recurrent_gated_delta", "chunk_simple_gla", "ssm_update", "selective_scan"),
+     ("recurrent_kda_decode", "chunk_kda_fwd", "recurrent_gdn_decode", "chunk_gdn_fwd", "mamba2_decode",
+      "mamba2_chunk_fwd")),
     ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash", "compute_dot_do_o"),
-     ("mla_decode", "sdpa_causal_fwd", "sdpa_prefix_causal_fwd")),
+     ("mla_decode", "sdpa_causal_fwd", "sdpa_prefix_causal_fwd", "gqa_prefill_fwd", "gqa_decode",
+      "gqa_decode_paged")),
     ("GEMMs", ("nvjet", "splitKreduce", "cutlass::Kernel2", "dot_kernel", "reduce_1Block", "gemv"),
      ("gemm_bf16", "bmm_bf16")),
     ("short conv", ("causal_conv1d",), ("conv1d_update", "causal_conv1d_fwd")),

@@ -32,11 +32,12 @@ from k3sim.step.calls import BF16, Call, StepComponent, Timer
 from k3sim.step.layers import (embedding_calls, layer_calls, layer_signature, lm_head_calls,
                                routed_expert_shape)
 from k3sim.step.layout import StepLayout
+from k3sim.step.mixers import CORE, CORE_CATEGORY, PROXY_NOTES
 
-# Where a component's time goes, for the limiter (what bounds the step).
+# Where a component's time goes, for the limiter (what bounds the step): every mixer kind's core components
+# ("KDA state", "GDN prefill", "GQA KV cache", ...: `step.mixers.CORE_CATEGORY`), the routed experts, the rest by op.
 CATEGORY = {
-    "routed_experts": "routed-expert weights", "kda_recurrent": "KDA state", "kda_chunk_prefill": "KDA prefill",
-    "mla_decode_attention": "MLA KV cache", "mla_prefill_attention": "MLA prefill attention",
+    "routed_experts": "routed-expert weights", **CORE_CATEGORY,
     "tbo_comm_sms": "communication",  # compute slowed by the SMs an overlapped all-to-all holds
 }
 # Registry kinds that are communication: collectives (alpha-beta over wire bytes) and the EP all-to-all
@@ -85,6 +86,9 @@ def _eval_calls(timer: Timer, calls: list[Call], stage: int) -> list[StepCompone
     rows = [timer.row(c, stage) for c in calls]
     # overlap: a call hidden behind named work of the same layer
     for c, r in zip(calls, rows):
+        note = PROXY_NOTES.get(c.component)
+        if note:  # a kind without its own measured kernel: the op it borrows (step.mixers)
+            r.detail += f"; {note}"
         if c.overlap_with:
             cover = sum(x.seconds for x in rows if x.component.startswith(c.overlap_with))
             if cover > 0:
@@ -212,6 +216,9 @@ def forward_step(model: ModelConfig, hw: Any, layout: StepLayout, batch: Batch,
         load = expert_load(model, layout, batch)
         res.extras["expert_load_max_over_mean"] = load.max_over_mean
         res.extras["routed_expert_shape"] = routed_expert_shape(model, layout, batch, load=load.max_over_mean)
+    proxies = {r.component: PROXY_NOTES[r.component] for r in rows if r.component in PROXY_NOTES}
+    if proxies:
+        res.extras["proxy_kernels"] = proxies
     exposed = sum(r.seconds for r in rows if is_communication(r.op))
     res.extras["comm_exposed_s"] = exposed
     res.extras["comm_hidden_s"] = max(0.0, comm_raw - exposed)
@@ -336,12 +343,12 @@ class LayerParts:
     combine: Comm | None = None
 
 
-# Component names (prefix match) of the EP all-to-all calls (CONTRACTS: step.layers.EXPERT_SIDE) and of
-# the core attention kernels of layers.py (SGLang's `op_core`: the rest of the attention before it is
-# `op_prepare`).
+# Component names (prefix match) of the EP all-to-all calls (CONTRACTS: step.layers.EXPERT_SIDE), of the
+# core kernels of every mixer kind (`step.mixers.CORE`: recurrent step, chunked prefill, attention; SGLang's
+# `op_core`: the rest of the attention before it is `op_prepare`) and of the shared experts with their gate.
 EP_DISPATCH, EP_COMBINE = "ep_dispatch", "ep_combine"
-ATTENTION_CORE = ("kda_recurrent", "kda_chunk_prefill", "mla_prefill_attention", "mla_decode_attention")
-SHARED_EXPERTS = "shared_experts"
+ATTENTION_CORE = CORE
+SHARED_EXPERTS = ("shared_experts", "shared_expert_gate")
 
 
 def layer_parts(calls: Sequence[Call], rows: Sequence[StepComponent],

@@ -2,198 +2,63 @@
 
 Shapes per rank follow the memory planner's sharding (`k3sim.memory.plan`: attention, dense FFN, shared
 experts, latent projections and router split over TP; routed experts over EP, then expert-TP when EP < TP),
-so the weight bytes a step streams are the bytes the plan places. The sequence of calls is the vLLM-style
-decode path of a K3 layer (MISSION sec. 1, 3, 4):
+so the weight bytes a step streams are the bytes the plan places. A layer (`configs.kinds.Layer`) is its mixer
+sublayer (none, one or several mixers in parallel: `step.mixers`, one call builder per mixer kind, e.g. KDA:
+RMSNorm -> merged q/k/v projection -> short conv -> decay-gate and beta projections -> recurrent KDA (decode) or
+chunkwise KDA from the cached state (prefill) -> gated output norm -> o_proj -> TP all-reduce), then its FFN
+(dense, MoE or none), then Block AttnRes's reads. The sequence of calls is the vLLM-style path of a layer
+(MISSION sec. 1, 3, 4):
 
-KDA: RMSNorm -> merged q/k/v projection -> short conv (+ conv state) -> decay-gate and beta projections
--> recurrent KDA (decode; `recurrent_kda_decode`, state read+write in the kernel) or chunkwise KDA
-from the cached state (prefill; `chunk_kda_fwd`) -> gated output norm -> o_proj -> TP all-reduce.
-MLA (absorbed decode): RMSNorm -> q_a/kv_a down-projection (whole, or sharded + all-gathered) -> norms
--> q_b -> q_nope x W_UK absorption -> latent attention over the cache (`mla_decode`) -> x W_UV -> output
-gate -> o_proj -> TP all-reduce. Prefill chunks expand the cached latent of prefix + chunk into K/V
-(kv_b GEMM) and run causal attention of the chunk's queries against it.
-LatentMoE: RMSNorm -> latent down-projection fused with the router in one GEMM (or two GEMMs), its
-sharded output all-gathered while the shared experts run -> latent norm -> router top-k -> [attention DP:
-EP dispatch, `k3sim.comm.ep`] -> routed experts (token-centric MXFP4 streaming, or a tile-centric grouped
-GEMM) on the busiest expert GPU's load (`expert_load`) -> [EP combine] -> latent partial sums
-reduce-scattered -> latent up-projection -> TP all-reduce (with the shared experts' partial output).
+Dense FFN: RMSNorm -> gate/up GEMM (up alone for a plain MLP, `ffn_gated: false`) -> SwiGLU (squared ReLU)
+-> down -> TP all-reduce.
+(Latent)MoE: RMSNorm -> latent down-projection fused with the router in one GEMM (or two GEMMs), its
+sharded output all-gathered while the shared experts run -> latent norm -> router top-k (sigmoid scores, or
+softmax: `moe.router_score`) -> [attention DP: EP dispatch, `k3sim.comm.ep`] -> routed experts (token-centric
+MXFP4 streaming, or a tile-centric grouped GEMM) on the busiest expert GPU's load (`expert_load`) -> [EP
+combine] -> latent partial sums reduce-scattered -> latent up-projection -> TP all-reduce (with the shared
+experts' partial output, scaled by their sigmoid gate where `moe.shared_expert_gate`). Without LatentMoE the
+router reads the hidden state and the experts run at the hidden width.
 Block AttnRes in decode: the inter-block step on a side stream, the intra-block step fused into the
 all-reduce (MISSION sec. 3): its reads are counted, its time hidden.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Iterator
 
-from k3sim.configs.mla import mla_attention_head_dims
-from k3sim.configs.model import MODELLED_MIXERS, ModelConfig
+from k3sim.configs.model import ModelConfig
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call
 from k3sim.step.layout import StepLayout
+from k3sim.step.mixers import (CORE, DECODE_CONTEXT, MIXER_CALLS, PER_CHUNK, PROXY_NOTES,  # noqa: F401 - re-exported
+                               mixer_calls)
+from k3sim.step.mixers.common import (  # noqa: F401 - re-exported: the call primitives' old home
+    CUSTOM_AR_MAX_BYTES, CUSTOM_AR_WORLD_SIZES, RESIDUAL, RMSNORM, ROUTER_SOFTMAX_TOPK, ROUTER_TOPK,
+    SHARED_EXPERT_GATE, SILU_MUL, _c, all_reduce, collective, elementwise, ffn_activation, ffn_in_proj, gemm,
+    linear_dtype, low_rank_or_full, residual, rmsnorm, swiglu, tp_all_reduce)
 
-# Small kernels of a step, by the op names the calibration harness measures them under
-# (`k3sim/calibration/decode_ops.py`, `k3sim/kernels/ops_decode.py`).
-RMSNORM, SILU_MUL, ROUTER_TOPK, RESIDUAL = "rmsnorm", "silu_mul", "router_topk", "residual_add"
-
-
-def _c(x: float) -> int:
-    return max(1, int(math.ceil(x)))
-
-
-def rmsnorm(component: str, M: int, N: int) -> Call:
-    return Call(component, RMSNORM, {"T": M, "D": _c(N)}, proxy_bytes=2 * M * N * BF16)
-
-
-def swiglu(component: str, M: int, N: int) -> Call:
-    """silu(gate) * up over N outputs: reads 2N, writes N per token."""
-    return Call(component, SILU_MUL, {"T": M, "N": _c(N)}, proxy_bytes=3 * M * N * BF16)
-
-
-def residual(component: str, M: int, d: int) -> Call:
-    return Call(component, RESIDUAL, {"T": M, "D": d}, proxy_bytes=3 * M * d * BF16)
-
-
-def elementwise(component: str, op: str, M: int, N: float, streams: float = 2.0) -> Call:
-    """An elementwise kernel over M x N bf16 values reading and writing `streams` tensors in all."""
-    return Call(component, op, {"T": M, "D": _c(N)}, proxy_bytes=streams * M * N * BF16)
-
-
-def gemm(component: str, M: int, N: int, K: int, dtype: str = "bf16") -> Call:
-    return Call(component, f"gemm_{dtype}", {"M": M, "N": _c(N), "K": _c(K)})
-
-
-def linear_dtype(model: ModelConfig, component: str) -> str:
-    """The GEMM dtype of a linear layer: FP8 where the memory plan stores its weights in FP8 (block-scaled FP8
-    checkpoints such as DeepSeek-V3 and K2 run their projections as FP8 GEMMs in vLLM, SGLang and DeepSeek's own
-    stack, arXiv 2412.19437 sec. 3.3), so the bytes a step streams are the bytes the plan places; BF16
-    otherwise. The router, the absorbed per-head products and the LM head stay BF16 (DeepSeek-V3 keeps gating
-    and the output head in higher precision)."""
-    from k3sim.memory.params import stored_format
-
-    return "fp8" if stored_format(model, component) == "fp8" else "bf16"
-
-
-def collective(component: str, op: str, nbytes: float, gpus: int, **kw) -> Call:
-    return Call(component, op, {"bytes": _c(nbytes), "gpus": gpus}, **kw)
-
-
-# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py: CustomAllreduce,
-# _SUPPORTED_WORLD_SIZES = [2, 4, 6, 8], max_size = 8192 * 1024 bytes) takes a serving step's TP
-# all-reduce inside one NVLink domain; larger buffers and other group sizes go to NCCL.
-CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
-CUSTOM_AR_MAX_BYTES = 8192 * 1024
-
-
-def tp_all_reduce(M: int, d: int, t: int) -> Call:
-    nbytes = M * d * BF16
-    if t in CUSTOM_AR_WORLD_SIZES and nbytes <= CUSTOM_AR_MAX_BYTES:
-        return collective("tp_all_reduce", "custom_all_reduce", nbytes, t)
-    return collective("tp_all_reduce", "all_reduce", nbytes, t)
-
-
-def _low_rank_or_full(prefix: str, M: int, out: float, d: int, rank: int | None, dtype: str = "bf16") -> list[Call]:
-    """A gate projection d -> out: one GEMM (full rank) or d -> rank (replicated) then rank -> out."""
-    if rank is None:
-        return [gemm(prefix, M, out, d, dtype)]
-    return [gemm(prefix + "_a", M, rank, d, dtype), gemm(prefix + "_b", M, out, rank, dtype)]
+def kind_calls(model: ModelConfig, kind: str, layout: StepLayout, batch: Batch) -> list[Call]:
+    """The body of one mixer of kind `kind` (`step.mixers.MIXER_CALLS`): its calls between the layer's input
+    norm and its residual, for `batch` on one GPU of `layout` (what a per-kind sum over layers multiplies)."""
+    return list(MIXER_CALLS[kind].body(model, layout, batch))
 
 
 def kda_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
-    """vLLM's KimiDeltaAttention path: merged q/k/v projection, decay gate (low rank a/b or full), beta,
-    short conv, the KDA kernel, sigmoid-gated output RMSNorm, o_proj."""
-    kda, d, t, M = model.kda, model.hidden_size, layout.tp, batch.tokens
-    h = kda.num_heads / t
-    dk, dv = kda.head_dim_k, kda.head_dim_v
-    H = _c(h)
-    yield rmsnorm("attn_norm", M, d)
-    dt = linear_dtype(model, "kda")
-    yield gemm("kda_qkv_proj", M, h * (2 * dk + dv), d, dt)
-    channels = _c(h * (2 * dk + dv))
-    w = kda.conv_kernel_size
-    if batch.num_decode:
-        B = batch.num_decode
-        state = B * (w - 1) * channels * BF16 * 2  # read + write
-        yield Call("kda_short_conv", "conv1d_update", {"B": B, "D": channels, "W": w},
-                   proxy_bytes=2 * batch.decode_tokens * channels * BF16 + state)
-    for chunk, _prefix in batch.prefill:
-        yield Call("kda_short_conv", "causal_conv1d_fwd", {"B": 1, "T": chunk, "D": channels, "W": w},
-                   proxy_bytes=2 * chunk * channels * BF16)
-    yield from _low_rank_or_full("kda_decay_gate", M, h * dk, d, kda.alpha_gate_rank, dt)
-    yield gemm("kda_beta_proj", M, h, d, dt)
-    if batch.num_decode:
-        yield Call("kda_recurrent", "recurrent_kda_decode",
-                   {"B": batch.num_decode, "T": batch.tokens_per_decode, "H": H})
-    for chunk, _prefix in batch.prefill:
-        yield Call("kda_chunk_prefill", "chunk_kda_fwd", {"T": chunk, "H": H})
-    yield from _low_rank_or_full("kda_out_gate", M, h * dv, d, kda.output_gate_rank, dt)
-    yield Call("kda_out_norm", "gated_rmsnorm", {"T": M * H, "D": dv}, proxy_bytes=3 * M * h * dv * BF16)
-    yield gemm("kda_o_proj", M, d, h * dv, dt)
-    yield residual("attn_residual", M, d)
-    if t > 1:
-        yield tp_all_reduce(M, d, t)
+    """A KDA layer's mixer sublayer (norm, `step.mixers.kda`, residual, TP all-reduce)."""
+    return mixer_calls(model, ("kda",), layout, batch)
 
 
 def mla_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
-    """DeepSeek-V3-style MLA as vLLM serves it: q_a/kv_a down-projection (whole on every rank, or sharded
-    and all-gathered), latent norms, q_b, then absorbed decode (q_nope x W_UK, attention over the latent
-    cache, x W_UV) or expanded prefill (kv_b over prefix + chunk, causal attention); K3's sigmoid output
-    gate; o_proj."""
-    mla, d, t, M = model.mla, model.hidden_size, layout.tp, batch.tokens
-    h = mla.num_heads / t
-    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    lat = mla.kv_lora_rank + mla.qk_rope_head_dim
-    yield rmsnorm("attn_norm", M, d)
-    shard = 1 if layout.replicated_down_proj else t
-    dt = linear_dtype(model, "mla")
-    if mla.q_lora_rank is None:
-        yield gemm("mla_q_proj", M, h * qk, d, dt)
-        down = lat
-    else:
-        down = mla.q_lora_rank + lat
-    yield gemm("mla_qkv_a_proj", M, down / shard, d, dt)
-    if shard > 1:  # column-sharded down-projection: every rank needs the whole latent
-        yield collective("mla_qkv_a_all_gather", "all_gather", M * down / shard * BF16, shard)
-    if mla.q_lora_rank is not None:
-        yield rmsnorm("mla_q_a_norm", M, mla.q_lora_rank)
-        yield gemm("mla_q_b_proj", M, h * qk, mla.q_lora_rank, dt)
-    yield rmsnorm("mla_kv_a_norm", M, mla.kv_lora_rank)
-    yield Call("mla_kv_cache_write", "kv_cache_write", {"T": M, "D": lat}, proxy_bytes=2 * M * lat * BF16)
-    for chunk, prefix in batch.prefill:
-        yield gemm("mla_kv_b_expand", prefix + chunk, h * (mla.qk_nope_head_dim + mla.v_head_dim),
-                   mla.kv_lora_rank, dt)
-        # causal attention of `chunk` queries over prefix + chunk keys: c (p + c/2) query-key pairs, the
-        # pairs of a causal square of side sqrt(c (2p + c)) (FLOP-equivalent shape of the measured op)
-        side = _c(math.sqrt(chunk * (2 * prefix + chunk)))
-        yield Call("mla_prefill_attention", "sdpa_causal_fwd",
-                   {"T": side, "H": _c(h), "D": mla_attention_head_dims(mla).kernel_head_dim})
-    if batch.num_decode:
-        Bt, B, q = batch.decode_tokens, batch.num_decode, batch.tokens_per_decode
-        # per-head batched products, as GEMMs of equal FLOP and weight bytes
-        yield gemm("mla_q_absorb", Bt, h * mla.kv_lora_rank, mla.qk_nope_head_dim)
-        ctx = _c(batch.mean_decode_context + q)
-        # the q = 1 + k query tokens of an MTP verification fold into the head axis, so the latent cache is
-        # read once per sequence, not once per query token (deepseek-ai/FlashMLA flash_mla_interface.py,
-        # get_mla_metadata: num_heads_per_head_k "equals to seq_len_q * num_heads_q // num_heads_k")
-        op = "mla_decode_flashmla" if layout.mla_decode_kernel == "flashmla" else "mla_decode"
-        yield Call("mla_decode_attention", op, {"B": B, "C": ctx, "H": _c(h) * q},
-                   proxy_bytes=B * ctx * lat * BF16)
-        yield gemm("mla_v_up", Bt, h * mla.v_head_dim, mla.kv_lora_rank)
-    if mla.output_gate:
-        yield gemm("mla_out_gate", M, h * mla.v_head_dim, d, dt)
-        yield elementwise("mla_out_gate_mul", "sigmoid_mul", M, h * mla.v_head_dim, streams=3)
-    yield gemm("mla_o_proj", M, d, h * mla.v_head_dim, dt)
-    yield residual("attn_residual", M, d)
-    if t > 1:
-        yield tp_all_reduce(M, d, t)
+    """An MLA layer's mixer sublayer (norm, `step.mixers.mla`, residual, TP all-reduce)."""
+    return mixer_calls(model, ("mla",), layout, batch)
 
 
 def dense_ffn_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> Iterator[Call]:
     d, t, M, w = model.hidden_size, layout.tp, batch.tokens, model.dense_ffn_width
     yield rmsnorm("ffn_norm", M, d)
     dt = linear_dtype(model, "dense_ffn")
-    yield gemm("dense_gate_up", M, 2 * w / t, d, dt)
-    yield swiglu("dense_swiglu", M, _c(w / t))
+    yield ffn_in_proj(model, "dense", M, w / t, d, dt)
+    yield ffn_activation(model, "dense", M, _c(w / t))
     yield gemm("dense_down", M, d, w / t, dt)
     yield residual("ffn_residual", M, d)
     if t > 1:
@@ -277,25 +142,37 @@ def expert_calls(model: ModelConfig, layout: StepLayout, batch: Batch, kernel: s
     and gather rows, a grouped GEMM for gate/up, SwiGLU, a grouped GEMM for down, weighted scatter-sum."""
     s = routed_expert_shape(model, layout, batch, load)
     B, E, K, N, k = s["B"], s["E"], s["K"], s["N"], s["topk"]
-    if kernel == "mxfp4_token":
-        yield Call("routed_experts", "moe_mxfp4_decode", s)
-        return
-    if kernel == "grouped_fp8":
-        yield Call("routed_experts", "moe_ffn_grouped_fp8", s)
+    if kernel in ("mxfp4_token", "grouped_fp8"):
+        op = "moe_mxfp4_decode" if kernel == "mxfp4_token" else "moe_ffn_grouped_fp8"
+        yield Call("routed_experts", op, s if model.ffn_gated else _plain_mlp_shape(s))
         return
     if kernel == "deepgemm_fp8":
-        yield from _deepgemm_calls(layout, batch, B, E, K, N, k)
+        yield from _deepgemm_calls(model, layout, batch, B, E, K, N, k)
         return
     yield Call("routed_experts_permute", "moe_permute", {"T": B, "topk": k, "D": K},
                proxy_bytes=2 * B * k * K * BF16)
-    yield Call("routed_experts_gate_up", "moe_grouped_bf16", {"B": B, "E": E, "K": K, "N": 2 * N, "topk": k})
-    yield swiglu("routed_experts_swiglu", B * k, N)
+    up = "routed_experts_gate_up" if model.ffn_gated else "routed_experts_up"
+    yield Call(up, "moe_grouped_bf16", {"B": B, "E": E, "K": K, "N": _up_width(model, N), "topk": k})
+    yield ffn_activation(model, "routed_experts", B * k, N)
     yield Call("routed_experts_down", "moe_grouped_bf16", {"B": B, "E": E, "K": N, "N": K, "topk": k})
     yield Call("routed_experts_combine", "moe_combine", {"T": B, "topk": k, "D": K},
                proxy_bytes=2 * B * k * K * BF16)
 
 
-def _deepgemm_calls(layout: StepLayout, batch: Batch, B: int, E: int, K: int, N: int, k: int) -> Iterator[Call]:
+def _up_width(model: ModelConfig, N: int) -> int:
+    """Outputs of the experts' input GEMM: gate and up (2N) for a GLU, up alone (N) for a plain MLP."""
+    return 2 * N if model.ffn_gated else N
+
+
+def _plain_mlp_shape(s: dict[str, int]) -> dict[str, int]:
+    """A plain (up, down) expert MLP as the one-op GLU expert kernels' shape of equal weight bytes and FLOP: their
+    formulas count three K x N matrices (`kernels.ops_decode.expert_ffn_flop`), a plain MLP has two, so N x 2/3
+    (modelling choice: the measured kernels run a GLU; no plain-MLP expert kernel is measured)."""
+    return dict(s, N=_c(2 * s["N"] / 3))
+
+
+def _deepgemm_calls(model: ModelConfig, layout: StepLayout, batch: Batch, B: int, E: int, K: int, N: int,
+                    k: int) -> Iterator[Call]:
     """The routed experts as SGLang runs DeepSeek-V3 on DeepEP + DeepGEMM (lmsys.org 2025-05-05, "DeepGEMM
     integration"): FP8 grouped GEMMs (`moe_grouped_fp8`, measured alone) for gate/up and down, SwiGLU and the
     per-128-channel FP8 quantisation of its output (`fp8_quant_128`) between them. The dispatched tokens are
@@ -305,8 +182,9 @@ def _deepgemm_calls(layout: StepLayout, batch: Batch, B: int, E: int, K: int, N:
     masked = dispatches(layout) and ep_kernel(layout, batch) == "low_latency"
     if not masked:
         yield Call("routed_experts_permute", "ep_permute", {"T": B, "topk": k, "D": K})
-    yield Call("routed_experts_gate_up", "moe_grouped_fp8", {"B": B, "E": E, "K": K, "N": 2 * N, "topk": k})
-    yield swiglu("routed_experts_swiglu", B * k, N)
+    up = "routed_experts_gate_up" if model.ffn_gated else "routed_experts_up"
+    yield Call(up, "moe_grouped_fp8", {"B": B, "E": E, "K": K, "N": _up_width(model, N), "topk": k})
+    yield ffn_activation(model, "routed_experts", B * k, N)
     yield Call("routed_experts_quant", "fp8_quant_128", {"T": B * k, "D": N})
     yield Call("routed_experts_down", "moe_grouped_fp8", {"B": B, "E": E, "K": N, "N": K, "topk": k})
     if not masked:
@@ -379,13 +257,7 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
     moe, d, t, M = model.moe, model.hidden_size, layout.tp, batch.tokens
     E, L = moe.num_routed_experts, moe.latent_width
     yield rmsnorm("ffn_norm", M, d)
-    shared_w = (moe.shared_expert_ffn_width or moe.expert_ffn_width) * moe.num_shared_experts
-    shared: list[Call] = []
-    if shared_w:
-        sdt = linear_dtype(model, "shared_experts")
-        shared = [gemm("shared_experts_gate_up", M, 2 * shared_w / t, d, sdt),
-                  swiglu("shared_experts_swiglu", M, _c(shared_w / t)),
-                  gemm("shared_experts_down", M, d, shared_w / t, sdt)]
+    shared = shared_expert_calls(model, layout, batch)
     shard = 1 if layout.replicated_down_proj else t
     if L:
         if layout.fuse_router:
@@ -402,8 +274,7 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
     else:
         yield gemm("moe_router", M, E / t, d)
         yield from shared
-    yield Call("moe_router_topk", ROUTER_TOPK, {"T": M, "E": E, "topk": moe.num_active_experts},
-               proxy_bytes=M * E * 4)
+    yield router_topk(model, M)
     if dispatches(layout):
         yield ep_call(model, layout, batch, "dispatch")
     yield from expert_calls(model, layout, batch, expert_kernel, expert_load(model, layout, batch).max_over_mean)
@@ -416,6 +287,35 @@ def moe_calls(model: ModelConfig, layout: StepLayout, batch: Batch, expert_kerne
     yield residual("ffn_residual", M, d)
     if t > 1:
         yield tp_all_reduce(M, d, t)
+
+
+def shared_expert_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> list[Call]:
+    """The shared experts of a MoE layer (one FFN of their summed width, TP-sharded as a dense FFN), then, where
+    `moe.shared_expert_gate`, their sigmoid gate (Qwen3-Next's `shared_expert_gate`: Linear(hidden, 1), the
+    output times its sigmoid; op `shared_expert_gate` {T, D = hidden}, the d -> 1 product and the multiply)."""
+    moe, d, t, M = model.moe, model.hidden_size, layout.tp, batch.tokens
+    shared_w = (moe.shared_expert_ffn_width or moe.expert_ffn_width) * moe.num_shared_experts
+    if not shared_w:
+        return []
+    sdt = linear_dtype(model, "shared_experts")
+    calls = [ffn_in_proj(model, "shared_experts", M, shared_w / t, d, sdt),
+             ffn_activation(model, "shared_experts", M, _c(shared_w / t)),
+             gemm("shared_experts_down", M, d, shared_w / t, sdt)]
+    if moe.shared_expert_gate:
+        calls.append(Call("shared_expert_gate", SHARED_EXPERT_GATE, {"T": M, "D": d},
+                          proxy_bytes=(3 * M * d + d) * BF16))
+    return calls
+
+
+def router_topk(model: ModelConfig, M: int) -> Call:
+    """Top-k over the router's logits: sigmoid scores with the bias correction (`router_topk`: DeepSeek-V3, Kimi,
+    Nemotron 3) or a softmax with the top-k renormalised (`router_softmax_topk`: Qwen, Jamba, Granite, MiniMax),
+    as `moe.router_score` says."""
+    moe = model.moe
+    p = {"T": M, "E": moe.num_routed_experts, "topk": moe.num_active_experts}
+    if moe.router_score == "softmax":
+        return Call("moe_router_topk", ROUTER_SOFTMAX_TOPK, p, proxy_bytes=M * moe.num_routed_experts * BF16)
+    return Call("moe_router_topk", ROUTER_TOPK, p, proxy_bytes=M * moe.num_routed_experts * 4)
 
 
 def attn_res_calls(model: ModelConfig, batch: Batch, layer: int) -> Iterator[Call]:
@@ -435,14 +335,15 @@ def attn_res_calls(model: ModelConfig, batch: Batch, layer: int) -> Iterator[Cal
 
 def layer_calls(model: ModelConfig, layer: int, layout: StepLayout, batch: Batch,
                 expert_kernel: str) -> list[Call]:
-    """All calls of layer `layer` (0-based) for `batch` on one GPU of `layout`."""
-    if model.layer_kinds[layer] not in MODELLED_MIXERS:
-        model.require_kinds(MODELLED_MIXERS, "the step model (decode, prefill, serving, training)", field="model")
-    calls = list(kda_calls(model, layout, batch) if model.layer_kinds[layer] == "kda"
-                 else mla_calls(model, layout, batch))
-    calls += list(dense_ffn_calls(model, layout, batch) if model.ffn_kinds[layer] == "dense"
-                  else moe_calls(model, layout, batch, expert_kernel))
-    calls += list(attn_res_calls(model, batch, layer))
+    """All calls of layer `layer` (0-based) for `batch` on one GPU of `layout`: its mixer sublayer (its mixer kinds
+    through `step.mixers`; none for an FFN-only layer), its FFN (dense, MoE or none) and Block AttnRes's reads."""
+    spec = model.layers[layer]
+    calls = list(mixer_calls(model, spec.mixers, layout, batch))
+    if spec.ffn == "dense":
+        calls += dense_ffn_calls(model, layout, batch)
+    elif spec.ffn == "moe":
+        calls += moe_calls(model, layout, batch, expert_kernel)
+    calls += attn_res_calls(model, batch, layer)
     return calls
 
 
@@ -464,6 +365,8 @@ def lm_head_calls(model: ModelConfig, layout: StepLayout, batch: Batch) -> list[
 
 
 def layer_signature(model: ModelConfig, layer: int) -> tuple:
-    """Layers with equal signatures launch identical calls (memoisation key)."""
+    """Layers with equal signatures launch identical calls (memoisation key): the mixer kinds, the FFN kind and
+    the AttnRes blocks read."""
+    spec = model.layers[layer]
     blocks = layer // model.attn_res_block_size + 1 if model.attn_res_block_size else 0
-    return (model.layer_kinds[layer], model.ffn_kinds[layer], blocks)
+    return (spec.mixers, spec.ffn, blocks)

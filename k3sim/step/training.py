@@ -6,7 +6,13 @@ model. The backward of each call comes from measurements where the profile has t
 forward's shapes otherwise:
 - GEMM (M, N, K): input gradient dX = dY W^T is the GEMM (M, K, N); weight gradient dW = X^T dY is the
   GEMM (K, N, M) (each predicted at its own shape).
-- chunked KDA and causal attention: the measured forward+backward op minus the measured forward.
+- the chunked linear-attention and state-space kernels (KDA, GDN, Mamba2: `chunk_kda_fwd`, `chunk_gdn_fwd`,
+  `mamba2_chunk_fwd`, and whatever op a kind borrows from them) and causal attention (`sdpa_causal_fwd`): the
+  measured forward+backward op of the same name + `_bwd` minus the measured forward (`backward_op`);
+- GQA / SWA attention (`gqa_prefill_fwd`): FlashAttention's backward over the query heads, as the causal SDPA
+  pair at {T, H = Hq, D} (forward+backward minus forward; with GQA the backward still runs every query head's
+  dQ, dK, dV products, accumulating dK, dV over the group: MHA's compute, modelling choice), times the share of
+  the causal pairs a sliding window keeps;
 - grouped expert GEMMs: input gradient at the transposed shape; weight gradient at the forward's (same
   FLOP and weight bytes), both from the grouped-GEMM data.
 - small elementwise kernels (norms, activations, conv, router): twice the forward (modelling choice:
@@ -58,7 +64,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from k3sim.configs.model import ModelConfig
-from k3sim.kernels.ops import COLLECTIVE_OPS
+from k3sim.kernels.ops import COLLECTIVE_OPS, OPS, window_pairs
 from k3sim.step.batch import Batch
 from k3sim.step.calls import BF16, Call, Timer
 from k3sim.step.glue import FUSED_GLUE_OPS, GlueCalibration, is_glue, load_glue
@@ -77,18 +83,25 @@ FP8_GROUPED = "moe_grouped_fp8"
 # GEMMs that stay bf16 under fp8 (DeepSeek-V3 sec. 3.3.1: output head, MoE gating modules)
 HIGH_PRECISION_GEMMS = {"lm_head": "output head", "moe_router": "MoE gating",
                         "moe_latent_down+router": "MoE gating (fused with the latent down-projection)"}
-# GEMMs of a layer that read the same tensor, the normalised input of their sublayer (`step.layers`: every
-# K = hidden GEMM after a pre-norm): the forward quantises it once, the wgrad transposes it once.
+# GEMMs of a layer that read the same tensor, the normalised input of their sublayer: the forward quantises it
+# once, the wgrad transposes it once. `shared_inputs` finds them in a layer's calls (the GEMMs right after a
+# pre-norm); these read it after another kernel ran (KDA's gates and beta after the short conv, the output
+# gates after the core), which the calls alone do not show.
+_PRE_NORM_INPUT = {"attn_norm": "attention input", "ffn_norm": "ffn input"}
 _SHARED_INPUT = {**{c: "attention input" for c in ("kda_qkv_proj", "kda_decay_gate", "kda_decay_gate_a",
                                                    "kda_beta_proj", "kda_out_gate", "kda_out_gate_a",
-                                                   "mla_q_proj", "mla_qkv_a_proj", "mla_out_gate")},
-                 **{c: "ffn input" for c in ("dense_gate_up", "moe_latent_down", "shared_experts_gate_up")}}
+                                                   "mla_q_proj", "mla_qkv_a_proj", "mla_out_gate",
+                                                   "lightning_out_gate")},
+                 **{c: "ffn input" for c in ("dense_gate_up", "dense_up", "moe_latent_down", "shared_experts_gate_up",
+                                             "shared_experts_up")}}
+# forward ops priced by a measured fwd+bwd op of another name: GQA / SWA prefill by the causal SDPA pair
+GQA_PREFILL, SDPA_CAUSAL = "gqa_prefill_fwd", "sdpa_causal_fwd"
 
 
 @dataclass(frozen=True)
 class LayerCost:
     layer: int  # 0-based; -1 embedding, num_layers LM head
-    kind: str  # "embedding" | "kda" | "mla" | "lm_head"
+    kind: str  # "embedding" | the layer's mixer kinds (`ModelConfig.layer_kinds`: "kda", "gdn+...", "none") | "lm_head"
     forward_s: float
     backward_input_s: float
     backward_weight_s: float
@@ -191,18 +204,57 @@ def _call_costs(timer: Timer, call: Call, glue: GlueCalibration | None = None) -
         bi = timer.time(call.op, {"M": p["M"], "N": p["K"], "K": p["N"]})[0]
         bw = timer.time(call.op, {"M": p["K"], "N": p["N"], "K": p["M"]})[0]
         return fwd, bi * call.count, bw * call.count
-    if call.op in ("chunk_kda_fwd", "sdpa_causal_fwd"):
-        both = timer.time(call.op + "_bwd", dict(p))[0]
-        return fwd, max(0.0, both * call.count - fwd), 0.0
+    bwd = backward_op(call)
+    if bwd is not None:
+        op, q, share = bwd
+        if op == call.op + "_bwd":
+            return fwd, max(0.0, timer.time(op, q)[0] * call.count - fwd), 0.0
+        both, alone = timer.time(op, q)[0], timer.time(op[:-len("_bwd")], q)[0]
+        return fwd, max(0.0, both - alone) * share * call.count, 0.0
     if call.op.startswith("moe_grouped"):
         bi = timer.time(call.op, {**p, "K": p["N"], "N": p["K"]})[0]
         return fwd, bi * call.count, fwd
     return fwd, SMALL_OP_BACKWARD_FACTOR * fwd, 0.0
 
 
+def backward_op(call: Call) -> tuple[str, dict, float] | None:
+    """The measured forward+backward op that prices a core kernel's backward, its params and the share of it the
+    call runs (1 but for a sliding window): `<op>_bwd` of a linear-attention, state-space or attention forward
+    in the registry (`chunk_kda_fwd` -> `chunk_kda_fwd_bwd`, `chunk_gdn_fwd` -> `chunk_gdn_fwd_bwd`,
+    `mamba2_chunk_fwd` -> `mamba2_chunk_fwd_bwd`, `sdpa_causal_fwd` -> `sdpa_causal_fwd_bwd`); GQA / SWA prefill
+    (`gqa_prefill_fwd` {T, Hq, Hkv, D, window}) -> `sdpa_causal_fwd_bwd` at {T, H = Hq, D} (the module
+    docstring), times the window's share of the causal pairs (`kernels.ops.window_pairs`). None for other ops."""
+    p = call.params
+    if call.op == GQA_PREFILL:
+        T = p["T"]
+        share = window_pairs(T, p["window"]) / window_pairs(T, T)
+        return SDPA_CAUSAL + "_bwd", {"T": T, "H": p["Hq"], "D": p["D"]}, share
+    spec = OPS.get(call.op + "_bwd")
+    if spec is not None and spec.family in ("kda", "attention"):
+        return call.op + "_bwd", dict(p), 1.0
+    return None
+
+
 def _input_of(component: str) -> str:
-    """The tensor a GEMM reads (its quantisation is shared by the GEMMs reading the same one)."""
+    """The tensor a GEMM reads after another kernel ran (`_SHARED_INPUT`), else its own (`shared_inputs` finds
+    the GEMMs that read a pre-norm's output right after it)."""
     return _SHARED_INPUT.get(component, component)
+
+
+def shared_inputs(calls: list[Call], hidden: int) -> list[str]:
+    """The tensor each of a layer's `calls` reads, as a key shared by the GEMMs that read the same one: the GEMMs
+    with K = hidden in the run of GEMMs right after a hidden-wide norm read its output (the sublayer's normalised
+    input: "attention input" after attn_norm, "ffn input" after ffn_norm), the `_SHARED_INPUT` readers theirs,
+    every other call its own component. Derived from the calls, so a mixer kind's input projections (GDN's
+    in_proj, GQA's qkv, MoE's router and shared experts) need no list."""
+    out, norm = [], None
+    for c in calls:
+        if c.op == "rmsnorm" and c.params.get("D") == hidden:
+            norm = _PRE_NORM_INPUT.get(c.component, c.component)
+        elif not c.op.startswith("gemm_") or c.params.get("K") != hidden:
+            norm = None
+        out.append(_SHARED_INPUT.get(c.component) or (norm if norm and c.op.startswith("gemm_") else c.component))
+    return out
 
 
 def fp8_eligible(call: Call) -> bool:
@@ -232,11 +284,12 @@ def block_over_rowwise(timer: Timer, ops: Fp8Ops, m: int, n: int, k: int) -> flo
     return timer.time(FP8_BLOCK_GEMM, p)[0] / timer.time(FP8_ROWWISE_GEMM, p)[0]
 
 
-def fp8_call_costs(timer: Timer, call: Call, ops: Fp8Ops, seen: set[str]) -> tuple[float, float, float]:
+def fp8_call_costs(timer: Timer, call: Call, ops: Fp8Ops, seen: set[str],
+                   key: str | None = None) -> tuple[float, float, float]:
     """(forward, dgrad, wgrad) seconds of one FP8 linear layer (a dense GEMM call that `fp8_eligible` takes, or a
     grouped expert GEMM), its quantisations included; `seen`: the input tensors of this layer already
-    quantised (updated)."""
-    p, key = call.params, _input_of(call.component)
+    quantised (updated); `key`: the tensor it reads (`shared_inputs`; None: `_input_of` its component)."""
+    p, key = call.params, key or _input_of(call.component)
     first = key not in seen
     seen.add(key)
     if call.op.startswith("moe_grouped"):
@@ -268,14 +321,15 @@ def call_forward(timer: Timer, call: Call, precision: str = "bf16") -> tuple[flo
 
 
 def _fp8_or_bf16(timer: Timer, call: Call, ops: Fp8Ops, seen: set[str],
-                 glue: GlueCalibration | None) -> tuple[tuple[float, float, float], bool]:
+                 glue: GlueCalibration | None, key: str | None = None) -> tuple[tuple[float, float, float], bool]:
     """(forward, dgrad, wgrad) seconds of a linear layer that may run in FP8, and whether it does: FP8 (its GEMMs
     and quantisations, `fp8_call_costs`) unless that is predicted slower than its bf16 GEMMs, which a stack then
     keeps (modelling choice, as Transformer Engine recipes leave modules out of fp8_autocast: the H200's
     measured cuBLAS block-scaled kernel pads K to a multiple of 512, so a 128-wide contraction takes about 3x its
-    bf16 GEMM, hardware_profiles/measured/h200/20261202-1gpu-train-fp8*). `seen` gains the input only under FP8."""
+    bf16 GEMM, hardware_profiles/measured/h200/20261202-1gpu-train-fp8*). `seen` gains the input only under FP8;
+    `key`: the tensor the call reads (`fp8_call_costs`)."""
     trial = set(seen)
-    fp8 = fp8_call_costs(timer, call, ops, trial)
+    fp8 = fp8_call_costs(timer, call, ops, trial, key)
     bf16 = _call_costs(timer, _as_bf16(call), glue)
     if sum(fp8) < sum(bf16):
         seen |= trial
@@ -301,35 +355,40 @@ def fp8_candidate(call: Call) -> bool:
     return fp8_eligible(call) or call.op == "moe_grouped_bf16"
 
 
-def fp8_linears(timer: Timer, calls: list[Call], ops: Fp8Ops, glue: GlueCalibration | None) -> set[int]:
+def fp8_linears(timer: Timer, calls: list[Call], ops: Fp8Ops, glue: GlueCalibration | None,
+                keys: list[str] | None = None) -> set[int]:
     """Indices of the `calls` (one layer's) that run in FP8 (`_fp8_or_bf16`), decided so that a shared input's
     quantisation is paid once and by no reader in particular: first each candidate alone (its input quantised
     for it), then every other reader of an input some FP8 reader quantises anyway, with that quantisation free.
     Deciding in call order would charge the whole shared quantisation to the first reader (K3's latent
     down-projection, N = 448, before the shared experts' gate/up) and keep it bf16 although the shared experts
     quantise the same tensor. An input that no reader would quantise alone stays bf16 for all of them
-    (modelling choice: readers that pay off only jointly are not searched for)."""
+    (modelling choice: readers that pay off only jointly are not searched for). `keys`: the tensor each call
+    reads (`shared_inputs`; None: `_input_of` each component)."""
+    keys = keys or [_input_of(c.component) for c in calls]
     cands = [i for i, c in enumerate(calls) if fp8_candidate(c)]
-    alone = {i for i in cands if _fp8_or_bf16(timer, calls[i], ops, set(), glue)[1]}
-    quantised = {_input_of(calls[i].component) for i in alone}
-    joined = {i for i in cands if i not in alone and _input_of(calls[i].component) in quantised
-              and _fp8_or_bf16(timer, calls[i], ops, {_input_of(calls[i].component)}, glue)[1]}
+    alone = {i for i in cands if _fp8_or_bf16(timer, calls[i], ops, set(), glue, keys[i])[1]}
+    quantised = {keys[i] for i in alone}
+    joined = {i for i in cands if i not in alone and keys[i] in quantised
+              and _fp8_or_bf16(timer, calls[i], ops, {keys[i]}, glue, keys[i])[1]}
     return alone | joined
 
 
-def _sum(timer: Timer, calls: list[Call], glue: GlueCalibration | None,
-         precision: str = "bf16") -> tuple[tuple[float, float, float], dict[str, float], tuple[str, ...]]:
+def _sum(timer: Timer, calls: list[Call], glue: GlueCalibration | None, precision: str = "bf16",
+         hidden: int | None = None) -> tuple[tuple[float, float, float], dict[str, float], tuple[str, ...]]:
     """(forward, backward input, backward weight) seconds of a call list, the forward seconds of each
     recompute module among them, and (fp8) the linears kept in bf16 because FP8 is predicted slower at their
-    shapes (`fp8_linears`)."""
+    shapes (`fp8_linears`). `hidden`: the model width, to find the GEMMs sharing a pre-norm's output
+    (`shared_inputs`); None: by component (`_input_of`)."""
     f = bi = bw = 0.0
     modules: dict[str, float] = {}
     ops = fp8_ops(timer) if precision == "fp8" else None
-    fp8 = fp8_linears(timer, calls, ops, glue) if ops is not None else set()
+    keys = shared_inputs(calls, hidden) if hidden else [_input_of(c.component) for c in calls]
+    fp8 = fp8_linears(timer, calls, ops, glue, keys) if ops is not None else set()
     seen: set[str] = set()
     for i, c in enumerate(calls):
         if i in fp8:
-            a, b, w = fp8_call_costs(timer, c, ops, seen)
+            a, b, w = fp8_call_costs(timer, c, ops, seen, keys[i])
         else:
             a, b, w = _call_costs(timer, _as_bf16(c), glue)
         f, bi, bw = f + a, bi + b, bw + w
@@ -368,7 +427,7 @@ def training_layer_costs(model: ModelConfig, hw: Any, *, tp: int = 1, ep: int = 
     for i in range(model.num_layers):
         sig = layer_signature(model, i)
         if sig not in memo:
-            memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel), glue, precision)
+            memo[sig] = _sum(timer, layer_calls(model, i, layout, batch, expert_kernel), glue, precision, d)
         costs, mods, kept = memo[sig]
         out.append(LayerCost(i, model.layer_kinds[i], *costs, act, blk, dict(mods), kept))
     head = _sum(timer, training_head_calls(model, layout, batch), glue, precision)

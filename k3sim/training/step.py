@@ -13,7 +13,10 @@ Composition (each term's source is in its row):
   redundant experts (option) flatten the imbalance at the price of prefetching their weights;
 - CP: KCP on KDA layers, the chosen scheme on MLA layers (`k3sim.cp`): what CP adds on top of the local
   attention kernel (exposed communication and the scheme's own compute: KCP pre-process and fold, latent
-  up-projection);
+  up-projection); a model with other mixer kinds trains at cp = 1 (cp > 1 is refused in one line by the CP
+  geometry, `k3sim.cp.geometry_from_model`);
+- TP counts one all-gather / reduce-scatter pair per sublayer a layer has (a mixer-only or MLP-only layer of
+  Nemotron-H has one);
 - PP: layers split over the stages by cost (k3sim.training.partition, `training.stage_split: balanced`, the
   default) or by count; the schedule (k3sim.training.schedule: the pipeline engine, or Megatron's closed form)
   over the per-stage micro-batch costs gives the bubble; stage-to-stage sends are overlapped in steady state and
@@ -37,6 +40,7 @@ from k3sim.configs.parallel import Parallelism
 from k3sim.configs.planning import TrainOptions, check_redundant_experts
 from k3sim.cp.groups import Collectives
 from k3sim.errors import InputError
+from k3sim.step.modules import module_parts
 from k3sim.step.training import precision_assumption
 from k3sim.training.placement import groups, pp_hop_links
 from k3sim.comm.routing import ep_imbalance
@@ -232,7 +236,8 @@ class TrainingContext:
     def hardware_flop_per_token(self, seq_len: int, recompute: bool | tuple[str, ...]) -> float:
         """FLOP the GPUs execute per token (HFU's numerator): the GEMMs' model count (a GEMM executes what it
         is counted with) x 3, the attention kernels' own registry counts (`sdpa_causal_fwd_bwd`: FlashAttention's
-        3.5 x forward, V padded to the QK dim; `chunk_kda_fwd_bwd`: padded chunks), and under full activation
+        3.5 x forward, V padded to the QK dim; `chunk_kda_fwd_bwd`: padded chunks; every other kind's core calls,
+        `_kind_core_flop`), and under full activation
         checkpointing the forward of all of it once more; under selective recompute (`recompute` a tuple of
         modules) the forward of those modules only. Not counted: CP schemes' own extra work (KCP fold, latent
         up-projection), redundant experts, elementwise kernels (so norms and moe_act add none)."""
@@ -253,19 +258,22 @@ class TrainingContext:
             from k3sim.memory.layout import rank_layers
 
             costs = self.layer_costs(par.tp, par.ep, par.cp, tokens, seq_len, glue, precision)
-            by_layer = {c.layer: c for c in costs if c.kind in ("kda", "mla")}
-            extra = {c.kind: c for c in costs if c.kind in ("embedding", "lm_head")}
-            kinds, ffn = self.model.layer_kinds, self.model.ffn_kinds
+            ends = ("embedding", "lm_head")
+            by_layer = {c.layer: c for c in costs if c.kind not in ends}
+            extra = {c.kind: c for c in costs if c.kind in ends}
+            model_layers, ffn = self.model.layers, self.model.ffn_kinds
             hit = []
             for r, layers in enumerate(rank_layers(self.model, par, chunks)):
-                agg = {"forward_s": 0.0, "backward_s": 0.0, "layer_forward_s": 0.0, "moe": 0, "kda": 0, "mla": 0,
-                       "moe_layer_compute_s": []}
+                agg = {"forward_s": 0.0, "backward_s": 0.0, "layer_forward_s": 0.0, "moe": 0, "sublayers": 0,
+                       **{k: 0 for k in self.model.mixer_kinds}, "moe_layer_compute_s": []}
                 for i in layers:
                     c = by_layer[i]
                     agg["forward_s"] += c.forward_s
                     agg["layer_forward_s"] += c.forward_s
                     agg["backward_s"] += c.backward_input_s + c.backward_weight_s
-                    agg[kinds[i]] += 1
+                    for kind in model_layers[i].mixers:   # layers of each mixer kind (CP prices them per kind)
+                        agg[kind] += 1
+                    agg["sublayers"] += bool(model_layers[i].mixers) + (model_layers[i].ffn is not None)
                     if ffn[i] == "moe":
                         agg["moe"] += 1
                         agg["moe_layer_compute_s"].append(c.forward_s + c.backward_input_s + c.backward_weight_s)
@@ -438,21 +446,24 @@ def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue
     pipeline schedule takes each stage's forward and backward separately."""
     recompute, fold_fix_f = mb.recompute, ep.fold_fix_fwd_s
     # selective: the chosen modules' forward again (`LayerCost.module_forward_s`); no TP / EP all-to-all or expert
-    # GEMM is re-run, and CP's forward repeats only for an attention / KDA core that is
+    # GEMM is re-run, and CP's forward repeats only for an attention / KDA core that is (`module_parts`: the modules a
+    # selection re-runs, `linear_attn_core` covering KDA's `kda_core`)
     modules = mb.recompute_modules
     by_layer = ({c.layer: c for c in ctx.layer_costs(par.tp, par.ep, par.cp, mb.tokens, mb.seq_len, glue, precision)}
                 if modules else {})
-    cp_again = {"mla": recompute or "attention_core" in modules, "kda": recompute or "kda_core" in modules}
+    parts = module_parts(modules)
+    cp_again = {"mla": recompute or "attention_core" in parts, "kda": recompute or "kda_core" in parts}
     stages = []
     for r, (layers, agg) in enumerate(ctx.stage_sums(par, mb.tokens, mb.seq_len, glue, chunks, precision)):
         F, B, Rf = agg["forward_s"], agg["backward_s"], agg["layer_forward_s"]
-        n, n_moe = len(layers), agg["moe"]
+        n_moe = agg["moe"]
         F += fold_fix_f * n_moe
         B += 2 * fold_fix_f * n_moe            # input grad (transposed GEMM) + weight grad, each ~ the forward
         comm_f = {k: 0.0 for k in COMM_KINDS}
         comm_b = {k: 0.0 for k in COMM_KINDS}
-        comm_f["tp"] = n * tp_layer_fwd
-        comm_b["tp"] = n * tp_layer_fwd * (1 + recompute)
+        tp_f = agg["sublayers"] / SUBLAYERS_PER_LAYER * tp_layer_fwd   # a mixer-only or FFN-only layer: one sublayer
+        comm_f["tp"] = tp_f
+        comm_b["tp"] = tp_f * (1 + recompute)
         imb_extra = 0.0
         if par.ep > 1 and n_moe:
             pf = sum(max(0.0, ep.prefetch_s - t) for t in agg["moe_layer_compute_s"]) if ep.prefetch_s else 0.0
@@ -463,10 +474,10 @@ def _stage_compute(ctx: TrainingContext, par: Parallelism, mb: _MicroBatch, glue
         for kind, ov in cp.items():
             f_cp = mb.size * (ov["fwd"]["comm"] + ov["fwd"]["compute"])
             b_cp = mb.size * (ov["bwd"]["comm"] + ov["bwd"]["compute"])
-            comm_f["cp"] += agg[kind] * f_cp
-            comm_b["cp"] += agg[kind] * (b_cp + cp_again.get(kind, recompute) * f_cp)
+            comm_f["cp"] += agg.get(kind, 0) * f_cp
+            comm_b["cp"] += agg.get(kind, 0) * (b_cp + cp_again.get(kind, recompute) * f_cp)
         R = recompute * (Rf + fold_fix_f * n_moe) + sum(by_layer[i].module_forward_s.get(mod, 0.0)
-                                                         for i in layers for mod in modules)
+                                                         for i in layers for mod in parts)
         st = StageCost(r, [i + 1 for i in layers], F, B, R,
                        {k: comm_f[k] + comm_b[k] for k in COMM_KINDS}, imb_extra)
         st.comm_fwd = sum(comm_f.values())
@@ -677,30 +688,81 @@ def _hardware_flop_per_token(model, seq_len: int, recompute: bool | tuple[str, .
         p = {"T": seq_len, "H": model.kda.num_heads, "K": model.kda.head_dim_k, "V": model.kda.head_dim_v}
         fwd += model.num_kda_layers * OPS["chunk_kda_fwd"].flop(p) / seq_len
         fwd_bwd += model.num_kda_layers * OPS["chunk_kda_fwd_bwd"].flop(p) / seq_len
+    for f, fb in _kind_core_flop(model, seq_len).values():
+        fwd, fwd_bwd = fwd + f, fwd_bwd + fb
     if isinstance(recompute, tuple):
         return FWD_BWD_FACTOR * gemm + fwd_bwd + _module_flop_per_token(model, seq_len, recompute)
     return FWD_BWD_FACTOR * gemm + fwd_bwd + (gemm + fwd if recompute else 0.0)
 
 
+# Mixer kinds whose core FLOP `_hardware_flop_per_token` writes out from their sections (as before the other
+# kinds were modelled); every other kind's come from its calls (`_kind_core_flop`).
+_CORE_BY_FORMULA = ("kda", "mla")
+
+
+def _kind_core_flop(model, seq_len: int) -> dict[str, tuple[float, float]]:
+    """Per mixer kind other than `_CORE_BY_FORMULA`: (forward, forward+backward) FLOP per token of its core
+    kernels, whole model (tp = 1, one `seq_len` sequence): the registry FLOP of each of the kind's calls that has
+    a measured backward (`step.training.backward_op`: chunk kernels, attention), its backward op's at the share
+    the call runs. The components of a kind start with its name (the step's naming contract)."""
+    from k3sim.kernels.ops import OPS
+    from k3sim.step.batch import Batch
+    from k3sim.step.layers import layer_calls
+    from k3sim.step.layout import StepLayout
+    from k3sim.step.training import backward_op
+
+    out: dict[str, list[float]] = {}
+    batch, layout, done = Batch(prefill=((seq_len, 0),)), StepLayout(), {}
+    for layer in model.layers:
+        kinds = [k for k in layer.mixers if k not in _CORE_BY_FORMULA]
+        if not kinds:
+            continue
+        key = layer.mixer
+        if key not in done:
+            calls = layer_calls(model, layer.index, layout, batch, "grouped_bf16")
+            done[key] = {}
+            for k in kinds:
+                f = fb = 0.0
+                for c in calls:
+                    bwd = backward_op(c) if c.component.startswith(f"{k}_") else None
+                    if bwd is not None:
+                        f += OPS[c.op].flop(c.params) * c.count / seq_len
+                        fb += OPS[bwd[0]].flop(bwd[1]) * bwd[2] * c.count / seq_len
+                done[key][k] = (f, fb)
+        for k, (f, fb) in done[key].items():
+            acc = out.setdefault(k, [0.0, 0.0])
+            acc[0] += f
+            acc[1] += fb
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def _module_flop_per_token(model, seq_len: int, modules: tuple[str, ...]) -> float:
     """Forward FLOP per token of the selectively recomputed modules, whole model: the MLA up-projection GEMMs
     (q_b: q_lora x H x d_qk, kv_b: kv_lora x H x (d_nope + d_v), 2 FLOP per multiply-add), the attention and
-    chunked-KDA kernels' registry forward counts; norms and the SwiGLU are elementwise (not counted)."""
+    chunked-KDA kernels' registry forward counts, and the other kinds' cores (`_kind_core_flop`: attention kinds
+    under `attention_core`, recurrent ones under `linear_attn_core`); norms and the SwiGLU are elementwise (not
+    counted)."""
+    from k3sim.configs.kinds import MIXERS
     from k3sim.configs.mla import mla_attention_head_dims
     from k3sim.kernels.ops import OPS
 
     out, mla = 0.0, model.mla
+    parts = module_parts(modules)
     if mla is not None and model.num_mla_layers:
         h, qk = mla.num_heads, mla.qk_nope_head_dim + mla.qk_rope_head_dim
-        if "mla_up_proj" in modules:
+        if "mla_up_proj" in parts:
             up = (mla.q_lora_rank or 0) * h * qk + mla.kv_lora_rank * h * (mla.qk_nope_head_dim + mla.v_head_dim)
             out += model.num_mla_layers * 2.0 * up
-        if "attention_core" in modules:
+        if "attention_core" in parts:
             p = {"T": seq_len, "H": h, "D": mla_attention_head_dims(mla).kernel_head_dim}
             out += model.num_mla_layers * OPS["sdpa_causal_fwd"].flop(p) / seq_len
-    if "kda_core" in modules and model.kda is not None and model.num_kda_layers:
+    if "kda_core" in parts and model.kda is not None and model.num_kda_layers:
         p = {"T": seq_len, "H": model.kda.num_heads, "K": model.kda.head_dim_k, "V": model.kda.head_dim_v}
         out += model.num_kda_layers * OPS["chunk_kda_fwd"].flop(p) / seq_len
+    if "attention_core" in parts or "linear_attn_core" in parts:
+        for kind, (f, _) in _kind_core_flop(model, seq_len).items():
+            if ("linear_attn_core" if MIXERS[kind].recurrent else "attention_core") in parts:
+                out += f
     return out
 
 
@@ -863,11 +925,13 @@ ASSUMPTIONS = [
     {"assumption": "MFU = model FLOP per token (6 x active params + 3 H S (d_qk + d_v) per causal MLA layer + 3 x "
                    "KDA chunkwise work) x tokens / (step time x GPUs x bf16 peak); the bf16 peak under "
                    "training.precision fp8 too, so MFU and HFU compare across precisions and FP8's gain shows "
-                   "as a higher MFU (convention)",
+                   "as a higher MFU (convention); GQA / SWA attention and the GDN, Mamba2, Mamba and lightning "
+                   "recurrences are not in that model count yet (k3sim.memory.flops counts MLA and KDA), so MFU "
+                   "undercounts them where HFU counts their kernels",
      "source": "Megatron-LM num_floating_point_operations (megatron/training/training.py); PaLM appendix B; "
                "k3sim.memory.flops"},
-    {"assumption": "HFU = hardware FLOP (GEMMs x 3, the attention kernels' own counts: FlashAttention 3.5 x, V "
-                   "padded to the QK dim, KDA chunk padding; the recomputed forward under activation "
-                   "checkpointing) / (step time x GPUs x bf16 peak)",
+    {"assumption": "HFU = hardware FLOP (GEMMs x 3, the attention and chunk kernels' own counts: FlashAttention "
+                   "3.5 x, V padded to the QK dim, KDA / GDN / Mamba2 chunk padding; the recomputed forward under "
+                   "activation checkpointing) / (step time x GPUs x bf16 peak)",
      "source": "k3sim.kernels.ops registry FLOP formulas; Megatron's recompute adds one forward"},
 ]

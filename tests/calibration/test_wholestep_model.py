@@ -43,31 +43,53 @@ def _fake_fla():
         return o, st
 
     def rms_norm_gated(x, g, w, b, activation="sigmoid", eps=1e-6):
-        return F.rms_norm(x, (x.shape[-1],), w, eps) * torch.sigmoid(g)
+        gate = F.silu(g) if activation in ("swish", "silu") else torch.sigmoid(g)
+        return F.rms_norm(x, (x.shape[-1],), w, eps) * gate
+
+    def chunk_gdn(q, k, v, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, **kw):
+        # grouped value heads: value head h reads key head h // (H / Hk), as fla's kernel does
+        rep = v.shape[2] // q.shape[2]
+        o = v * beta[..., None] + q.repeat_interleave(rep, 2) * torch.sigmoid(g)[..., None]
+        st = torch.zeros(q.shape[0], v.shape[2], q.shape[3], v.shape[3]) if output_final_state else None
+        return o.to(v.dtype), st
+
+    def gdn_decode(q, k, v, g, beta, state, o):
+        # in place: the state is read and written, o is written (the calls the GPU kernel makes)
+        rep = v.shape[2] // q.shape[2]
+        state.mul_(torch.exp(g[:, 0])[..., None, None])
+        o.copy_((v * beta[..., None] + k.repeat_interleave(rep, 2)).to(o.dtype))
 
     return SimpleNamespace(causal_conv1d=causal_conv1d, causal_conv1d_update=causal_conv1d_update,
-                           chunk_kda=kda, fused_recurrent_kda=kda, rms_norm_gated=rms_norm_gated)
+                           chunk_kda=kda, fused_recurrent_kda=kda, rms_norm_gated=rms_norm_gated,
+                           chunk_gated_delta_rule=chunk_gdn, gdn_decode=gdn_decode)
 
 
 def _tiny(root, path):
     """The shipped model with every width shrunk (structure kept: layer pattern, latent, gates, q_lora)."""
     m = load_model(root / path)
-    kda = m.kda.model_copy(update=dict(num_heads=4, head_dim_k=16, head_dim_v=16,
-                                       alpha_gate_rank=8 if m.kda.alpha_gate_rank else None,
-                                       output_gate_rank=8))
-    mla = m.mla.model_copy(update=dict(num_heads=4, q_lora_rank=24 if m.mla.q_lora_rank else None, kv_lora_rank=32,
-                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
     moe = m.moe.model_copy(update=dict(num_routed_experts=8, num_active_experts=4, expert_ffn_width=32,
-                                       latent_width=24 if m.moe.latent_width else None))
-    return m.model_copy(update=dict(hidden_size=64, vocab_size=512, dense_ffn_width=96, kda=kda, mla=mla, moe=moe))
+                                       latent_width=24 if m.moe.latent_width else None,
+                                       shared_expert_ffn_width=32 if m.moe.shared_expert_ffn_width else None))
+    up = dict(hidden_size=64, vocab_size=512, moe=moe)
+    if m.gdn is not None:  # Qwen3-Next: 2 key / 4 value heads, 4 query / 2 KV heads, RoPE on 4 of 16 dims
+        up["gdn"] = m.gdn.model_copy(update=dict(num_key_heads=2, num_value_heads=4, head_dim_k=16, head_dim_v=16))
+        up["gqa"] = m.gqa.model_copy(update=dict(num_heads=4, num_kv_heads=2, head_dim=16))
+        return m.model_copy(update=up)
+    up["kda"] = m.kda.model_copy(update=dict(num_heads=4, head_dim_k=16, head_dim_v=16,
+                                             alpha_gate_rank=8 if m.kda.alpha_gate_rank else None, output_gate_rank=8))
+    up["mla"] = m.mla.model_copy(update=dict(num_heads=4, q_lora_rank=24 if m.mla.q_lora_rank else None,
+                                             kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
+    return m.model_copy(update=dict(up, dense_ffn_width=96))
 
 
-CASES = [("models/kimi-linear-48b.yaml", 1, 1, (1, 4), True), ("models/kimi-k3.yaml", 2, 4, (5, 8), False)]
+CASES = [("models/kimi-linear-48b.yaml", 1, 1, (1, 4), True), ("models/kimi-k3.yaml", 2, 4, (5, 8), False),
+         ("models/qwen3-next-80b-a3b.yaml", 1, 1, (1, 4), True), ("models/qwen3-next-80b-a3b.yaml", 2, 2, (3, 6), False)]
 STEPS = [S.StepShape(decodes=3, context=40), S.StepShape(decodes=2, context=24, chunk=16, prefix=32),
          S.StepShape(chunk=16, prefix=0)]
 
 
-@pytest.fixture(params=CASES, ids=["kimi-linear-l1-4-head", "k3-tp2-ep4-l5-8"])
+@pytest.fixture(params=CASES, ids=["kimi-linear-l1-4-head", "k3-tp2-ep4-l5-8", "qwen3-next-l1-4-head",
+                                   "qwen3-next-tp2-ep2-l3-6"])
 def spec(request, root):
     path, tp, ep, layers, head = request.param
     return S.spec_from_config(_tiny(root, path), tp=tp, ep=ep, layers=layers, head=head, name="tiny")
@@ -98,9 +120,17 @@ def test_decode_pool_views_serve_a_step(spec):
     pool = model.decode_pool(max_batch=4, cache_tokens=4 * 50)
     st = S.StepShape(decodes=4, context=50)
     states = model.alloc_states(st, pool)
-    mla = next(i for i, L in enumerate(model.layers) if L["attn"] == "mla")
-    assert states[mla]["cache_d"].shape == (4, 50, spec.mla.kv_lora + spec.mla.rope)
-    assert states[mla]["cache_d"].data_ptr() == pool[mla]["cache"].data_ptr()
+    if spec.mla is not None:
+        mla = next(i for i, L in enumerate(model.layers) if L["attn"] == "mla")
+        assert states[mla]["cache_d"].shape == (4, 50, spec.mla.kv_lora + spec.mla.rope)
+        assert states[mla]["cache_d"].data_ptr() == pool[mla]["cache"].data_ptr()
+    else:
+        gqa = next(i for i, L in enumerate(model.layers) if L["attn"] == "gqa")
+        gdn = next(i for i, L in enumerate(model.layers) if L["attn"] == "gdn")
+        assert states[gqa]["kd"].shape == (4, spec.gqa.kv_heads, 50, spec.gqa.head_dim)
+        assert states[gqa]["vd"].data_ptr() == pool[gqa]["v"].data_ptr()
+        assert states[gdn]["gdn_d"].shape == (4, spec.gdn.value_heads, spec.gdn.head_k, spec.gdn.head_v)
+        assert states[gdn]["conv_d"].data_ptr() == pool[gdn]["conv"].data_ptr()
     with torch.no_grad():
         model.forward(_inp(model, st), st, states)
 
@@ -122,7 +152,7 @@ def test_grouped_moe_equals_a_per_pick_loop(spec):
             xin, logits = model.rmsnorm(y[:, :e.latent], L["lat_norm"]), y[:, e.latent:]
         else:
             xin, logits = h, h @ L["w_router"]
-        ids, wts = model.route(logits, L["router_bias"])
+        ids, wts = model.route(logits, L.get("router_bias"))
         routed = torch.zeros((n, xin.shape[1]))
         hits = 0
         for t in range(n):
@@ -136,7 +166,8 @@ def test_grouped_moe_equals_a_per_pick_loop(spec):
         if e.latent:
             ref = ref @ L["w_up"]
         gu = h @ L["s_gu"]
-        ref = ref + (F.silu(gu[:, :e.shared_width]) * gu[:, e.shared_width:]) @ L["s_dn"]
+        sh = (F.silu(gu[:, :e.shared_width]) * gu[:, e.shared_width:]) @ L["s_dn"]
+        ref = ref + (torch.sigmoid(h @ L["w_sg"]) * sh if e.shared_gate else sh)
     assert 0 < hits <= n * e.topk
     if e.experts_local < e.experts:
         assert hits < n * e.topk       # EP: some picks live on other ranks and are not computed here
@@ -200,3 +231,74 @@ def test_free_grads_runs_the_weight_gradients_and_keeps_none(spec):
     assert all(id(w) in ids for w in experts)
     plain = WholeStepModel(spec, fla=_fake_fla(), device="cpu", grad=True)  # slices: the measured layout
     assert all(not L[k].is_leaf for L in plain.layers if L["ffn"] == "moe" for k in ("e_gu", "e_dn"))
+
+
+@pytest.fixture
+def qwen(root):
+    spec = S.spec_from_config(_tiny(root, "models/qwen3-next-80b-a3b.yaml"), layers=(1, 4), head=True, name="tinyq")
+    return WholeStepModel(spec, fla=_fake_fla(), device="cpu")
+
+
+def test_gqa_prefix_and_decode_attention_agree_with_full_causal(qwen):
+    # One sequence of 12 tokens: full causal attention over all 12 (no prefix) against the last 5 as a chunk after
+    # a cached prefix of 7 (bottom-right causal) and the last token as a decode over its 12-token cache.
+    a = qwen.spec.gqa
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn((12, h, a.head_dim), generator=g) for h in (a.q_heads, a.kv_heads, a.kv_heads))
+    with torch.no_grad():
+        full = qwen._prefill_attention(q, k, v, S.StepShape(chunk=12), {})[0]
+        state = {"kp": k[None].clone(), "vp": v[None].clone()}
+        part = qwen._prefill_attention(q[7:], None, None, S.StepShape(chunk=5, prefix=7), state)[0]
+        # the decode cache is [B, Hkv, C, D]
+        dec = qwen._decode_attention(q[11:], k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous())
+    assert torch.allclose(part, full[7:], atol=1e-5)
+    assert torch.allclose(dec[0], full[11], atol=1e-5)
+    assert (qwen.impl["gqa_prefix"], qwen.impl["gqa_prefill"], qwen.impl["gqa_decode"]) == \
+        ("sdpa_math_mask", "sdpa_math", "sdpa_math")
+
+
+def test_partial_rope_rotates_the_first_dims_only(qwen):
+    R = qwen.spec.gqa.rope_dim
+    st = S.StepShape(decodes=2, context=9, chunk=3, prefix=4)
+    x = torch.randn((st.tokens, 2, qwen.spec.gqa.head_dim))
+    y = qwen._rope(x.clone(), st)
+    assert R == qwen.spec.gqa.head_dim // 4 and torch.equal(y[..., R:], x[..., R:])
+    pos, cos, sin = qwen._positions(st)
+    assert pos.tolist() == [4, 5, 6, 8, 8]          # the chunk after its prefix of 4, then position C - 1 per decode
+    # rotate-half: the pair (i, i + R/2) turns by the angle of its position
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    x1, x2 = x[..., :R // 2], x[..., R // 2:R]
+    assert torch.allclose(y[..., :R // 2], x1 * c - x2 * s, atol=1e-6)
+
+
+def test_gdn_calls_fla_with_the_measured_arguments(qwen):
+    # What the chunk and decode kernels receive: q, k over the key heads, v, g, beta over the value heads; g fp32,
+    # beta in (0, 1); the prefix's state as initial state; the decode state the pool's own tensor (in place).
+    seen = {}
+    fake = _fake_fla()
+    chunk, dec = fake.chunk_gated_delta_rule, fake.gdn_decode
+
+    def chunk_spy(**kw):
+        seen["chunk"] = kw
+        return chunk(**kw)
+
+    def dec_spy(*args):
+        seen["decode"] = args
+        return dec(*args)
+
+    fake.chunk_gated_delta_rule, fake.gdn_decode = chunk_spy, dec_spy
+    qwen.fla = fake
+    g = qwen.spec.gdn
+    st = S.StepShape(decodes=3, context=20, chunk=8, prefix=16)
+    states = qwen.alloc_states(st)
+    L = qwen.layers[0]
+    with torch.no_grad():
+        qwen.gdn(L, torch.randn((st.tokens, qwen.spec.hidden)).to(torch.bfloat16), st, states[0])
+    c = seen["chunk"]
+    assert c["q"].shape == (1, 8, g.key_heads, g.head_k) and c["v"].shape == (1, 8, g.value_heads, g.head_v)
+    assert c["g"].dtype == torch.float32 and bool((c["g"] < 0).all()) and c["use_qk_l2norm_in_kernel"]
+    assert bool(((c["beta"] > 0) & (c["beta"] < 1)).all()) and c["initial_state"] is states[0]["gdn_p"]
+    q, k, v, gg, beta, state, o = seen["decode"]
+    assert q.shape == (3, 1, g.key_heads, g.head_k) and v.shape == (3, 1, g.value_heads, g.head_v)
+    assert gg.shape == beta.shape == (3, 1, g.value_heads) and state is states[0]["gdn_d"]
+    assert all(t.is_contiguous() for t in (q, k, v, gg, beta))

@@ -58,7 +58,7 @@ def test_lazy_help_listing_equals_the_eager_one(capsys):
 @pytest.mark.parametrize("argv,loaded", [
     (["--help"], []),
     (["kernel-time", "--help"], ["kernel_time"]),
-    (["model-info", "--help"], ["model_info"]),
+    (["model-info", "--help"], ["model_info", "options"]),  # options: the shared --set (MODEL_SET)
 ])
 def test_a_command_imports_only_its_module(argv, loaded):
     """A real process (imports are per process): `--help` imports no command module and no pydantic schema."""

@@ -86,7 +86,7 @@ def test_fp8_dispatch_halves_what_bf16_sends(capsys):
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["--model", K2, "--mtp", "1", "--acceptance", "0.8", "--rollback", "replay"], ["--rollback:", "no KDA layers"]),
+    (["--model", K2, "--mtp", "1", "--acceptance", "0.8", "--rollback", "replay"], ["--rollback:", "no recurrent layers"]),
     (["--ep-kernel", "normal"], ["--ep-kernel:", "add --attention-dp N"]),
     (["--dispatch-dtype", "fp8"], ["--dispatch-dtype:", "runs none"]),
     (["--tbo"], ["--tbo:", "remove --tbo"]),

@@ -89,7 +89,7 @@ def test_every_contract_op_is_registered():
                 # hybrid models' mixers (issue 23 item 4, calibration/hybrid_ops.py)
                 "chunk_gdn_fwd", "chunk_gdn_fwd_bwd", "recurrent_gdn_decode", "mamba2_chunk_fwd",
                 "mamba2_chunk_fwd_bwd", "gqa_prefill_fwd", "mamba2_decode", "gqa_decode", "router_softmax_topk",
-                "shared_expert_gate"]
+                "shared_expert_gate", "gqa_decode_paged"]
     assert sorted(OPS) == sorted(contract)
     for spec in OPS.values():
         p = {k: min(hi, max(lo, 64 if k != "gpus" else 2)) for k, (lo, hi) in spec.ranges.items()}

@@ -83,3 +83,24 @@ def test_prefill_numbers_unchanged(k3):
     assert p.linear_flop_per_token == pytest.approx(207_233_234_112, rel=1e-12)
     assert p.attention_flop_per_token_pair == 737_280
     assert p(32_768) == pytest.approx(7_582_291_146_571_776, rel=1e-12)
+
+
+def test_hybrid_kinds_count_their_attention_and_recurrence():
+    """Qwen3-Next: 12 gated-GQA layers of 16 heads x 256 (each pair 2 x 256 FLOP in QK^T and PV: H (d_qk + d_v)
+    = 16 x 512 per layer), 36 GDN layers of 32 value heads; MFU counted them as zero before issue 23."""
+    from k3sim.configs.loaders import load_model
+    from k3sim.kernels.ops import kda_fwd_flop_per_token_head
+    from k3sim.memory.flops import causal_attention_flop_coefficient, recurrent_flop_per_token
+
+    m = load_model(K3.parent / "qwen3-next-80b-a3b.yaml")
+    assert causal_attention_flop_coefficient(m) == 12 * 16 * 512
+    assert recurrent_flop_per_token(m) == pytest.approx(36 * 32 * kda_fwd_flop_per_token_head(D=128, V=128))
+    assert recurrent_flop_per_token(m) > 0
+
+
+def test_a_sliding_window_caps_the_pairs():
+    """10 tokens, window 4: queries 0-3 see 1-4 keys (10 pairs), queries 4-9 see 4 each (24): 34 pairs, x2."""
+    from k3sim.memory.flops import causal_pairs
+
+    assert causal_pairs(10, 4) == 68
+    assert causal_pairs(10, None) == 10 * 11 == causal_pairs(10, 64)

@@ -28,7 +28,8 @@ def test_two_requests_one_chunk_budget(scenario):
     step 1 [0,1]: A chunk 1000. step 2 [1,2]: A's last 500 + B admitted with the 500 left (its 400): both
     finish prefill -> first tokens at 2. step 3 [2,3]: decode A, B (B's 2nd token: done at 3).
     step 4 [3,4]: decode A (3rd token: done at 4)."""
-    setup = ServeSetup.from_scenario(scenario({"engine": {"token_budget": 1000, "pool_bytes": "unbounded"}}))
+    setup = ServeSetup.from_scenario(scenario({"engine": {"token_budget": 1000, "pool_bytes": "unbounded",
+                                                          "pp_microbatches": False}}))  # one engine
     res = simulate(setup, [_req(0.0, 1500, 3, 0), _req(0.5, 400, 2, 100)], step_seconds=constant(1.0))
     df = _frame(res)
     assert df.loc[0, "ttft_s"] == 2.0 and df.loc[0, "e2e_s"] == 4.0 and df.loc[0, "tpot_s"] == 1.0
@@ -71,7 +72,7 @@ def test_preemption_by_recompute_when_memory_runs_out(scenario):
     # 9 pages per GPU hold ~16 whole-model pages at PP 2 (a GPU holds about half the layers). Admission
     # takes 3 KDA state pages + ceil(2049 / 1024) = 3 prompt pages per request (12 for both); finishing
     # needs ceil(6048 / 1024) = 6 KV pages + 3 state pages each (18 for both): more than the pool.
-    body = {"engine": {"pool_bytes": 9 * page, "watermark_fraction": 0.0}}
+    body = {"engine": {"pool_bytes": 9 * page, "watermark_fraction": 0.0, "pp_microbatches": False}}  # one pool
     setup = ServeSetup.from_scenario(scenario(body))
     assert 12 <= setup.pools[0].cache.num_pages < 18
     reqs = [_req(0.0, 2048, 4000, 0), _req(0.0, 2048, 4000, 100)]
@@ -143,13 +144,19 @@ def test_low_load_ttft_is_one_prefill_and_tpot_is_decode_at_batch_1(scenario):
 
 
 def test_pp_microbatches_run_pp_engines_on_shares_of_the_pool(scenario):
-    """PP 2 with micro-batches in flight: two engines per replica, each with half the pool; two requests
-    that arrive together then prefill side by side (both first tokens at 1 s). One engine: A fills step 1's
-    8192-token budget; in step 2 A's decode takes one token, so B prefills 8191 and its last token in step 3."""
+    """PP 2 with micro-batches in flight (the default): two engines per replica, each with half the pool; two
+    requests that arrive together then prefill side by side (both first tokens at 1 s). Off, one engine: A
+    fills step 1's 8192-token budget; in step 2 A's decode takes one token, so B prefills 8191 and its last
+    token in step 3, and the result warns that each stage idles half the time."""
     reqs = [_req(0.0, 8192, 2, 0), _req(0.0, 8192, 2, 100)]
-    one = simulate(ServeSetup.from_scenario(scenario({})), reqs, step_seconds=constant(1.0)).frame()
-    assert sorted(one["first_token_s"]) == [1.0, 3.0]
-    setup = ServeSetup.from_scenario(scenario({"engine": {"pp_microbatches": True}}))
+    off_setup = ServeSetup.from_scenario(scenario({"engine": {"pp_microbatches": False}}))
+    off = simulate(off_setup, reqs, step_seconds=constant(1.0))
+    assert sorted(off.frame()["first_token_s"]) == [1.0, 3.0]
+    assert off.summary["batches_in_flight"] == {"mixed": 1}
+    assert len(off.summary["warnings"]) == 1 and "stage idles 1/2" in off.summary["warnings"][0]
+    setup = ServeSetup.from_scenario(scenario({}))
     res = simulate(setup, reqs, step_seconds=constant(1.0))
     assert sorted(res.frame()["first_token_s"]) == [1.0, 1.0]
     assert sorted(res.frame()["replica"]) == [0, 1]
+    assert res.summary["batches_in_flight"] == {"mixed": 2} and res.summary["warnings"] == []
+    assert setup.pools[0].pp_engines == 2 and off_setup.pools[0].pp_engines == 1

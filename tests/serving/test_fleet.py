@@ -61,8 +61,8 @@ def test_pd_timeline(scenario):
 
 def test_pd_fleet_serves_a_trace_with_littles_law(scenario):
     setup = ServeSetup.from_scenario(scenario({"replicas": 3, "disaggregation": {"prefill": {"replicas": 1},
-                                                                                "decode": {"replicas": 2}}},
-                                              num_gpus=48))
+                                                                                "decode": {"replicas": 2}},
+                                               "engine": {"pp_microbatches": False}}, num_gpus=48))
     from k3sim.workloads.mooncake import read_mooncake
 
     res = simulate(setup, read_mooncake(TRACE, limit=200), step_seconds=linear(0.01, 2e-5))
@@ -74,11 +74,15 @@ def test_pd_fleet_serves_a_trace_with_littles_law(scenario):
 
 
 def test_round_robin_and_least_loaded(scenario):
+    """One engine per replica (pp micro-batches off), so replica and engine indices coincide."""
+    one = {"pp_microbatches": False}
     reqs = [_req(0.1 * i, 1024, 50, [10 * i, 10 * i + 1]) for i in range(6)]
-    rr = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "round-robin"}, num_gpus=48)),
+    rr = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "round-robin", "engine": one},
+                                                    num_gpus=48)),
                   reqs, step_seconds=constant(0.05)).frame().sort_values("request")
     assert rr["replica"].tolist() == [0, 1, 2, 0, 1, 2]
-    ll = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "least-loaded"}, num_gpus=48)),
+    ll = simulate(ServeSetup.from_scenario(scenario({"replicas": 3, "router": "least-loaded", "engine": one},
+                                                    num_gpus=48)),
                   reqs, step_seconds=constant(0.05)).frame().sort_values("request")
     assert ll["replica"].tolist()[:3] == [0, 1, 2]  # each new request goes to an empty replica first
     # where the two differ: A (1000 outputs, 50 s of 0.05 s steps) holds replica 0; B, C, D (2 outputs: done
@@ -86,7 +90,7 @@ def test_round_robin_and_least_loaded(scenario):
     # lowest-index empty replica, round-robin goes on turning
     reqs = [_req(0.0, 1024, 1000, [0, 1]), *(_req(float(i), 1024, 2, [10 * i, 10 * i + 1]) for i in (1, 2, 3))]
     for router, want in (("least-loaded", [0, 1, 1, 1]), ("round-robin", [0, 1, 2, 0])):
-        setup = ServeSetup.from_scenario(scenario({"replicas": 3, "router": router}, num_gpus=48))
+        setup = ServeSetup.from_scenario(scenario({"replicas": 3, "router": router, "engine": one}, num_gpus=48))
         df = simulate(setup, reqs, step_seconds=constant(0.05)).frame().sort_values("request")
         assert df["replica"].tolist() == want, router
 
@@ -107,7 +111,8 @@ def test_unbounded_hit_rate_equals_the_prefix_cache_replay(scenario):
     from k3sim.serving.replay import replay
     from k3sim.workloads.mooncake import read_mooncake
 
-    setup = ServeSetup.from_scenario(scenario({"engine": {"pool_bytes": "unbounded"}}))
+    # one engine, one cache (pp micro-batches off): the replay's single cache
+    setup = ServeSetup.from_scenario(scenario({"engine": {"pool_bytes": "unbounded", "pp_microbatches": False}}))
     reqs = list(read_mooncake(TRACE, limit=600))
     res = simulate(setup, reqs, step_seconds=linear(0.005, 5e-6))
     ref = replay(reqs, setup.pools[0].cache)
@@ -119,7 +124,7 @@ def test_p99_ttft_does_not_fall_as_the_rate_rises(scenario):
     from k3sim.serving.arrivals import retime
     from k3sim.workloads.mooncake import read_mooncake
 
-    setup = ServeSetup.from_scenario(scenario({}))
+    setup = ServeSetup.from_scenario(scenario({"engine": {"pp_microbatches": False}}))  # one engine's queue
     p99 = []
     for rate in (0.5, 1, 2, 4, 8):
         reqs = retime(read_mooncake(TRACE, limit=250), "poisson", rate, seed=0)
@@ -145,6 +150,7 @@ def test_prefix_aware_load_cap():
             return self._load
 
     fleet = Fleet(simpy.Environment(), router="prefix-aware", load_cap=4)
+    fleet.common = []  # the requests routed before shared no leading block: every cached block counts
     req = Request(0, 0.0, 2048, 10, [11, 12, 13, 14])
     fleet.front = [Stub(0, 2, []), Stub(1, 6, [11, 12, 13]), Stub(2, 3, [11])]
     assert fleet.route(req).idx == 1  # 3 cached blocks, load 6 <= 2 + 4

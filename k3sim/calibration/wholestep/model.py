@@ -18,6 +18,8 @@ Kernels are the ones the calibration harness measures, called the same way:
 - Residual adds out of place (`x + y`): decode_ops' in-place add moves the same bytes, but would
   overwrite a slice's static input buffer between graph replays and break autograd in training.
 
+Qwen3-Next's mixers (Gated DeltaNet, gated GQA), its softmax router and gated shared expert: `hybrid.py`.
+
 Every op call goes through `Recorder.op(...)`, so one traced eager call gives the kernel list actually
 run, which `run.py` compares with `spec.manifest` (the CPU-side list the analytical model is checked
 against).
@@ -36,6 +38,7 @@ import math
 import os
 
 from k3sim.calibration.wholestep import spec as S
+from k3sim.calibration.wholestep.hybrid import HybridMixers
 
 NORM_EPS = 1e-6
 
@@ -75,11 +78,14 @@ def fla_ops():
     from fla.modules.norm.fused_norm_gate import rms_norm_gated
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
+    from k3sim.calibration import hybrid_ops  # GDN: the measured chunk call and the in-place decode launch
+
     return SimpleNamespace(causal_conv1d=causal_conv1d, causal_conv1d_update=causal_conv1d_update,
-                           rms_norm_gated=rms_norm_gated, chunk_kda=chunk_kda, fused_recurrent_kda=fused_recurrent_kda)
+                           rms_norm_gated=rms_norm_gated, chunk_kda=chunk_kda, fused_recurrent_kda=fused_recurrent_kda,
+                           chunk_gated_delta_rule=hybrid_ops._fla_gdn(), gdn_decode=hybrid_ops.gdn_decode_step)
 
 
-class WholeStepModel:
+class WholeStepModel(HybridMixers):
     """Weights and kernels of one rank. `grad=True` makes weights trainable leaves (training step).
     `fla` and `device` exist for CPU tests (stand-in kernels); a measurement uses the defaults."""
 
@@ -111,7 +117,8 @@ class WholeStepModel:
         self.layers = []
         for r in spec.layers:
             layer = {"index": r["index"], "attn": r["attn"], "ffn": r["ffn"], "norm1": self._ones(d), "norm2": self._ones(d)}
-            layer.update(self._kda_weights() if r["attn"] == "kda" else self._mla_weights())
+            layer.update({"kda": self._kda_weights, "mla": self._mla_weights, "gdn": self._gdn_weights,
+                          "gqa": self._gqa_weights}[r["attn"]]())
             layer.update(self._dense_weights() if r["ffn"] == "dense" else self._moe_weights())
             self.layers.append(layer)
         if spec.embed_head:
@@ -183,7 +190,8 @@ class WholeStepModel:
         torch = self.torch
         e, d = self.spec.moe, self.spec.hidden
         xw = e.latent or d
-        w = {"router_bias": torch.empty(e.experts, device=self.dev).normal_(0.0, 0.01, generator=self.gen)}
+        w = {} if e.router == "softmax" else {
+            "router_bias": torch.empty(e.experts, device=self.dev).normal_(0.0, 0.01, generator=self.gen)}
         if e.latent:
             w["w_lat_router"] = self._w(d, e.latent + e.experts)
             w["w_up"] = self._w(e.latent, d)
@@ -204,6 +212,8 @@ class WholeStepModel:
             w["e_dn"] = t(self._w(e.experts_local, xw, e.width, std=1.0 / math.sqrt(e.width), leaf=not self.free_grads))
         if e.shared_width:
             w["s_gu"], w["s_dn"] = self._w(d, 2 * e.shared_width), self._w(e.shared_width, d)
+            if e.shared_gate:
+                w["w_sg"] = self._w(d, 1)
         return w
 
     def _mla_kernel(self):
@@ -428,9 +438,12 @@ class WholeStepModel:
         return self.residual(x, self.gemm(a, L["w_dn"]))
 
     def route(self, logits, bias):
-        """Sigmoid scores + score-correction bias -> top-k ids; weights = renormalised scores."""
+        """Sigmoid scores + score-correction bias -> top-k ids; weights = renormalised scores (a softmax router:
+        `route_softmax`)."""
         torch = self.torch
         e = self.spec.moe
+        if e.router == "softmax":
+            return self.route_softmax(logits)
         self.rec.op("router_topk", T=logits.shape[0], E=e.experts, topk=e.topk)
         f = self.fns["router_topk"]
         if f is not None:
@@ -451,7 +464,7 @@ class WholeStepModel:
                 xin = self.rmsnorm(xin, L["lat_norm"])
         else:
             xin, logits = h, self.gemm(h, L["w_router"])
-        ids, wts = self.route(logits, L["router_bias"])
+        ids, wts = self.route(logits, L.get("router_bias"))
         xw, k, El = xin.shape[1], e.topk, e.experts_local
         topk_local = k * El / e.experts
         tk = int(topk_local) if float(topk_local).is_integer() else topk_local
@@ -498,7 +511,8 @@ class WholeStepModel:
             routed = self.gemm(routed, L["w_up"])
         ys = [routed]
         if e.shared_width:
-            ys.append(self.gemm(self.silu_mul(self.gemm(h, L["s_gu"]), e.shared_width), L["s_dn"]))
+            sh = self.gemm(self.silu_mul(self.gemm(h, L["s_gu"]), e.shared_width), L["s_dn"])
+            ys.append(self.shared_gate(h, L["w_sg"], sh) if e.shared_gate else sh)
         return self.residual(x, *ys)
 
     # ------------------------------------------------------------------ whole step
@@ -531,7 +545,7 @@ class WholeStepModel:
         x = self.embed_tokens(x_or_ids) if self.spec.embed_head else x_or_ids
         for i, L in enumerate(self.layers):
             s = states[i] if states is not None else {}
-            x = self.kda(L, x, st, s) if L["attn"] == "kda" else self.mla(L, x, st, s)
+            x = {"kda": self.kda, "mla": self.mla, "gdn": self.gdn, "gqa": self.gqa}[L["attn"]](L, x, st, s)
             x = self.dense(L, x) if L["ffn"] == "dense" else self.moe(L, x)
         if self.spec.embed_head:
             return self.lm_head(x, out_rows)
@@ -550,7 +564,7 @@ class WholeStepModel:
     # ------------------------------------------------------------------ serving state
     def alloc_states(self, st: S.StepShape, decode_pool: dict | None = None):
         """Per-layer random caches for a serving step: KDA/conv states of the prefill sequences (their
-        prefix) and of the decodes, MLA latent caches. `decode_pool` (from `decode_pool`) supplies views
+        prefix) and of the decodes, MLA latent caches (GDN and GQA: `hybrid_state`). `decode_pool` (from `decode_pool`) supplies views
         of preallocated decode buffers so a sweep over (B, C) does not reallocate."""
         torch = self.torch
         states = []
@@ -569,6 +583,8 @@ class WholeStepModel:
                     else:
                         s["kda_d"] = self._rand_state(st.decodes, kd.heads, kd.head_dim, kd.head_dim)
                         s["conv_d"] = self._w(st.decodes, hk3, kd.conv, std=1.0)
+            elif L["attn"] in ("gdn", "gqa"):
+                s = self.hybrid_state(L, i, st, decode_pool)
             else:
                 m = self.spec.mla
                 kv_a = m.kv_lora + m.rope
@@ -595,6 +611,8 @@ class WholeStepModel:
             if L["attn"] == "kda":
                 pool.append({"kda": self._rand_state(max_batch, kd.heads, kd.head_dim, kd.head_dim),
                              "conv": self._w(max_batch, 3 * kd.heads * kd.head_dim, kd.conv, std=1.0)})
+            elif L["attn"] in ("gdn", "gqa"):
+                pool.append(self.hybrid_pool(L, max_batch, cache_tokens))
             else:
                 pool.append({"cache": self._w(cache_tokens * (m.kv_lora + m.rope), std=1.0)})
         return pool

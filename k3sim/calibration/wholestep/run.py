@@ -29,12 +29,17 @@ SERVE_PLAN = ("kimi-linear-48b:decode=120,k3-tp8-ep8-l5-8@mxfp4:decode=40,kimi-l
               "k3-tp8-ep8-l5-8@grouped_bf16:decode=30")
 TRAIN_PLAN = "kimi-linear-48b-l5-8:train=240,k3-tp8-ep8-l5-8:train=230"  # fwd + bwd compiles per head count
 DEFAULT_PLAN = SERVE_PLAN + "," + TRAIN_PLAN
-PLANS = {"serve": SERVE_PLAN, "train": TRAIN_PLAN, "all": DEFAULT_PLAN}  # --plan names
+# Qwen3-Next (issue 23 item 7): decode B 1-256 x C 4K/16K/32K (27 points) then prefill chunks 2K-32K (20 points).
+# fla's GDN kernels at 16/32 heads are in the hybrid runs' Triton cache (.tcache); its conv and gated norm are not.
+QWEN = "qwen3-next-80b-l1-16h"
+QWEN_PLAN = f"{QWEN}:decode=170,{QWEN}:prefill=170"
+PLANS = {"serve": SERVE_PLAN, "train": TRAIN_PLAN, "all": DEFAULT_PLAN, "qwen": QWEN_PLAN}  # --plan names
 KERNELS = ("grouped_bf16", "mxfp4")
 # Point grids (issue 10 item 6, issue 14 item 1, issue 15 item 2; the brief's values).
 DECODE_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-DECODE_C = {"kimi-linear-48b": [1024, 4096, 16384, 65536], "default": [4096, 32768]}
+DECODE_C = {"kimi-linear-48b": [1024, 4096, 16384, 65536], QWEN: [4096, 16384, 32768], "default": [4096, 32768]}
 PREFILL_CHUNKS = [512, 1024, 2048, 4096, 8192]
+CHUNKS_OF = {QWEN: [2048, 4096, 8192, 16384, 32768]}  # prefill chunks per configuration (else PREFILL_CHUNKS)
 PREFILL_PREFIX = [0, 8192]
 PREFILL_RIDE = [0, 32]
 RIDE_CONTEXT = 4096
@@ -311,8 +316,9 @@ def item_points(a, cfg: str, part: str) -> list[S.StepShape]:
         contexts = a.contexts or DECODE_C.get(cfg, DECODE_C["default"])
         return [S.StepShape(decodes=b, context=c) for c in contexts for b in (a.batches or DECODE_B)]
     if part == "prefill":
+        chunks = a.chunks or CHUNKS_OF.get(cfg, PREFILL_CHUNKS)
         return [S.StepShape(decodes=r, context=a.ride_context if r else 0, chunk=ch, prefix=p)
-                for r in a.ride_decodes for p in a.prefixes for ch in a.chunks]
+                for r in a.ride_decodes for p in a.prefixes for ch in chunks]
     if getattr(a, "train_points", None):
         return [S.StepShape(chunk=q, seqs=mb, train=True) for q, mb in a.train_points.get(cfg, [])]
     return [S.StepShape(chunk=q, seqs=mb, train=True) for q in a.seq for mb in a.micro_batches]
@@ -386,13 +392,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m k3sim.calibration.wholestep.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="run directory (created)")
-    ap.add_argument("--plan", default="all", help="serve | train | all | CONFIG[@KERNEL]:PART=SECONDS,... in order")
+    ap.add_argument("--plan", default="all", help="serve | train | all | qwen | CONFIG[@KERNEL]:PART=SECONDS,... in order")
     ap.add_argument("--specs", default="", help="specs JSON (default: specs.json beside this module)")
     ap.add_argument("--expert-kernel", default="grouped_bf16", choices=list(KERNELS),
                     help="routed-expert kernel of plan items without @KERNEL")
     ap.add_argument("--batches", default="", help="decode batch sizes (default 1..256)")
     ap.add_argument("--contexts", default="", help="decode contexts (default per configuration)")
-    ap.add_argument("--chunks", default=",".join(map(str, PREFILL_CHUNKS)))
+    ap.add_argument("--chunks", default="", help=f"prefill chunks (default per configuration: {PREFILL_CHUNKS}, "
+                                                 f"Qwen3-Next {CHUNKS_OF[QWEN]})")
     ap.add_argument("--prefixes", default=",".join(map(str, PREFILL_PREFIX)))
     ap.add_argument("--ride-decodes", default=",".join(map(str, PREFILL_RIDE)))
     ap.add_argument("--ride-context", type=int, default=RIDE_CONTEXT)
@@ -416,7 +423,7 @@ def parse_args(argv: list[str] | None = None):
     a = build_parser().parse_args(argv)
     a.batches = int_list(a.batches, "--batches") if a.batches else []
     a.contexts = int_list(a.contexts, "--contexts") if a.contexts else []
-    a.chunks = int_list(a.chunks, "--chunks")
+    a.chunks = int_list(a.chunks, "--chunks") if a.chunks else []
     a.prefixes = int_list(a.prefixes, "--prefixes")
     a.ride_decodes = int_list(a.ride_decodes, "--ride-decodes")
     a.micro_batches = int_list(a.micro_batches, "--micro-batches")

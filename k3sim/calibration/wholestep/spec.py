@@ -21,6 +21,15 @@ TP all-reduce and the EP dispatch/combine are NOT run, so a measured step is the
   up-projection whole too. A token's routed picks are its global top-k; a rank computes the picks that
   fall in its E / ep local experts (on average k / ep per token).
 - Embedding, final norm and LM head (vocab / tp rows) only when the slice is the whole model.
+- Gated DeltaNet (Qwen3-Next; issue 23 item 7): key and value heads / tp; in_proj_qkvz and in_proj_ba as ONE
+  GEMM (d -> 2 HK dk + 2 HV dv + 2 HV, the step model's `gdn_in_proj`), its output laid out [q | k | v | z | b | a]
+  (a serving engine permutes the checkpoint's per-key-head interleave once, at load); a depthwise short conv
+  over q, k, v; the gated RMSNorm with SiLU(z) (HF Qwen3NextRMSNormGated); out_proj row-split.
+- Gated GQA (Qwen3-Next's full attention): query heads / tp, KV heads / tp replicated to one past tp = KV
+  heads (vLLM QKVParallelLinear); q (with its output gate, 2 x head_dim per head), k, v as ONE GEMM; per-head
+  q/k RMSNorm; RoPE on the first `rope_dim` dims of each head (partial_rotary_factor); KV cache bf16.
+- Softmax router with top-k renormalised (Qwen norm_topk_prob), no score-correction bias; the shared expert
+  behind a sigmoid gate d -> 1 (Qwen3-Next shared_expert_gate).
 """
 
 from __future__ import annotations
@@ -46,6 +55,9 @@ CONFIGS = {
     "kimi-linear-48b-l1-4": ("models/kimi-linear-48b.yaml", 1, 1, (1, 4), False),
     "k3-tp8-ep8-l1-4": ("models/kimi-k3.yaml", 8, 8, (1, 4), False),
     "k3-tp4-ep8-l5-8": ("models/kimi-k3.yaml", 4, 8, (5, 8), False),  # another TP degree (24 KDA heads)
+    # Qwen3-Next-80B-A3B at TP 1 (issue 23 item 7): the first 16 layers (12 GDN + 4 gated GQA, 3:1), the most
+    # that fit one H200 beside the decode grid's largest cache and states (`fit_layers`), with embedding and head
+    "qwen3-next-80b-l1-16h": ("models/qwen3-next-80b-a3b.yaml", 1, 1, (1, 16), True),
 }
 
 
@@ -70,6 +82,39 @@ class MLAShape:
 
 
 @dataclass(frozen=True)
+class GDNShape:
+    key_heads: int             # per rank
+    value_heads: int           # per rank
+    head_k: int
+    head_v: int
+    conv: int                  # short-conv width (tokens)
+
+    @property
+    def conv_channels(self) -> int:
+        """q, k, v: the channels the short conv runs over."""
+        return 2 * self.key_heads * self.head_k + self.value_heads * self.head_v
+
+    @property
+    def in_proj(self) -> int:
+        """q, k, v, z, b, a: the one input projection's outputs."""
+        return self.conv_channels + self.value_heads * self.head_v + 2 * self.value_heads
+
+
+@dataclass(frozen=True)
+class GQAShape:
+    q_heads: int               # per rank
+    kv_heads: int              # per rank (one replicated head past tp = KV heads)
+    head_dim: int
+    out_gate: bool             # q_proj also emits a sigmoid output gate per channel
+    rope_dim: int              # rotated dims per head (0 = no RoPE)
+    qk_norm: bool
+
+    @property
+    def qkv(self) -> int:
+        return self.q_heads * self.head_dim * (2 if self.out_gate else 1) + 2 * self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
 class MoEShape:
     experts: int               # all routed experts (the router scores every one)
     experts_local: int         # on this rank
@@ -79,6 +124,8 @@ class MoEShape:
     latent_norm: bool
     shared_width: int          # all shared experts stacked, per rank (0 = none)
     routed_format: str         # "bf16" | "mxfp4"
+    router: str = "sigmoid"    # "sigmoid" (+ score-correction bias) | "softmax"
+    shared_gate: bool = False  # sigmoid gate d -> 1 on the shared experts
 
 
 @dataclass(frozen=True)
@@ -95,6 +142,8 @@ class StepSpec:
     kda: KDAShape | None = None
     mla: MLAShape | None = None
     moe: MoEShape | None = None
+    gdn: GDNShape | None = None
+    gqa: GQAShape | None = None
 
     @property
     def num_kda(self) -> int:
@@ -103,6 +152,14 @@ class StepSpec:
     @property
     def num_mla(self) -> int:
         return sum(1 for x in self.layers if x["attn"] == "mla")
+
+    @property
+    def num_gdn(self) -> int:
+        return sum(1 for x in self.layers if x["attn"] == "gdn")
+
+    @property
+    def num_gqa(self) -> int:
+        return sum(1 for x in self.layers if x["attn"] == "gqa")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +170,8 @@ class StepSpec:
         d["kda"] = KDAShape(**d["kda"]) if d.get("kda") else None
         d["mla"] = MLAShape(**d["mla"]) if d.get("mla") else None
         d["moe"] = MoEShape(**d["moe"]) if d.get("moe") else None
+        d["gdn"] = GDNShape(**d["gdn"]) if d.get("gdn") else None
+        d["gqa"] = GQAShape(**d["gqa"]) if d.get("gqa") else None
         return StepSpec(**d)
 
 
@@ -139,7 +198,12 @@ def spec_from_config(model, *, tp: int = 1, ep: int = 1, layers: tuple[int, int]
         raise InputError(f"layers {lo}-{hi} outside 1-{L} of {model.name}", source="--layers", field="layers")
     kinds, ffns = model.layer_kinds, model.ffn_kinds
     rows = [{"index": i, "attn": kinds[i - 1], "ffn": ffns[i - 1]} for i in range(lo, hi + 1)]
-    kda = mla = moe = None
+    bad = sorted({r["attn"] for r in rows} - set(MIXER_OPS))
+    if bad or any(r["ffn"] not in ("dense", "moe") for r in rows):
+        raise InputError(f"the whole-step model builds {', '.join(MIXER_OPS)} mixers with dense or MoE FFNs; layers "
+                         f"{lo}-{hi} of {model.name} have {', '.join(bad) or 'other FFNs'}: pick other layers",
+                         source="--layers", field="layers")
+    kda = mla = moe = gdn = gqa = None
     if any(r["attn"] == "kda" for r in rows):
         k = model.kda
         if k.head_dim_k != k.head_dim_v:
@@ -151,12 +215,20 @@ def spec_from_config(model, *, tp: int = 1, ep: int = 1, layers: tuple[int, int]
         m = model.mla
         mla = MLAShape(_div(m.num_heads, tp, "mla.num_heads", "--tp"), m.q_lora_rank, m.kv_lora_rank,
                        m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.output_gate)
+    if any(r["attn"] == "gdn" for r in rows):
+        gdn = _gdn_shape(model.gdn, tp)
+    if any(r["attn"] == "gqa" for r in rows):
+        gqa = _gqa_shape(model.gqa, tp)
     if any(r["ffn"] == "moe" for r in rows):
         e = model.moe
         shared = e.num_shared_experts * (e.shared_expert_ffn_width or e.expert_ffn_width)
+        if e.router_score == "softmax" and e.router_bias:
+            raise InputError("a softmax router with a score-correction bias is not built here", source=source,
+                             field="moe.router_bias")
         moe = MoEShape(e.num_routed_experts, _div(e.num_routed_experts, ep, "moe.num_routed_experts", "--ep"),
                        e.num_active_experts, e.expert_ffn_width, e.latent_width, e.latent_norm,
-                       _div(shared, tp, "shared expert width", "--tp") if shared else 0, e.routed_weight_format)
+                       _div(shared, tp, "shared expert width", "--tp") if shared else 0, e.routed_weight_format,
+                       router=e.router_score, shared_gate=bool(shared and e.shared_expert_gate))
     dense = 0
     if any(r["ffn"] == "dense" for r in rows):
         dense = _div(model.dense_ffn_width, tp, "dense_ffn_width", "--tp")
@@ -164,7 +236,29 @@ def spec_from_config(model, *, tp: int = 1, ep: int = 1, layers: tuple[int, int]
     return StepSpec(name=name or model.name, model=source or model.name, tp=tp, ep=ep, hidden=model.hidden_size,
                     layers=rows, embed_head=whole,
                     vocab_local=_div(model.vocab_size, tp, "vocab_size", "--tp") if whole else 0,
-                    dense_width=dense, kda=kda, mla=mla, moe=moe)
+                    dense_width=dense, kda=kda, mla=mla, moe=moe, gdn=gdn, gqa=gqa)
+
+
+def _gdn_shape(g, tp: int) -> GDNShape:
+    return GDNShape(_div(g.num_key_heads, tp, "gdn.num_key_heads", "--tp"),
+                    _div(g.num_value_heads, tp, "gdn.num_value_heads", "--tp"), g.head_dim_k, g.head_dim_v,
+                    g.conv_kernel_size)
+
+
+def _gqa_shape(a, tp: int) -> GQAShape:
+    """Query heads split over tp; KV heads split, or one replicated head per rank past tp = KV heads (the
+    kinds registry's rule, vLLM's QKVParallelLinear)."""
+    from k3sim.configs.kinds import MIXERS
+
+    q_rule, kv_rule = MIXERS["gqa"].tp_rules(a)
+    for rule in (q_rule, kv_rule):
+        why = rule.problem(tp)
+        if why:
+            from k3sim.errors import InputError
+
+            raise InputError(why, source="--tp", field="tp")
+    return GQAShape(q_rule.per_rank(tp), kv_rule.per_rank(tp), a.head_dim, a.output_gate,
+                    int(a.rope_fraction * a.head_dim), a.qk_norm)
 
 
 def build_specs(root: Path) -> dict[str, dict]:
@@ -288,6 +382,69 @@ def mla_ops(s: StepSpec, st: StepShape) -> list[dict]:
     return ops
 
 
+def gdn_ops(s: StepSpec, st: StepShape) -> list[dict]:
+    """Qwen3-Next's Gated DeltaNet layer (HF Qwen3NextGatedDeltaNet, vLLM's kernels): the kernels fla's chunk and
+    in-place recurrent GDN are measured as (hybrid_ops), the glue around them named as it runs."""
+    g, d, N = s.gdn, s.hidden, st.tokens
+    Hk, H, K, V = g.key_heads, g.value_heads, g.head_k, g.head_v
+    ch = g.conv_channels
+    ops = [_op("rmsnorm", "input norm", T=N, D=d), _gemm(N, g.in_proj, d, "q/k/v/z + b/a projection (one GEMM)")]
+    if st.chunk:
+        ops.append(_op("causal_conv1d_fwd", "short conv + SiLU on q/k/v (prefill, from conv state)" if st.prefix
+                       else "short conv + SiLU on q/k/v", B=st.seqs, T=st.chunk, D=ch, W=g.conv))
+    if st.decodes:
+        ops.append(_op("conv1d_update", "short conv + SiLU on q/k/v (decode, conv state in place)",
+                       B=st.decodes, D=ch, W=g.conv))
+    ops += [_op("gdn_gating", "beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias) in fp32", T=N, H=H),
+            _op("split_copy", "q, k, v made contiguous for fla", T=N, D=ch),
+            _op("split_copy", "z made contiguous for the gated norm", T=N, D=H * V)]
+    if st.chunk:
+        name = "chunk_gdn_fwd_bwd" if st.train else "chunk_gdn_fwd"
+        p = dict(T=st.chunk, H=H, Hk=Hk) if st.seqs == 1 else dict(T=st.chunk, H=H, Hk=Hk, B=st.seqs)
+        ops.append(_op(name, "GDN chunked" + (" from the prefix's state" if st.prefix else ""), **p))
+    if st.decodes:
+        ops.append(_op("recurrent_gdn_decode", "GDN recurrent step, fp32 state updated in place",
+                       B=st.decodes, H=H, Hk=Hk))
+    ops += [_op("gated_rmsnorm", "o norm with SiLU(z) gate (per value head)", T=N * H, D=V),
+            _gemm(N, d, H * V, "out_proj"), _op("residual_add", "residual", T=N, D=d)]
+    return ops
+
+
+def gqa_ops(s: StepSpec, st: StepShape) -> list[dict]:
+    """Qwen3-Next's gated attention (HF Qwen3NextAttention): one q(+gate)/k/v GEMM, per-head q/k norms, partial
+    RoPE, the KV cache write, FlashAttention-2 through torch (prefill: causal over the chunk, or the chunk's queries
+    against prefix + chunk aligned bottom right; decode: SDPA's flash backend over each request's cache), the
+    sigmoid output gate, o_proj."""
+    a, d, N = s.gqa, s.hidden, st.tokens
+    Hq, Hkv, D = a.q_heads, a.kv_heads, a.head_dim
+    ops = [_op("rmsnorm", "input norm", T=N, D=d), _gemm(N, a.qkv, d, "q (+ gate) / k / v projection (one GEMM)")]
+    if a.qk_norm:
+        ops += [_op("rmsnorm", "q norm (per head)", T=N * Hq, D=D), _op("rmsnorm", "k norm (per head)", T=N * Hkv, D=D)]
+    if a.rope_dim:
+        ops += [_op("rope", "partial RoPE on q", T=N, H=Hq, D=a.rope_dim),
+                _op("rope", "partial RoPE on k", T=N, H=Hkv, D=a.rope_dim)]
+    if not st.train:
+        ops.append(_op("kv_cache_write", "k and v into the cache", T=N, D=2 * Hkv * D))
+    if st.chunk:
+        if st.train:
+            p = dict(T=st.chunk, H=Hq, D=D) if st.seqs == 1 else dict(T=st.chunk, H=Hq, D=D, B=st.seqs)
+            ops.append(_op("sdpa_causal_fwd_bwd", "causal attention of the chunk (GQA forward + backward)", **p))
+        elif st.prefix:
+            ops.append(_op("gqa_prefix_causal_fwd", "chunk queries against prefix + chunk keys (causal, bottom right)",
+                           Tq=st.chunk, Tkv=st.prefix + st.chunk, Hq=Hq, Hkv=Hkv, D=D,
+                           **({} if st.seqs == 1 else {"B": st.seqs})))
+        else:
+            ops.append(_op("gqa_prefill_fwd", "causal attention of the chunk", T=st.chunk, Hq=Hq, Hkv=Hkv, D=D,
+                           window=st.chunk, **({} if st.seqs == 1 else {"B": st.seqs})))
+    if st.decodes:
+        ops.append(_op("gqa_decode", "one query per request over its cache", B=st.decodes, C=st.context, Hq=Hq,
+                       Hkv=Hkv, D=D))
+    if a.out_gate:
+        ops.append(_op("sigmoid_mul", "output gate", T=N, D=Hq * D))
+    ops += [_gemm(N, d, Hq * D, "o_proj"), _op("residual_add", "residual", T=N, D=d)]
+    return ops
+
+
 def dense_ffn_ops(s: StepSpec, st: StepShape) -> list[dict]:
     N, d, w = st.tokens, s.hidden, s.dense_width
     return [_op("rmsnorm", "post-attention norm", T=N, D=d), _gemm(N, 2 * w, d, "dense gate+up"),
@@ -319,7 +476,10 @@ def moe_ops(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") -> 
             ops.append(_op("rmsnorm", "latent norm", T=N, D=e.latent))
     else:
         ops.append(_gemm(N, e.experts, d, "router"))
-    ops.append(_op("router_topk", "sigmoid + bias, top-k, renormalise", T=N, E=e.experts, topk=e.topk))
+    if e.router == "softmax":
+        ops.append(_op("router_softmax_topk", "softmax (fp32), top-k, renormalise", T=N, E=e.experts, topk=e.topk))
+    else:
+        ops.append(_op("router_topk", "sigmoid + bias, top-k, renormalise", T=N, E=e.experts, topk=e.topk))
     topk_local = e.topk * e.experts_local / e.experts  # expected local picks per token
     tk = int(topk_local) if float(topk_local).is_integer() else topk_local
     if expert_kernel == "mxfp4":
@@ -338,8 +498,13 @@ def moe_ops(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") -> 
         ops += [_gemm(N, 2 * e.shared_width, d, "shared experts gate+up (stacked)"),
                 _op("silu_mul", "SwiGLU (shared)", T=N, N=e.shared_width),
                 _gemm(N, d, e.shared_width, "shared experts down")]
+        if e.shared_gate:
+            ops.append(_op("shared_expert_gate", "sigmoid(x w_gate) x shared expert", T=N, D=d))
     ops.append(_op("residual_add", "routed + shared + residual", T=N, D=d))
     return ops
+
+
+MIXER_OPS = {"kda": kda_ops, "mla": mla_ops, "gdn": gdn_ops, "gqa": gqa_ops}  # mixer kind -> its kernel list
 
 
 def head_ops(s: StepSpec, st: StepShape) -> dict[str, list[dict]]:
@@ -358,10 +523,9 @@ def manifest(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") ->
     for r in s.layers:
         for part in (r["attn"], "dense_ffn" if r["ffn"] == "dense" else "moe"):
             counts[part] = counts.get(part, 0) + 1
-    if s.kda and counts.get("kda"):
-        kinds["kda"] = kda_ops(s, st)
-    if s.mla and counts.get("mla"):
-        kinds["mla"] = mla_ops(s, st)
+    for kind, fn in MIXER_OPS.items():
+        if getattr(s, kind) and counts.get(kind):
+            kinds[kind] = fn(s, st)
     if counts.get("dense_ffn"):
         kinds["dense_ffn"] = dense_ffn_ops(s, st)
     if counts.get("moe"):
@@ -380,7 +544,7 @@ def sequence(s: StepSpec, st: StepShape, expert_kernel: str = "grouped_bf16") ->
     heads = head_ops(s, st) if s.embed_head else {}
     ops += heads.get("embedding", [])
     for r in s.layers:
-        ops += kda_ops(s, st) if r["attn"] == "kda" else mla_ops(s, st)
+        ops += MIXER_OPS[r["attn"]](s, st)
         ops += dense_ffn_ops(s, st) if r["ffn"] == "dense" else moe_ops(s, st, expert_kernel)
     ops += heads.get("lm_head", [])
     return [{"op": o["op"], "params": o["params"]} for o in ops]
@@ -394,19 +558,27 @@ BF16, FP32 = 2, 4
 
 
 def cache_bytes(s: StepSpec, batch: int, context: int) -> int:
-    """MLA latent KV of `batch` sequences x `context` tokens: layers x B x C x (kv_lora + rope) x 2 B."""
-    if not s.mla:
-        return 0
-    return s.num_mla * batch * context * (s.mla.kv_lora + s.mla.rope) * BF16
+    """KV of `batch` sequences x `context` tokens: MLA's latent, layers x B x C x (kv_lora + rope) x 2 B, and
+    GQA's keys and values, layers x B x C x 2 Hkv D x 2 B."""
+    n = 0
+    if s.mla:
+        n += s.num_mla * batch * context * (s.mla.kv_lora + s.mla.rope) * BF16
+    if s.gqa:
+        n += s.num_gqa * batch * context * 2 * s.gqa.kv_heads * s.gqa.head_dim * BF16
+    return n
 
 
 def state_bytes(s: StepSpec, batch: int) -> int:
-    """KDA recurrent state (fp32, H x K x V) and conv state (bf16, 3 H K x W) of `batch` sequences."""
-    if not s.kda:
-        return 0
-    k = s.kda
-    per = k.heads * k.head_dim * k.head_dim * FP32 + 3 * k.heads * k.head_dim * k.conv * BF16
-    return s.num_kda * batch * per
+    """Recurrent state (fp32, H x K x V) and conv state (bf16, channels x W, fla's cache layout) of `batch`
+    sequences: KDA (3 H K channels) and GDN (2 HK dk + HV dv channels, HV states)."""
+    n = 0
+    if s.kda:
+        k = s.kda
+        n += s.num_kda * batch * (k.heads * k.head_dim * k.head_dim * FP32 + 3 * k.heads * k.head_dim * k.conv * BF16)
+    if s.gdn:
+        g = s.gdn
+        n += s.num_gdn * batch * (g.value_heads * g.head_k * g.head_v * FP32 + g.conv_channels * g.conv * BF16)
+    return n
 
 
 def weight_bytes(s: StepSpec, expert_kernel: str = "grouped_bf16") -> int:
@@ -429,6 +601,7 @@ def weight_bytes(s: StepSpec, expert_kernel: str = "grouped_bf16") -> int:
         per = q + d * kv_a + m.kv_lora * m.heads * (m.nope + m.v) + m.heads * m.v * d
         per += d * m.heads * m.v if m.out_gate else 0
         n += s.num_mla * per * BF16
+    n += s.num_gdn * _gdn_weights(s) * BF16 + s.num_gqa * _gqa_weights(s) * BF16
     for r in s.layers:
         if r["ffn"] == "dense":
             n += 3 * d * s.dense_width * BF16
@@ -438,10 +611,43 @@ def weight_bytes(s: StepSpec, expert_kernel: str = "grouped_bf16") -> int:
             routed = e.experts_local * 3 * x_w * e.width
             n += int(routed * (mxfp4.BITS_PER_ELEMENT / 8 if expert_kernel == "mxfp4" else BF16))
             n += (d * (e.latent + e.experts) + e.latent * d if e.latent else d * e.experts) * BF16
-            n += 3 * d * e.shared_width * BF16
+            n += (3 * d * e.shared_width + (d if e.shared_gate else 0)) * BF16
     if s.embed_head:
         n += 2 * s.vocab_local * d * BF16
     return n
+
+
+def _gdn_weights(s: StepSpec) -> int:
+    """Elements of one GDN layer as the builder allocates them (A_log and dt_bias fp32 counted as bf16 pairs)."""
+    if not s.gdn:
+        return 0
+    g, d = s.gdn, s.hidden
+    return d * g.in_proj + g.conv_channels * g.conv + 2 * 2 * g.value_heads + g.head_v + g.value_heads * g.head_v * d + 2 * d
+
+
+def _gqa_weights(s: StepSpec) -> int:
+    if not s.gqa:
+        return 0
+    a, d = s.gqa, s.hidden
+    return d * a.qkv + (2 * a.head_dim if a.qk_norm else 0) + a.q_heads * a.head_dim * d + 2 * d
+
+
+CONTEXT_BYTES = 2 * 2 ** 30  # harness choice: CUDA context, cuBLAS workspaces and allocator slack beside the weights
+
+
+def fit_layers(model, *, period: int, batch: int, context: int, hbm_bytes: int, tp: int = 1, ep: int = 1,
+               head: bool = True, reserve_bytes: int = 6 * 2 ** 30) -> int:
+    """The most layers 1..L (L a multiple of the layer pattern's `period`, so a slice keeps the model's mix) whose
+    weights, CONTEXT_BYTES and the decode step's reserve leave room for the caches and states of `batch`
+    sequences at `context` tokens (the largest point of the decode grid). 0 if not even one period fits."""
+    best = 0
+    for L in range(period, model.num_layers + 1, period):
+        sp = spec_from_config(model, tp=tp, ep=ep, layers=(1, L), head=head)
+        need = weight_bytes(sp) + CONTEXT_BYTES + reserve_bytes + cache_bytes(sp, batch, context) + state_bytes(sp, batch)
+        if need > hbm_bytes:
+            break
+        best = L
+    return best
 
 
 def decode_points(s: StepSpec, batches: list[int], contexts: list[int], free_bytes: int) -> list[tuple[int, int]]:

@@ -1,0 +1,131 @@
+"""The serving whole-step check of a hybrid model (issue 23 item 7): predictions for the Qwen3-Next-shaped
+random-weight model of `k3sim/calibration/wholestep/` (16 layers at TP 1: 12 Gated DeltaNet + 4 gated GQA, 512-expert
+MoE, embedding and LM head; decode steps under one CUDA graph, eager mixed prefill steps on one H200), written
+before the run, in the format of Kimi-Linear's (`decode_step.write_predictions`), so `decode_step.check_tables` /
+`write_check` compare them with the run afterwards.
+
+The same two predictions per point as Kimi-Linear's, both under the CUDA-graph convention:
+- `model`: the step model (`step.layers.layer_calls` over the configuration's layers, every mixer kind priced by
+  its own calls; one rank's compute, no collectives): `decode_step.model_prediction`;
+- `manifest`: the sum of per-kernel predictions over the exact kernel list the measured model launches
+  (`wholestep.spec.sequence`). The hybrid layers name a few ops the Kimi manifest has not: `gdn_gating` (beta and
+  the decay of every value head, streamed through the HBM proxy: b and a read as bf16, beta bf16 and g fp32
+  written) and `gqa_prefix_causal_fwd` (a chunk's queries against prefix + chunk keys, priced as the
+  `gqa_prefill_fwd` of the same FLOP, as Kimi's MLA prefix attention is priced by an equal-FLOP SDPA).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from k3sim.step.batch import Batch
+from k3sim.step.calls import BF16, Call, Timer
+from k3sim.validation.decode_step import _decode_kernel, _spec_layers, manifest_call, model_prediction
+
+PREDICTIONS = "reports/decode/wholestep_predictions_qwen3_next.csv"  # committed before the run (phase 2 runs it)
+FP32 = 4
+
+
+def prefix_equivalent_tokens(chunk: int, kv: int) -> int:
+    """T whose full causal attention has the (query, key) pairs of `chunk` queries over `kv` = prefix + chunk keys
+    aligned bottom right: chunk (kv - chunk) + chunk (chunk + 1) / 2 = T (T + 1) / 2."""
+    pairs = chunk * (kv - chunk) + chunk * (chunk + 1) / 2
+    return max(1, math.ceil((math.sqrt(1 + 8 * pairs) - 1) / 2))
+
+
+def hybrid_manifest_call(op: str, p: dict) -> Call:
+    """One manifest entry as a predictor call: the hybrid layers' own entries here, the rest as Kimi's."""
+    if op == "gdn_gating":
+        return Call(op, op, {"T": int(p["T"]), "H": int(p["H"])},
+                    proxy_bytes=float(p["T"]) * p["H"] * (2 * BF16 + BF16 + FP32))
+    if op == "gqa_prefix_causal_fwd":
+        t = prefix_equivalent_tokens(int(p["Tq"]), int(p["Tkv"]))
+        return Call(op, "gqa_prefill_fwd", {"T": t, "Hq": p["Hq"], "Hkv": p["Hkv"], "D": p["D"], "window": t},
+                    count=p.get("B", 1))
+    if op == "gqa_prefill_fwd" and "B" in p:
+        return Call(op, op, {k: int(v) for k, v in p.items() if k != "B"}, count=p["B"])
+    return manifest_call(op, p)
+
+
+def manifest_prediction(seq: list[dict], hw: Any, kernel_time: Callable | None = None) -> tuple[float, dict]:
+    """Sum of per-kernel predictions over a kernel list (graph convention); also seconds by op and by source."""
+    timer = Timer(hw, kernel_time, "graph")
+    total, by_op, by_src = 0.0, {}, {}
+    for e in seq:
+        r = timer.row(hybrid_manifest_call(e["op"], e["params"]), 0)
+        total += r.seconds
+        by_op[e["op"]] = by_op.get(e["op"], 0.0) + r.seconds
+        kind = "proxy" if r.source.startswith("proxy") else r.source
+        by_src[kind] = by_src.get(kind, 0.0) + r.seconds
+    return total, {"by_op": by_op, "by_source": by_src}
+
+
+def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan: str | None = None) -> list[dict]:
+    """One row per point the Qwen3-Next plan measures (run.py's grids for its configuration), both predictions."""
+    from k3sim.calibration.wholestep import run as R
+    from k3sim.calibration.wholestep import spec as S
+    from k3sim.configs import load_hardware, load_model
+
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    specs = S.load_specs(S.SPECS_PATH)
+    rows: list[dict] = []
+    for cfg, kernel, part, _secs in R.parse_plan(plan or R.QWEN_PLAN, specs, "grouped_bf16"):
+        spec = specs[cfg]
+        model = load_model(spec.model)
+
+        def both(st, batch):
+            man, info = manifest_prediction(S.sequence(spec, st, kernel), hw, kernel_time)
+            mod = model_prediction(model, hw, tp=spec.tp, ep=spec.ep, layers=_spec_layers(spec), embed_head=spec.embed_head,
+                                   batch=batch, expert_kernel=_decode_kernel(spec, kernel), kernel_time=kernel_time)
+            return dict(config=cfg, part=part, expert_kernel=kernel, predicted_model_s=mod, predicted_manifest_s=man,
+                        proxy_share=info["by_source"].get("proxy", 0.0) / man)
+
+        if part == "decode":
+            for c in R.DECODE_C.get(cfg, R.DECODE_C["default"]):
+                for b in R.DECODE_B:
+                    rows.append(dict(both(S.StepShape(decodes=b, context=c), Batch.decode(b, c)), B=b, C=c))
+        elif part == "prefill":
+            for r in R.PREFILL_RIDE:
+                for p in R.PREFILL_PREFIX:
+                    for ch in R.CHUNKS_OF.get(cfg, R.PREFILL_CHUNKS):
+                        st = S.StepShape(decodes=r, context=R.RIDE_CONTEXT if r else 0, chunk=ch, prefix=p)
+                        b = Batch(decode_contexts=(R.RIDE_CONTEXT,) * r, prefill=((ch, p),))
+                        rows.append(dict(both(st, b), chunk=ch, prefix=p, decodes=r))
+    return rows
+
+
+COLUMNS = ["config", "part", "expert_kernel", "B", "C", "predicted_model_s", "predicted_manifest_s", "proxy_share",
+           "chunk", "prefix", "decodes"]  # Kimi-Linear's predictions file, column for column
+
+
+def write_predictions(out=PREDICTIONS, plan: str | None = None) -> int:
+    """The predictions of every point the Qwen3-Next plan measures, written atomically before the run (the lead
+    commits them; the check runs after that commit). Returns the number of rows."""
+    import pandas as pd
+
+    from k3sim.files import atomic_write_text, check_output_file
+
+    check_output_file(out, source="OUT")
+    df = pd.DataFrame(prediction_rows(plan=plan), columns=COLUMNS)
+    atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
+    return len(df)
+
+
+def main(argv: list[str] | None = None) -> int:  # python3 -m k3sim.validation.decode_step_hybrid [OUT.csv]
+    import sys
+
+    from k3sim.errors import InputError
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        n = write_predictions(args[0] if args else PREDICTIONS)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{n} predictions written to {args[0] if args else PREDICTIONS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
