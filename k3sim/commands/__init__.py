@@ -28,7 +28,9 @@ class Entry(NamedTuple):
 COMMANDS: dict[str, Entry] = {
     "decode": Entry("decode", "Decode step: TPOT, tokens/s per GPU, bytes per step and what limits it "
                               "(optionally with MTP)."),
-    "plan": Entry("plan", "Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report."),
+    "plan": Entry("plan", "Plan a scenario: memory, step time or serving latency, CP, decode, prefix cache, report. "
+                          "With a\nserving scenario and --trace / --workload, a search for the cheapest layout "
+                          "meeting the SLOs."),
     "prefill": Entry("prefill", "Prefill: TTFT of an N-token prompt (cached prefix P, chunks of C) on a layout, by "
                                 "component."),
     "diff": Entry("diff", "Diff two models (or one and a what-if of it): params, memory, decode, prefill, training, "

@@ -126,11 +126,10 @@ def _params(model: Any, side: Side) -> None:
 def _serving(model: Any, inp: Inputs, side: Side) -> Any:
     """Memory, decode and prefill at the serving layout; the layout's refusal is returned (not raised): the
     caller raises it when both sides refuse."""
+    from k3sim.commands.decode import default_ep
     from k3sim.commands.prefill import prefill_ttft, serving_layout
     from k3sim.errors import DoesNotFit, InputError
     from k3sim.memory.plan import serve_plan
-
-    from k3sim.commands.decode import default_ep
 
     ep = default_ep(model, inp.tp, 1) if inp.ep is None else inp.ep  # decode's --ep default
     try:

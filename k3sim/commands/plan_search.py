@@ -46,11 +46,13 @@ def run_search(path: Path, out: Path | None, no_report: bool, json_out: bool, op
         with output_dir(written, kind=KIND):  # checked and opened before the (slow) search
             res = _plan(path, inp, traffic, slo_ttft, slo_tpot, opts, json_out)
             write_report(res, written)
-    _print(res, written, json_out)
-    if not res.serving_search.meets_slo and opts["require_slo"]:
+    if not res.serving_search.meets_slo and opts["require_slo"]:  # the question asked was "meets?": no, in one line
         if json_out:
+            _print(res, written, json_out)
             raise typer.Exit(2)
-        raise InputError(res.serving_search.verdict(), source="--require-slo")
+        where = f" (report: {written})" if written else ""
+        raise InputError(res.serving_search.verdict() + where, source="--require-slo")
+    _print(res, written, json_out)
 
 
 def _traffic(inp, opts: dict):

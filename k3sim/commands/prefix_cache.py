@@ -1,4 +1,6 @@
-"""`k3sim prefix-cache`: hit rate of the hybrid KDA+MLA prefix cache on a Mooncake trace, one config or a sweep."""
+"""`k3sim prefix-cache`: hit rate of a hybrid model's prefix cache on a Mooncake trace under the K3 design or
+the way an engine does it (vLLM all / align, SGLang no / extra buffer, TensorRT-LLM periodic snapshots), one
+configuration, a sweep, or the engine-policy report (`--engines`)."""
 
 from __future__ import annotations
 
@@ -93,9 +95,17 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="synthetic workload seed"),
         n_requests: int = typer.Option(1000, "--requests", help="synthetic workload size (about N requests)"),
         model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model", help="model YAML or HF config.json"),
-        policy: str = typer.Option("decoupled", "--policy", help="coarse | decoupled | full-attention"),
+        policy: str = typer.Option("decoupled", "--policy",
+                                   help="coarse | decoupled | full-attention (the K3 study, blocks as given), or an "
+                                        "engine's way: vllm-all | vllm-align | sglang-no-buffer | "
+                                        "sglang-extra-buffer | trtllm-periodic | k3 | none (blocks by its rule)"),
         hash_block: int = typer.Option(512, "--hash-block", help="hash block (tokens); coarse uses the physical block"),
-        physical_block: int = typer.Option(6144, "--physical-block", help="physical block = page (tokens)"),
+        physical_block: Optional[int] = typer.Option(
+            None, "--physical-block", help="physical block = page (tokens) [default: 6144 for coarse, decoupled and "
+            "full-attention; the engine's rule for an engine policy]"),
+        snapshot_interval: Optional[int] = typer.Option(
+            None, "--snapshot-interval", help="trtllm-periodic: a state snapshot every N tokens (TensorRT-LLM "
+            "periodic_snapshot_interval) [default: 256, TensorRT-LLM's K3 example]"),
         capacity_bytes: Optional[float] = typer.Option(None, "--capacity-bytes", help="pool bytes; omit = unbounded"),
         kda_groups: Optional[int] = typer.Option(None, "--kda-groups", help="KDA cache groups (default KDA/MLA layers)"),
         tp: int = typer.Option(1, "--tp", help="TP ranks: sizes and capacity per GPU (KDA heads split, MLA replicated)"),
@@ -126,20 +136,27 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="--sweep output directory: new, empty or a previous "
                                            "prefix-cache sweep output [default: ./k3sim-out/prefix-cache/]"),
         name: Optional[str] = typer.Option(None, "--name", help="--sweep file prefix (default: trace file stem)"),
+        engines: bool = typer.Option(False, "--engines", help="the engine-policy report: every engine policy on "
+                                     "Qwen3-Next, Nemotron-H and K3, both shipped traces, into --out "
+                                     "(engines.md, engines.csv) [default --out: ./k3sim-out/prefix-cache-engines/]"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
-        """Prefix-cache hit rate for a trace under coarse / decoupled / full-attention caching."""
+        """Prefix-cache hit rate for a trace under the K3 design's policies or the engines' own."""
         from k3sim.errors import InputError
         from k3sim.prefix_cache.setup import make_config
         from k3sim.serving.replay import SchedulerConfig
 
         from k3sim.files import project_path
 
-        if (trace is None) == (workload is None):
-            raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
         from k3sim.commands.options import PREFIX_CACHE, check
 
-        check(PREFIX_CACHE)  # every option given changes the result (k3sim.commands.options)
+        if engines:
+            check(_engines_mode_rules())
+            _engines_report(out, limit=limit, processes=processes, capacities=capacities, json_out=json_out)
+            return
+        if (trace is None) == (workload is None):
+            raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
+        check(PREFIX_CACHE + _engine_rules())  # every option given changes the result (k3sim.commands.options)
         for opt, v in (("--out", out), ("--name", name)):
             if v is not None and not sweep:
                 raise InputError("only --sweep writes files; add --sweep or drop it", source=opt)
@@ -160,17 +177,30 @@ def register(app: typer.Typer) -> None:
                        physical_block=physical_block, tp=tp, kda_groups=kda_groups,
                        retention_interval=retention_interval, capacity_bytes=capacity_bytes,
                        tokens_per_s=tokens_per_s, step_overhead_s=step_overhead_s, processes=processes,
-                       limit=limit, n_requests=n_requests, workload=workload)
+                       limit=limit, n_requests=n_requests, workload=workload, snapshot_interval=snapshot_interval)
         _check_tp(model, tp)
+        from k3sim.configs import load_model
+
+        loaded = load_model(str(project_path(model)))
         sched = SchedulerConfig(token_budget, max_running)
-        cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
-                          retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha)
+                          retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha,
+                          snapshot_interval_tokens=snapshot_interval, model=loaded)
+        if not sweep:
+            _check_budget(cfg, token_budget)
+        cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         if sweep:
+            def engine(pol, hb, pb, cap):  # an engine policy of the sweep, by its rules (these options' model)
+                c = make_config(model, pol, hb, pb, cap, kda_groups, 0, tp, eviction=eviction,
+                                eviction_alpha=eviction_alpha, model=loaded,
+                                snapshot_interval_tokens=snapshot_interval if pol == "trtllm-periodic" else None)
+                _check_budget(c, token_budget, "--policies")
+                return c
+
             _prefix_cache_sweep(trace, cfg, sched, cost, policies=policies, hash_blocks=hash_blocks,
                                 physical_blocks=physical_blocks, capacities=capacities, out=out, name=name,
                                 strict=strict, limit=limit, processes=processes, workload=workload, seed=seed,
-                                n_requests=n_requests, json_out=json_out)
+                                n_requests=n_requests, json_out=json_out, engine=engine)
             return
         _prefix_cache_replay(trace, cfg, sched, cost, strict=strict, limit=limit, workload=workload, seed=seed,
                              n_requests=n_requests, json_out=json_out, tokens_per_s=tokens_per_s,
@@ -178,7 +208,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp, kda_groups, retention_interval,
-                   capacity_bytes, tokens_per_s, step_overhead_s, processes, limit, n_requests, workload) -> None:
+                   capacity_bytes, tokens_per_s, step_overhead_s, processes, limit, n_requests, workload,
+                   snapshot_interval=None) -> None:
     """Every number option inside bounds.py's range for its kind, refused before the step model is built
     (the slow part), so a typo costs no wait."""
     from k3sim.configs.bounds import check_range
@@ -186,9 +217,12 @@ def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp,
 
     for opt, v, kind in (("--token-budget", token_budget, "tokens"), ("--max-running", max_running, "batch"),
                          ("--hash-block", hash_block, "block_tokens"),
-                         ("--physical-block", physical_block, "block_tokens"),
                          ("--tp", tp, "parallel")):
         check_range(v, kind, opt, integer=True)
+    if physical_block is not None:
+        check_range(physical_block, "block_tokens", "--physical-block", integer=True)
+    if snapshot_interval is not None:
+        check_range(snapshot_interval, "block_tokens", "--snapshot-interval", integer=True)
     if kda_groups is not None:
         check_range(kda_groups, "layers", "--kda-groups", integer=True)
     if retention_interval:
@@ -208,8 +242,70 @@ def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp,
                          source="--requests")
 
 
+# what the engine report (--engines) reads of the options; every other option is refused with it
+ENGINES_OPTIONS = ("--out", "--limit", "--processes", "--capacities", "--json", "--engines")
+
+
+def _engine_rules() -> list:
+    """Rules of the engine-policy options (beside `options.PREFIX_CACHE`)."""
+    from k3sim.commands.options import only_when
+
+    def periodic(f) -> bool:
+        return f.value("--policy") == "trtllm-periodic" or (
+            f.has("--sweep") and "trtllm-periodic" in str(f.value("--policies") or ""))
+
+    return [only_when("--snapshot-interval", periodic, why="sets TensorRT-LLM's snapshot interval, and no "
+                      "trtllm-periodic replay is run", fix="add --policy trtllm-periodic (or it to --policies), "
+                      "or remove --snapshot-interval")]
+
+
+def _engines_mode_rules() -> list:
+    """--engines replays its own models, traces and policies: the options that choose them are refused."""
+    from k3sim.commands.options import given_options, only_when
+
+    given, _ = given_options()
+    other = tuple(o for o in given if o not in ENGINES_OPTIONS)
+    return [only_when(other, lambda f: False, why="has no effect with --engines, which replays its own models, "
+                      "traces and policies (k3sim.serving.engines_report)",
+                      fix="remove it (--engines takes --out, --limit, --processes, --capacities, --json)")]
+
+
+def _check_budget(cfg, token_budget: int, source: str = "--policy") -> None:
+    """vLLM's align mode schedules whole blocks before a prompt's last block boundary: a budget below one block
+    would never schedule a chunk (scheduler `_mamba_block_aligned_split`)."""
+    from k3sim.errors import InputError
+
+    if cfg.mechanism == "step-end" and token_budget < cfg.physical_block_tokens:
+        raise InputError(f"{cfg.policy}'s {cfg.physical_block_tokens}-token block does not fit a "
+                         f"{token_budget}-token step: align mode schedules whole blocks; raise --token-budget to at "
+                         f"least {cfg.physical_block_tokens}", source="--token-budget")
+
+
+def _engines_report(out, *, limit, processes, capacities: str, json_out: bool) -> None:
+    """--engines: every engine policy on the report's models and traces, written under --out."""
+    from k3sim.files import check_output_dir, default_out
+    from k3sim.output import print_json, print_kv
+    from k3sim.serving.engines_report import CAPACITIES, KIND, write_engines_report
+
+    out = default_out("prefix-cache-engines") if out is None else out
+    check_output_dir(out, kind=KIND)
+    from k3sim.commands.options import given_options
+
+    given, _ = given_options()
+    caps = _capacities(capacities) if "--capacities" in given else list(CAPACITIES)
+    progress, bar = _sweep_progress(not json_out, "prefix-cache engine policies")
+    with bar:
+        rep = write_engines_report(out, capacities=caps, limit=limit, processes=processes, progress=progress)
+    if json_out:
+        print_json({"files": rep.files, "wall_s": rep.wall_s, "rows": rep.rows, "blocks": rep.blocks})
+        return
+    print_kv("prefix-cache engine policies", [*rep.files.items(), ("replays", sum(1 for r in rep.rows
+                                                                           if "token_hit_rate" in r)),
+                                              ("wall", f"{rep.wall_s:.1f} s")])
+
+
 def _prefix_cache_sweep(trace, cfg, sched, cost, *, policies, hash_blocks, physical_blocks, capacities, out, name,
-                        strict, limit, processes, workload, seed, n_requests, json_out: bool) -> None:
+                        strict, limit, processes, workload, seed, n_requests, json_out: bool, engine=None) -> None:
     """--sweep: one replay per policy x hash block x physical block x capacity (in worker processes), written
     under --out and printed as a table (or JSON)."""
     from k3sim.output import human_bytes, print_json, print_kv, print_table
@@ -223,7 +319,7 @@ def _prefix_cache_sweep(trace, cfg, sched, cost, *, policies, hash_blocks, physi
         rep = sweep_report(trace, cfg, policies=pols, hash_blocks=grid_hash, physical_blocks=grid_phys,
                            capacities=grid_caps, out_dir=out, name=name, strict=strict, limit=limit,
                            sched=sched, cost=cost, processes=processes, workload=workload, seed=seed,
-                           n_requests=n_requests, progress=progress)
+                           n_requests=n_requests, progress=progress, engine=engine)
     if json_out:
         print_json({"files": rep.files, "trace_lines_skipped": rep.trace_lines_skipped,
                     "wall_s": rep.wall_s, "rows": rep.table})
@@ -271,6 +367,7 @@ def _print_replay(res, trace, workload, step_clock: dict, json_out: bool) -> Non
         ("capacity", "unbounded" if res.capacity_bytes is None else human_bytes(res.capacity_bytes)),
         ("page", f"{human_bytes(res.page_bytes)}; KDA state slot {res.kda_pages_per_group_state} page(s) x "
                  f"{res.num_kda_groups} groups"),
+        ("one checkpoint (state of every group)", human_bytes(res.checkpoint_bytes)),
         ("requests (rejected)", f"{res.requests:,} ({res.requests_rejected})"),
         ("token hit rate (prompt tokens served from the cache)", f"{100 * res.token_hit_rate:.2f} %"),
         ("request hit rate (requests reusing >= 1 cached block)", f"{100 * res.request_hit_rate:.2f} %"),
@@ -279,6 +376,8 @@ def _print_replay(res, trace, workload, step_clock: dict, json_out: bool) -> Non
         ("prefill FLOP saved", f"{res.prefill_flop_saved:.3g} ({100 * res.prefill_flop_saved_fraction:.2f} %)"),
         ("eviction", res.eviction),
         ("checkpoint bytes peak", human_bytes(res.checkpoint_bytes_peak)),
+        *([("state pool peak (a pool of its own)", human_bytes(res.state_pool_bytes_peak))]
+          if res.state_pool_bytes_peak else []),
         ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
         ("trace lines skipped", res.trace_lines_skipped),
     ])

@@ -134,7 +134,8 @@ def register(app: typer.Typer) -> None:
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="vllm | sarathi"),
         pp_microbatches: Optional[bool] = typer.Option(None, "--pp-microbatches/--no-pp-microbatches",
                                                        help="pp batches in flight per replica (pp engines on "
-                                                            "shares of the pool) [default: serving section, off]"),
+                                                            "shares of the pool), as engines run [default: serving "
+                                                            "section, on; one batch with attention DP]"),
         attention_dp: Optional[int] = typer.Option(None, "--attention-dp", callback=option_range("parallel", "--attention-dp"),
                                                    help="attention data-parallel ranks per replica (parallelism.dp) "
                                                         "[default: the scenario's]"),
@@ -211,9 +212,9 @@ def _check_time_scale(time_scale, arrival_rate, rates) -> None:
     if time_scale is None:
         return
     from k3sim.errors import InputError
-    from k3sim.serving.arrivals import _check_scale
+    from k3sim.serving.arrivals import check_time_scale
 
-    _check_scale(time_scale)
+    check_time_scale(time_scale)
     other = "--arrival-rate" if arrival_rate is not None else "--sweep-rate" if rates is not None else None
     if other is not None:
         raise InputError(f"keeps the trace's own timing, scaled, and {other} replaces that timing with a Poisson "

@@ -160,13 +160,13 @@ def _serving_sample(inp, trace, limit, time_scale, arrival_rate, requests):
                          "remove --requests", source="--requests")
     from k3sim.configs.bounds import check_range
     from k3sim.files import project_path
-    from k3sim.serving.arrivals import _check_scale
+    from k3sim.serving.arrivals import check_time_scale
     from k3sim.serving.run import TraceSample, check_trace
 
     if limit is not None and not 1 <= limit <= 2 ** 40:  # serve --limit's sanity bound (a trace streams)
         raise InputError(f"must be between 1 and {2 ** 40:,} (got {limit})", source="--limit")
     if time_scale is not None:
-        _check_scale(time_scale)
+        check_time_scale(time_scale)
         if arrival_rate is not None:
             raise InputError("keeps the trace's own timing, scaled, and --arrival-rate replaces that timing with a "
                              "Poisson process: give one of the two", source="--time-scale")

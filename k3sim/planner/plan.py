@@ -88,6 +88,7 @@ class PlanResult:
     cp_degree: int = 0
     cp_crossovers: dict | None = None
     cp_geometry: Any = None
+    cp_kinds: list[dict] | None = None  # a model with kinds beyond KDA/MLA: CP step per kind and length
     token_budget: Any = None           # planner.budget.TokenBudget: the smallest cluster for the token budget
     prefix_cache: list[dict] | None = None
     calibration: list[dict] = field(default_factory=list)
@@ -422,8 +423,8 @@ def _cp(res: PlanResult, inp, kt) -> None:
     from k3sim.cp.sweep import crossovers, sweep
 
     model, par = inp.model, inp.scenario.parallelism
-    if model.kda is None and model.mla is None:
-        res.notes["cp"] = "model has no attention layers to split"
+    if any(k not in ("kda", "mla") for layer in model.layers for k in layer.mixers):
+        _cp_by_kind(res, inp, kt)
         return
     g = geometry_from_model(model, par.tp)
     # Without CP in the scenario, CP is shown at 8 ranks (one 8-GPU NVLink node) and the sequence axis runs
@@ -437,6 +438,27 @@ def _cp(res: PlanResult, inp, kt) -> None:
     res.cp_crossovers = {k: crossovers(res.cp_rows, P, k) for k in ("kda", "mla")}
     if par.cp == 1:
         res.notes["cp"] = f"the scenario uses no CP; shown at P={P} for what CP would cost at long context"
+
+
+def _cp_by_kind(res: PlanResult, inp, kt) -> None:
+    """CP of a model with layer kinds beyond KDA and MLA: `k3sim.cp.model_cp_step` (each kind's default scheme:
+    the KCP fold for GDN, the decayed-sum fold for Mamba2 / Mamba / lightning, all-gather KV for GQA, the window
+    halo for SWA) at the scenario's CP degree (8 without CP) over the same sequence lengths as the KDA/MLA sweep,
+    the step split by kind (`res.cp_kinds`: seq_len, kind, scheme, layers, seconds)."""
+    from k3sim.cp import model_cp_step
+
+    model, par = inp.model, inp.scenario.parallelism
+    P = par.cp if par.cp > 1 else 8
+    top = max(inp.scenario.workload.context_tokens, min(2 ** 20, model.max_context_tokens or 2 ** 20))
+    rows = []
+    for n in [2 ** k for k in range(13, 31) if 2 ** k <= top]:
+        r = model_cp_step(model, inp.hw, n, P, tp=par.tp, kernel_time=kt)
+        rows += [{"seq_len": n, "kind": k.title, "scheme": k.scheme_label, "layers": k.layers,
+                  "step_time_s": k.step_time_s, "share": k.step_time_s / r.step_attention_time_s if r.step_attention_time_s else 0.0}
+                 for k in r.kinds]
+    res.cp_kinds, res.cp_degree = rows, P
+    res.notes["cp"] = (f"CP at P={P} by layer kind (k3sim cp: each kind's own scheme)"
+                       + ("; the scenario uses no CP" if par.cp == 1 else ""))
 
 
 def _calibration(res: PlanResult, inp, kt: RecordingKernelTime) -> None:

@@ -209,6 +209,12 @@ def _prefix_cache_sections(res, fig_dir: Path) -> list[dict]:
 
 def _cp_sections(res, fig_dir: Path) -> list[dict]:
     """Context-parallel strategy crossover lengths; says so when one strategy wins at every length swept."""
+    if getattr(res, "cp_kinds", None):
+        rows = [[f"{r['seq_len']:,}", r["kind"], r["scheme"], str(r["layers"]), _s(r["step_time_s"]),
+                 f"{100 * r['share']:.0f} %"] for r in res.cp_kinds]
+        return [_section("cp", f"Context parallelism by layer kind (P={res.cp_degree})", res.notes.get("cp", ""),
+                         {"header": ["sequence (tokens)", "layer kind", "scheme", "layers", "CP step (fwd+bwd)",
+                                     "share of the CP step"], "rows": rows})]
     if not res.cp_rows:
         return [_section("cp", "Context parallelism crossover", res.notes["cp"])] if "cp" in res.notes else []
     from k3sim.configs.dtypes import bytes_per_element

@@ -65,12 +65,12 @@ def time_scaled(requests: Iterable[TraceRequest], scale: float) -> Iterator[Trac
     where `retime` replaces it with a Poisson or gamma process at a rate."""
     import dataclasses
 
-    _check_scale(scale)
+    check_time_scale(scale)
     for r in requests:
         yield dataclasses.replace(r, arrival_s=r.arrival_s * scale)
 
 
-def _check_scale(scale: float, source: str = "--time-scale") -> None:
+def check_time_scale(scale: float, source: str = "--time-scale") -> None:
     """A positive factor in the bounds table's `time_scale` range (k3sim/configs/bounds.py)."""
     from k3sim.configs.bounds import check_range
 

@@ -64,8 +64,9 @@ def simulate(trace: str | Path | None, cfg: CacheConfig, *, strict: bool = False
         return res
     if trace is None:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
-    check_trace_granularity(cfg.effective_hash_block_tokens,
-                             "--physical-block" if cfg.policy == "coarse" else "--hash-block")
+    if not cfg.policy.startswith("vllm-"):  # a vLLM block is the rule's: keys.block_keys matches it conservatively
+        check_trace_granularity(cfg.effective_hash_block_tokens,
+                                "--physical-block" if cfg.policy == "coarse" else "--hash-block")
     stats = TraceStats()
     res = replay(_counted(read_mooncake(trace, strict=strict, stats=stats, limit=limit), progress, limit),
                  cfg, sched, cost)
@@ -108,8 +109,9 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
                  name: str | None = None, strict: bool = False, limit: int | None = None,
                  sched: SchedulerConfig = SchedulerConfig(), cost: StepCost = StepCost(),
                  processes: int | None = None, workload: str | None = None, seed: int = 0,
-                 n_requests: int = 1000, progress=None) -> SweepReport:
-    """Replay every valid configuration of the grid; write `<name>_sweep.csv`, `<name>_sweep.md` and the two
+                 n_requests: int = 1000, progress=None, engine=None) -> SweepReport:
+    """Replay every valid configuration of the grid (`engine(policy, hash_block, physical_block, capacity)`
+    builds an engine policy's configuration by its rules, `setup.grid`); write `<name>_sweep.csv`, `<name>_sweep.md` and the two
     plots (hit rate vs granularity per policy; hit rate vs capacity at the base physical/hash block) into
     `out_dir` through `k3sim.files.output_dir` (kind `prefix-cache-sweep`, one part per name; wall-clock
     seconds stay in the returned table, not in the files).
@@ -155,7 +157,7 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
     else:
         raise InputError("give a trace file or a synthetic workload", source="--trace/--workload")
     with named_options(SWEEP_OPTIONS):
-        configs = grid(base, policies, hash_blocks, physical_blocks, capacities)
+        configs = grid(base, policies, hash_blocks, physical_blocks, capacities, engine=engine)
     if not configs:
         raise InputError("no valid configuration: every hash block fails to divide every physical block",
                          source="--hash-blocks")
@@ -192,8 +194,9 @@ def sweep_report(trace: str | Path | None, base: CacheConfig, *, policies: Seque
 
 def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int, dict]:
     i, cfg, sched, cost = args
-    n_pages = cfg.num_pages
-    if n_pages is not None and n_pages < cfg.min_pages_one_request():
+    try:
+        cfg.check_capacity()
+    except InputError:
         return i, {"policy": cfg.policy, "hash_block_tokens": cfg.effective_hash_block_tokens,
                    "physical_block_tokens": cfg.physical_block_tokens, "capacity_bytes": cfg.capacity_bytes,
                    "note": "capacity below one request"}
@@ -207,12 +210,13 @@ def run_sweep(
     requests: Sequence[TraceRequest],
     configs: Sequence[CacheConfig],
     sched: SchedulerConfig = SchedulerConfig(),
-    cost: StepCost = StepCost(),
+    cost: StepCost | Sequence[StepCost] = StepCost(),
     processes: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ):
     """One row per configuration (a pandas DataFrame, SI units), in the order of `configs`, on `processes`
-    workers (default one per core; never more than configurations).
+    workers (default one per core; never more than configurations). `cost`: one step clock, or one per
+    configuration (configurations of several models).
 
     `progress(done, total)` is called after each configuration (the CLI draws a bar on stderr with it)."""
     import pandas as pd
@@ -222,7 +226,8 @@ def run_sweep(
     processes = worker_count(processes, len(configs))
     # slowest first so the last worker does not finish alone: small blocks and coarse policies cost most
     order = sorted(range(len(configs)), key=lambda i: (configs[i].physical_block_tokens, configs[i].policy != "coarse"))
-    tasks = [(i, configs[i], sched, cost) for i in order]
+    costs = list(cost) if isinstance(cost, (list, tuple)) else [cost] * len(configs)
+    tasks = [(i, configs[i], sched, costs[i]) for i in order]
     rows: list[dict | None] = [None] * len(configs)
     done = 0
 

@@ -264,11 +264,11 @@ def pool_capacity_bytes(model, hw, par, pool_bytes_per_gpu: float | None, *, con
 
     plan = serve_plan(model, hw, par, context_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
                       workspace_fraction=workspace_fraction, source=source)
-    n_mla, n_kda = max(model.num_mla_layers, 1), max(model.num_kda_layers, 1)
     best = math.inf
     for st in plan.stages:
-        kinds = [model.layer_kinds[i - 1] for i in st["layers"]]
-        share = max(kinds.count("mla") / n_mla, kinds.count("kda") / n_kda)
+        # each mixer kind's pages (KV, or state slots) spread over the stages that hold its layers
+        kinds = [k for i in st["layers"] for k in model.layers[i - 1].mixers]
+        share = max((kinds.count(k) / model.num_layers_with(k) for k in set(kinds)), default=0.0)
         if share <= 0:
             continue
         per_gpu = pool_bytes_per_gpu if pool_bytes_per_gpu is not None else plan.hbm_bytes - st["fixed_bytes"]
@@ -573,10 +573,10 @@ def request_source(*, trace: str | Path | None, workload: str | None, n_requests
     """A function of the arrival rate (None: the trace's or generator's own times, multiplied by `time_scale`
     when given) giving a fresh request stream: a Mooncake trace (streamed), a seeded synthetic workload, or
     the streamed synthetic generator. A rate replaces the own times with a Poisson / gamma process."""
-    from k3sim.serving.arrivals import _check_scale, retime, synthetic_stream, time_scaled
+    from k3sim.serving.arrivals import check_time_scale, retime, synthetic_stream, time_scaled
 
     if time_scale is not None:
-        _check_scale(time_scale)
+        check_time_scale(time_scale)
 
     if (trace is None) == (workload is None):
         raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")

@@ -28,7 +28,7 @@ FAMILIES = [
       "mamba2_chunk_fwd")),
     ("MLA attention", ("_split_kernel", "_merge_kernel", "sdpa", "flash", "compute_dot_do_o"),
      ("mla_decode", "sdpa_causal_fwd", "sdpa_prefix_causal_fwd", "gqa_prefill_fwd", "gqa_decode",
-      "gqa_decode_paged")),
+      "gqa_decode_paged", "gqa_prefix_causal_fwd")),
     ("GEMMs", ("nvjet", "splitKreduce", "cutlass::Kernel2", "dot_kernel", "reduce_1Block", "gemv"),
      ("gemm_bf16", "bmm_bf16")),
     ("short conv", ("causal_conv1d",), ("conv1d_update", "causal_conv1d_fwd")),

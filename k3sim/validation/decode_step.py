@@ -35,8 +35,34 @@ def _nb(*xs) -> float:
     return float(math.prod(xs))
 
 
+def prefix_equivalent_tokens(chunk: int, kv: int) -> int:
+    """T whose full causal attention has the (query, key) pairs of `chunk` queries over `kv` = prefix + chunk keys
+    aligned bottom right: chunk (kv - chunk) + chunk (chunk + 1) / 2 = T (T + 1) / 2 (T rounded up)."""
+    pairs = chunk * (kv - chunk) + chunk * (chunk + 1) / 2
+    return max(1, math.ceil((math.sqrt(1 + 8 * pairs) - 1) / 2))
+
+
+def _hybrid_call(op: str, p: dict) -> Call | None:
+    """The hybrid layers' manifest entries (issue 23 item 7, Qwen3-Next's GDN and gated GQA): the GDN gating (beta
+    and the fp32 decay of every value head: b and a read as bf16, beta bf16 and g fp32 written, through the HBM
+    proxy), a chunk's GQA attention after a cached prefix (the `gqa_prefill_fwd` of the same FLOP, as MLA's prefix
+    attention below), several sequences' GQA prefill (one call per sequence). None for any other op."""
+    if op == "gdn_gating":
+        return Call(op, op, {"T": int(p["T"]), "H": int(p["H"])}, proxy_bytes=float(p["T"]) * p["H"] * (3 * BF16 + 4))
+    if op == "gqa_prefix_causal_fwd":
+        t = prefix_equivalent_tokens(int(p["Tq"]), int(p["Tkv"]))
+        return Call(op, "gqa_prefill_fwd", {"T": t, "Hq": p["Hq"], "Hkv": p["Hkv"], "D": p["D"], "window": t},
+                    count=p.get("B", 1))
+    if op == "gqa_prefill_fwd" and "B" in p:
+        return Call(op, op, {k: int(v) for k, v in p.items() if k != "B"}, count=p["B"])
+    return None
+
+
 def manifest_call(op: str, p: dict) -> Call:
     """One manifest entry as a predictor call (registry op) or an HBM proxy with the bytes it moves."""
+    hybrid = _hybrid_call(op, p)
+    if hybrid is not None:
+        return hybrid
     p = dict(p)
     if op == "silu_mul":
         T = p["T"]

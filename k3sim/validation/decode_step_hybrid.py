@@ -8,57 +8,19 @@ The same two predictions per point as Kimi-Linear's, both under the CUDA-graph c
 - `model`: the step model (`step.layers.layer_calls` over the configuration's layers, every mixer kind priced by
   its own calls; one rank's compute, no collectives): `decode_step.model_prediction`;
 - `manifest`: the sum of per-kernel predictions over the exact kernel list the measured model launches
-  (`wholestep.spec.sequence`). The hybrid layers name a few ops the Kimi manifest has not: `gdn_gating` (beta and
-  the decay of every value head, streamed through the HBM proxy: b and a read as bf16, beta bf16 and g fp32
-  written) and `gqa_prefix_causal_fwd` (a chunk's queries against prefix + chunk keys, priced as the
-  `gqa_prefill_fwd` of the same FLOP, as Kimi's MLA prefix attention is priced by an equal-FLOP SDPA).
+  (`wholestep.spec.sequence`), `decode_step.manifest_prediction`; the hybrid layers' own entries (`gdn_gating`,
+  `gqa_prefix_causal_fwd`) are priced there (`decode_step._hybrid_call`), so `decode_step.check_tables` splits a
+  measured Qwen3-Next step by family with the same calls.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from k3sim.step.batch import Batch
-from k3sim.step.calls import BF16, Call, Timer
-from k3sim.validation.decode_step import _decode_kernel, _spec_layers, manifest_call, model_prediction
+from k3sim.validation.decode_step import _decode_kernel, _spec_layers, manifest_prediction, model_prediction
 
 PREDICTIONS = "reports/decode/wholestep_predictions_qwen3_next.csv"  # committed before the run (phase 2 runs it)
-FP32 = 4
-
-
-def prefix_equivalent_tokens(chunk: int, kv: int) -> int:
-    """T whose full causal attention has the (query, key) pairs of `chunk` queries over `kv` = prefix + chunk keys
-    aligned bottom right: chunk (kv - chunk) + chunk (chunk + 1) / 2 = T (T + 1) / 2."""
-    pairs = chunk * (kv - chunk) + chunk * (chunk + 1) / 2
-    return max(1, math.ceil((math.sqrt(1 + 8 * pairs) - 1) / 2))
-
-
-def hybrid_manifest_call(op: str, p: dict) -> Call:
-    """One manifest entry as a predictor call: the hybrid layers' own entries here, the rest as Kimi's."""
-    if op == "gdn_gating":
-        return Call(op, op, {"T": int(p["T"]), "H": int(p["H"])},
-                    proxy_bytes=float(p["T"]) * p["H"] * (2 * BF16 + BF16 + FP32))
-    if op == "gqa_prefix_causal_fwd":
-        t = prefix_equivalent_tokens(int(p["Tq"]), int(p["Tkv"]))
-        return Call(op, "gqa_prefill_fwd", {"T": t, "Hq": p["Hq"], "Hkv": p["Hkv"], "D": p["D"], "window": t},
-                    count=p.get("B", 1))
-    if op == "gqa_prefill_fwd" and "B" in p:
-        return Call(op, op, {k: int(v) for k, v in p.items() if k != "B"}, count=p["B"])
-    return manifest_call(op, p)
-
-
-def manifest_prediction(seq: list[dict], hw: Any, kernel_time: Callable | None = None) -> tuple[float, dict]:
-    """Sum of per-kernel predictions over a kernel list (graph convention); also seconds by op and by source."""
-    timer = Timer(hw, kernel_time, "graph")
-    total, by_op, by_src = 0.0, {}, {}
-    for e in seq:
-        r = timer.row(hybrid_manifest_call(e["op"], e["params"]), 0)
-        total += r.seconds
-        by_op[e["op"]] = by_op.get(e["op"], 0.0) + r.seconds
-        kind = "proxy" if r.source.startswith("proxy") else r.source
-        by_src[kind] = by_src.get(kind, 0.0) + r.seconds
-    return total, {"by_op": by_op, "by_source": by_src}
 
 
 def prediction_rows(hw: Any = "h200", kernel_time: Callable | None = None, plan: str | None = None) -> list[dict]:

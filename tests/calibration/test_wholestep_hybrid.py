@@ -13,6 +13,7 @@ from k3sim.calibration.wholestep import run as R
 from k3sim.calibration.wholestep import spec as S
 from k3sim.configs import load_hardware, load_model
 from k3sim.errors import InputError
+from k3sim.validation import decode_step as DS
 from k3sim.validation import decode_step_hybrid as V
 
 QWEN = "models/qwen3-next-80b-a3b.yaml"
@@ -121,14 +122,14 @@ def test_manifest_of_a_qwen_prefill_after_a_prefix(spec):
 
 def test_prefix_attention_is_priced_at_its_flop():
     # no prefix: the chunk itself; 1 query over 8 keys sees 8 pairs: T (T + 1) / 2 >= 8 at T = 4
-    assert V.prefix_equivalent_tokens(2048, 2048) == 2048
-    assert V.prefix_equivalent_tokens(1, 8) == 4
-    c = V.hybrid_manifest_call("gqa_prefix_causal_fwd", {"Tq": 8192, "Tkv": 16384, "Hq": 16, "Hkv": 2, "D": 256})
+    assert DS.prefix_equivalent_tokens(2048, 2048) == 2048
+    assert DS.prefix_equivalent_tokens(1, 8) == 4
+    c = DS.manifest_call("gqa_prefix_causal_fwd", {"Tq": 8192, "Tkv": 16384, "Hq": 16, "Hkv": 2, "D": 256})
     t = c.params["T"]
     assert c.op == "gqa_prefill_fwd" and c.params["window"] == t
     pairs = 8192 * 8192 + 8192 * 8193 // 2
     assert t * (t + 1) // 2 >= pairs > (t - 1) * t // 2
-    g = V.hybrid_manifest_call("gdn_gating", {"T": 64, "H": 32})
+    g = DS.manifest_call("gdn_gating", {"T": 64, "H": 32})
     assert g.proxy_bytes == 64 * 32 * (2 + 2 + 2 + 4)   # b, a read (bf16); beta (bf16) and g (fp32) written
 
 
@@ -155,3 +156,35 @@ def test_prediction_module_writes_the_file(tmp_path):
     with open(out, newline="") as fh:
         assert sum(1 for _ in csv.DictReader(fh)) == 47
     assert V.main([str(Path(tmp_path))]) == 2   # a directory is refused in one line
+
+
+def test_the_check_reads_a_qwen_run_against_these_predictions(tmp_path):
+    """What phase 2 runs after the device run: `decode_step.check_tables(predictions, run)` on a run directory of the
+    harness's format (rows made up here: measured = 1.25 x the step model, so the error is -20 % by construction),
+    with a profiled point split by kernel family through the same manifest calls."""
+    import pandas as pd
+
+    pred = tmp_path / "pred.csv"
+    V.write_predictions(pred)
+    P = pd.read_csv(pred)
+    run = tmp_path / "run"
+    run.mkdir()
+    d = P[P.part == "decode"].head(2)
+    dec = pd.DataFrame({"config": d.config, "B": d.B.astype(int), "C": d.C.astype(int), "timer": "graph",
+                        "seconds": 1.25 * d.predicted_model_s, "status": "ok", "expert_kernel": "grouped_bf16"})
+    dec.to_csv(run / "decode_step.csv", index=False)
+    p = P[P.part == "prefill"].head(1)
+    pd.DataFrame({"config": p.config, "chunk": p.chunk.astype(int), "prefix": p.prefix.astype(int),
+                  "decodes": p.decodes.astype(int), "decode_context": 0, "seconds": 1.25 * p.predicted_model_s,
+                  "status": "ok", "expert_kernel": "grouped_bf16"}).to_csv(run / "prefill_step.csv", index=False)
+    b0, c0 = int(d.B.iloc[0]), int(d.C.iloc[0])
+    pd.DataFrame([{"config": R.QWEN, "part": "decode", "expert_kernel": "grouped_bf16", "B": b0, "C": c0,
+                   "chunk": "", "prefix": "", "decodes": "", "kernel": k, "calls": 12, "gpu_s": 1e-4}
+                  for k in ("chunk_gated_delta_rule_fwd_kernel", "flash_fwd_splitkv_kernel")]).to_csv(
+        run / "kernels.csv", index=False)
+    steps, fams = DS.check_tables(pred, run)
+    assert len(steps) == 3
+    assert steps.error_model.to_numpy() == pytest.approx([-0.2, -0.2, -0.2])
+    f = fams[(fams.B == b0) & (fams.C == c0)]
+    assert f.predicted_s.sum() == pytest.approx(float(d.predicted_manifest_s.iloc[0]), rel=1e-3)
+    assert f.profiled_s.sum() == pytest.approx(2e-4)

@@ -96,3 +96,18 @@ def test_a_usage_error_after_set_leaves_no_override_behind(capsys):
     from k3sim.configs import overrides
 
     assert overrides.current() == ()
+
+
+def test_cp_counts_the_overridden_layers_and_heads(capsys):
+    cp = ["cp", "--seq-len", "256K", "--cp", "4"]
+    base = json_of(capsys, *cp)
+    var = json_of(capsys, *cp, "--set", "kda.num_heads=48", "--set", "full_attn_layers=every:8")
+    assert (base["num_kda_layers"], base["num_mla_layers"]) == (69, 24)
+    assert (var["num_kda_layers"], var["num_mla_layers"]) == (82, 11)
+    # the KCP fold exchanges each head's 128 x 128 fp32 state: half the heads, half the bytes
+    assert var["kda_layer_state_recv_bytes_per_rank"] * 2 == base["kda_layer_state_recv_bytes_per_rank"]
+
+
+def test_set_is_refused_where_no_model_is_read(capsys):
+    assert_one_line(*run_main(capsys, "pipeline", "--uniform-costs", "1,2", "--encoder-policy", "none", "--set",
+                              "kda.num_heads=48"), "--set", "no model is read")

@@ -26,6 +26,8 @@ NOT_RUN = {
     "--sweep-batch": "a whole batch sweep (tests/commands/test_decode_cli.py runs it)",
     "k3sim sweep": "a whole layout grid (tests/commands/test_sweep_cli.py runs small grids)",
     "--requests 1000000": "a million streamed requests",
+    "--gpus 32": "a whole serving search on the conversation trace: minutes on two cores "
+                 "(benchmarks/bench_serve_search.py; tests/planner/test_serve_search.py runs small spaces)",
     "calibrate validate": "the leave-one-out refit of every measured op: 4-5 minutes on two cores since the FP8 "
                           "and hybrid runs (tests/kernels/test_kernels_validate.py runs the validator; "
                           "scripts/reports.sh calibration writes the committed report)",

@@ -49,7 +49,7 @@ REFUSED = [
      "add --arrival gamma"),
     (["serve", "--workload", "chat", "--processes", "2"], "--processes", "add --sweep-rate"),
     (["serve", "--trace", CONV, "--seed", "3"], "--seed", "add --arrival-rate"),
-    (["serve", "--workload", "chat", "--router", "round-robin"], "--router", "--replicas N"),
+    (["serve", "--scenario", KL, "--workload", "chat", "--router", "round-robin"], "--router", "--replicas N"),
     (["serve", "--scenario", KL, "--workload", "chat", "--pp-microbatches"], "--pp-microbatches",
      "parallelism.pp > 1"),
     (["serve", "--scenario", KL, "--workload", "chat", "--no-pp-microbatches"], "--no-pp-microbatches",

@@ -293,3 +293,23 @@ def test_serving_sweep_bad_trace_options_are_one_line(tmp_path, capsys, args, ne
 def test_training_sweep_refuses_a_trace(tmp_path, capsys):
     one_line(*run_main(capsys, "sweep", ROOT / "scenarios" / "k3-h200-train-32k.yaml", "--trace", TRACE, "--out",
                        tmp_path / "never"), "--trace:", "training sweep serves none")
+
+
+def test_sweep_on_a_dask_scheduler_shows_progress_only_at_a_terminal(tmp_path, capsys, monkeypatch, constant_steps):
+    """`k3sim sweep --scheduler`: a bar on stderr at a terminal, nothing when piped, the same stdout (but the
+    wall time) either way."""
+    import re
+
+    from distributed import LocalCluster
+
+    path = write_scenario(tmp_path, num_gpus=32)
+    runs = []
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        for i, tty in enumerate((False, True)):
+            monkeypatch.setattr(sys.stderr, "isatty", lambda tty=tty: tty)
+            code, out, err = run_main(capsys, "sweep", path, "--max-batch", "256", "--requests", "20",
+                                      "--scheduler", lc.scheduler_address, "--out", tmp_path / f"sw{i}")
+            assert code == 0, err
+            runs.append((re.sub(r"in [0-9.]+ s on", "in T s on", out).replace(f"sw{i}", "sw"), err))
+    (piped, piped_err), (shown, shown_err) = runs
+    assert piped_err == "" and "sweep" in shown_err and piped == shown

@@ -151,7 +151,7 @@ class Runner:
         print(f"[wholestep] checks {model.spec.name}: {res}", flush=True)
         self.manifest.setdefault(model.spec.name, {})["checks"] = res
 
-    PROFILE_AT = {"decode": (1, 8, 64, 256), "prefill": (512, 8192)}  # points whose kernels are profiled
+    PROFILE_AT = {"decode": (1, 8, 64, 256), "prefill": (512, 2048, 8192, 32768)}  # points whose kernels are profiled
 
     def profile_this(self, cfg, part, x) -> bool:
         """One eager call per (config, part, x) at the first context gets a per-kernel GPU-time profile."""
