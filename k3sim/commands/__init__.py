@@ -35,6 +35,8 @@ COMMANDS: dict[str, Entry] = {
                                 "component."),
     "diff": Entry("diff", "Diff two models (or one and a what-if of it): params, memory, decode, prefill, training, "
                           "side by side."),
+    "compare": Entry("compare", "Compare hardware profiles on one question (decode, prefill or train) on the same "
+                                "footing."),
     "model-info": Entry("model_info", "Parameter counts (total, active per token, by component), layer mix, "
                                       "KV/state sizes."),
     "memory": Entry("memory", "Per-GPU memory: weights, KV cache, KDA state (serve) or grads, optimizer, "
@@ -44,12 +46,13 @@ COMMANDS: dict[str, Entry] = {
     "cp": Entry("cp", "Context parallelism per layer kind: the state folds of recurrent layers (KCP on KDA and GDN, the\n"
                       "decayed sum on Mamba2, Mamba and lightning) vs ring / zigzag / all-gather / Ulysses on attention "
                       "layers."),
-    "prefix-cache": Entry("prefix_cache", "Prefix-cache hit rate for a trace under coarse / decoupled / "
-                                          "full-attention caching."),
+    "prefix-cache": Entry("prefix_cache", "Prefix-cache hit rate for a trace under the K3 design's policies or the "
+                                          "engines' own."),
     "pipeline": Entry("pipeline", "Simulate a pipeline schedule: step time, bubble ratio, idle per stage, "
                                   "encoder hidden share."),
     "sweep": Entry("sweep", "Sweep layouts of a scenario; Pareto front of tokens/s per GPU vs step time (serving: "
-                            "goodput per GPU\nvs p99 TTFT over batch limits and P:D splits)."),
+                            "goodput per GPU\nvs p99 TTFT over batch limits and P:D splits, on a synthetic sample or "
+                            "the --trace)."),
     "serve": Entry("serve", "Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid "
                             "prefix cache."),
     "calibrate": Entry("calibrate", "Measure kernels on a GPU, fit the kernel-time models, validate them."),
@@ -58,7 +61,7 @@ COMMANDS: dict[str, Entry] = {
 }
 
 # Module names under k3sim.commands; each owns one top-level command or sub-app.
-COMMAND_MODULES = ["decode", "plan", "prefill", "diff", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache",
+COMMAND_MODULES = ["decode", "plan", "prefill", "diff", "compare", "model_info", "memory", "calibrate", "kernel_time", "cp", "prefix_cache",
                    "pipeline", "sweep", "serve", "check"]
 
 # Click commands built from a module's registration, by command name; shared by every LazyGroup instance (the

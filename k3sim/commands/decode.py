@@ -339,10 +339,13 @@ def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp
         return
     with _ep_errors_named(_given() if given is None else given):
         r = decode_step(model_cfg, hw, layout, batch, context, spec=spec, zipf=zipf)
+    from k3sim.planner.bands import decode_band
+
+    band = decode_band(hw, model_cfg, r)  # the step model's measured whole-step errors (issue 24 item 4)
     if json_out:
-        print_json({**_result_json(r, hw), "context_note": context_note})
+        print_json({**_result_json(r, hw), **band, "context_note": context_note})
         return
-    _print_result(r, model_cfg, context_note)
+    _print_result(r, model_cfg, context_note, band)
 
 
 def _given() -> dict[str, str]:
@@ -355,7 +358,7 @@ def _given() -> dict[str, str]:
         return {}
 
 
-def _print_result(r, model_cfg, context_note: str | None = None) -> None:
+def _print_result(r, model_cfg, context_note: str | None = None, band: dict | None = None) -> None:
     from k3sim.output import human_bytes, print_kv, print_table
 
     lay = r.layout
@@ -371,7 +374,8 @@ def _print_result(r, model_cfg, context_note: str | None = None) -> None:
                         f"{' '.join(scale)}, {lay.convention} convention"),
              ("batch per DP rank x context", f"{r.batch} x {r.context:,} tokens"),
              *([("context note", context_note)] if context_note else []),
-             ("TPOT", f"{r.tpot_s * 1e3:.3f} ms"), ("tokens/s per GPU", f"{r.tokens_per_s_per_gpu:,.1f}"),
+             ("TPOT", f"{r.tpot_s * 1e3:.3f} ms" + _band_words(band, "tpot_s", 1e3, " ms", ".3f", True)),
+             ("tokens/s per GPU", f"{r.tokens_per_s_per_gpu:,.1f}" + _band_words(band, "tokens_per_s_per_gpu")),
              (f"tokens/s per node ({lay.gpus_per_node} GPUs)", f"{r.tokens_per_s_per_node:,.1f}"),
              ("step: compute / exposed comm / hidden comm",
               f"{r.compute_s * 1e3:.3f} ms / {r.comm_exposed_s * 1e3:.3f} ms / {hidden}"),
@@ -401,6 +405,15 @@ def _print_result(r, model_cfg, context_note: str | None = None) -> None:
     rows = sorted(agg.items(), key=lambda kv: -kv[1][2])
     print_table("per-step breakdown (all stages, per GPU)", ["component", "bytes", "GFLOP", "ms", "source"],
                 [(k, human_bytes(v[0]), f"{v[1] / 1e9:.2f}", f"{v[2] * 1e3:.3f}", v[3]) for k, v in rows])
+
+
+def _band_words(band: dict | None, key: str, scale: float = 1.0, unit: str = "", fmt: str = ",.1f",
+                source: bool = False) -> str:
+    """` (band LOW-HIGH UNIT[ from CHECKS])` of a figure, from `planner.bands.decode_band`'s fields."""
+    if not band or band.get(f"{key}_low") is None:
+        return " (no band: no whole-step decode check)" if source else ""
+    lo, hi = band[f"{key}_low"] * scale, band[f"{key}_high"] * scale
+    return f" (band {lo:{fmt}}-{hi:{fmt}}{unit}" + (f" from {band['band']['source']})" if source else ")")
 
 
 def _print_rollback(spec: dict) -> None:

@@ -239,8 +239,9 @@ def run_diff(base_path: str, variant_path: str, base_set: list[str], variant_set
     for a, b in zip(b_err, v_err):
         if a is not None and b is not None:  # a layout neither model accepts: the options are wrong
             raise a
-    side = lambda path, model, sets, s: {"path": str(path), "model": model.name, "overrides": list(sets or ()),  # noqa: E731
-                                         "notes": s.notes}
+    def side(path: str, model: Any, sets: list[str] | None, s: Side) -> dict:
+        return {"path": str(path), "model": model.name, "overrides": list(sets or ()), "notes": s.notes}
+
     return {"base": side(base_path, base, base_set, bs), "variant": side(variant_path, variant, variant_set, vs),
             "hardware": inp.hw.name,
             "serving_layout": {"tp": inp.tp, "pp": inp.pp, "ep": inp.ep},
@@ -269,8 +270,10 @@ def print_diff(data: dict) -> None:
     b, v = data["base"], data["variant"]
     sv, tr, w = data["serving_layout"], data["training_layout"], data["workload"]
     ep = "tp" if sv["ep"] is None else sv["ep"]
-    print_kv("diff", [("base", f"{b['model']} ({b['path']}{'; ' + ' '.join(b['overrides']) if b['overrides'] else ''})"),
-                      ("variant", f"{v['model']} ({v['path']}{'; ' + ' '.join(v['overrides']) if v['overrides'] else ''})"),
+    def named(s: dict) -> str:
+        return f"{s['model']} ({s['path']}{'; ' + ' '.join(s['overrides']) if s['overrides'] else ''})"
+
+    print_kv("diff", [("base", named(b)), ("variant", named(v)),
                       ("hardware", data["hardware"]),
                       ("serving", f"tp={sv['tp']} pp={sv['pp']} ep={ep}; context {w['context_tokens']:,}, decode batch "
                                   f"{w['batch']}, prompt {w['prompt_tokens']:,} (cached {w['cached_tokens']:,}, chunks "
@@ -298,7 +301,8 @@ def register(app: typer.Typer) -> None:
         variant_set: list[str] = typer.Option(None, "--variant-set", metavar="KEY=VALUE",
                                               help=set_help.format("variant")),
         hardware: str = typer.Option("h200", "--hardware", help="hardware profile name or path"),
-        tp: int = typer.Option(8, "--tp", callback=option_range("parallel", "--tp"), help="serving: tensor-parallel ranks"),
+        tp: int = typer.Option(8, "--tp", callback=option_range("parallel", "--tp"),
+                               help="serving: tensor-parallel ranks"),
         pp: int = typer.Option(2, "--pp", callback=option_range("parallel", "--pp"), help="serving: pipeline stages"),
         ep: Optional[int] = typer.Option(None, "--ep", callback=option_range("parallel", "--ep"),
                                          help="serving: expert-parallel ranks [default: --tp for an MoE model, as "

@@ -101,8 +101,8 @@ def register(app: typer.Typer) -> None:
                                         "sglang-extra-buffer | trtllm-periodic | k3 | none (blocks by its rule)"),
         hash_block: int = typer.Option(512, "--hash-block", help="hash block (tokens); coarse uses the physical block"),
         physical_block: Optional[int] = typer.Option(
-            None, "--physical-block", help="physical block = page (tokens) [default: 6144 for coarse, decoupled and "
-            "full-attention; the engine's rule for an engine policy]"),
+            None, "--physical-block", help="physical block = page (tokens) [default: 6144 for coarse and decoupled, the hash "
+            "block for full-attention, the engine's rule for an engine policy]"),
         snapshot_interval: Optional[int] = typer.Option(
             None, "--snapshot-interval", help="trtllm-periodic: a state snapshot every N tokens (TensorRT-LLM "
             "periodic_snapshot_interval) [default: 256, TensorRT-LLM's K3 example]"),
@@ -152,7 +152,8 @@ def register(app: typer.Typer) -> None:
 
         if engines:
             check(_engines_mode_rules())
-            _engines_report(out, limit=limit, processes=processes, capacities=capacities, json_out=json_out)
+            _engines_report(out, limit=limit, processes=processes, capacities=capacities, json_out=json_out,
+                            tokens_per_s=tokens_per_s, step_overhead_s=step_overhead_s)
             return
         if (trace is None) == (workload is None):
             raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
@@ -243,7 +244,8 @@ def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp,
 
 
 # what the engine report (--engines) reads of the options; every other option is refused with it
-ENGINES_OPTIONS = ("--out", "--limit", "--processes", "--capacities", "--json", "--engines")
+ENGINES_OPTIONS = ("--out", "--limit", "--processes", "--capacities", "--json", "--engines", "--tokens-per-s",
+                   "--step-overhead-s")
 
 
 def _engine_rules() -> list:
@@ -267,7 +269,8 @@ def _engines_mode_rules() -> list:
     other = tuple(o for o in given if o not in ENGINES_OPTIONS)
     return [only_when(other, lambda f: False, why="has no effect with --engines, which replays its own models, "
                       "traces and policies (k3sim.serving.engines_report)",
-                      fix="remove it (--engines takes --out, --limit, --processes, --capacities, --json)")]
+                      fix="remove it (--engines takes --out, --limit, --processes, --capacities, --json, and a "
+                          "step clock --tokens-per-s with --step-overhead-s)")]
 
 
 def _check_budget(cfg, token_budget: int, source: str = "--policy") -> None:
@@ -281,11 +284,21 @@ def _check_budget(cfg, token_budget: int, source: str = "--policy") -> None:
                          f"least {cfg.physical_block_tokens}", source="--token-budget")
 
 
-def _engines_report(out, *, limit, processes, capacities: str, json_out: bool) -> None:
-    """--engines: every engine policy on the report's models and traces, written under --out."""
+def _engines_report(out, *, limit, processes, capacities: str, json_out: bool, tokens_per_s=None,
+                    step_overhead_s=None) -> None:
+    """--engines: every engine policy on the report's models and traces, written under --out; each model's step
+    clock from its replica's step model unless both line parameters are given (one clock for all)."""
+    from k3sim.errors import InputError
     from k3sim.files import check_output_dir, default_out
     from k3sim.output import print_json, print_kv
     from k3sim.serving.engines_report import CAPACITIES, KIND, write_engines_report
+    from k3sim.serving.replay import StepCost
+
+    if (tokens_per_s is None) != (step_overhead_s is None):
+        raise InputError("with --engines a clock is both --tokens-per-s and --step-overhead-s (one line for every "
+                         "model); give both, or neither for each model's step model",
+                         source="--tokens-per-s" if tokens_per_s is not None else "--step-overhead-s")
+    cost = StepCost(tokens_per_s, step_overhead_s) if tokens_per_s is not None else None
 
     out = default_out("prefix-cache-engines") if out is None else out
     check_output_dir(out, kind=KIND)
@@ -295,7 +308,8 @@ def _engines_report(out, *, limit, processes, capacities: str, json_out: bool) -
     caps = _capacities(capacities) if "--capacities" in given else list(CAPACITIES)
     progress, bar = _sweep_progress(not json_out, "prefix-cache engine policies")
     with bar:
-        rep = write_engines_report(out, capacities=caps, limit=limit, processes=processes, progress=progress)
+        rep = write_engines_report(out, capacities=caps, limit=limit, processes=processes, progress=progress,
+                                   cost=cost)
     if json_out:
         print_json({"files": rep.files, "wall_s": rep.wall_s, "rows": rep.rows, "blocks": rep.blocks})
         return

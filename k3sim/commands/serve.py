@@ -112,14 +112,12 @@ def register(app: typer.Typer) -> None:
                                                     "rag | stream (block ids made on the fly: any size)"),
         n_requests: int = typer.Option(1000, "--requests", help="synthetic --workload size (a --trace: --limit)"),
         arrival_rate: Optional[float] = typer.Option(None, "--arrival-rate",
-                                                     help="requests/s: replaces the trace's own timing (its "
-                                                          "conversations' bursts and think times) with a Poisson "
-                                                          "(or --arrival gamma) process at this rate; to keep "
-                                                          "that timing at another rate use --time-scale"),
-        time_scale: Optional[float] = typer.Option(None, "--time-scale",
-                                                   help="multiply the trace's own arrival times by S (0.5: twice "
-                                                        "the rate), keeping its conversation timing; not with "
-                                                        "--arrival-rate or --sweep-rate"),
+                                                     help="requests/s: replaces the trace's own timing (bursts, "
+                                                          "think times) with a Poisson (or --arrival gamma) "
+                                                          "process; to keep that timing use --time-scale"),
+        time_scale: Optional[float] = typer.Option(None, "--time-scale", help="multiply the trace's own arrival "
+                                                   "times by S (0.5: twice the rate), keeping its conversation "
+                                                   "timing; not with --arrival-rate or --sweep-rate"),
         arrival: str = typer.Option("poisson", "--arrival", help="with --arrival-rate or --sweep-rate: poisson | gamma"),
         arrival_cv: float = typer.Option(2.0, "--arrival-cv", help="with --arrival gamma: coefficient of variation "
                                                                      "of the gaps"),
@@ -178,11 +176,7 @@ def register(app: typer.Typer) -> None:
 
         _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_requests, workload)
         rates = _rates(sweep_rate) if sweep_rate is not None else None
-        if rates is not None and arrival_rate is not None:
-            from k3sim.errors import InputError
-
-            raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
-        _check_time_scale(time_scale, arrival_rate, rates)
+        _check_timing(time_scale, arrival_rate, rates)
         if out is not None:  # an --out k3sim may not write is refused before the run
             from k3sim.files import check_output_dir
             from k3sim.serving.report import RUN_KIND, SWEEP_KIND
@@ -207,11 +201,15 @@ def register(app: typer.Typer) -> None:
 
 
 
-def _check_time_scale(time_scale, arrival_rate, rates) -> None:
-    """--time-scale keeps the trace's own timing (scaled); a rate replaces it: one of the two."""
+def _check_timing(time_scale, arrival_rate, rates) -> None:
+    """One way to time the requests: --arrival-rate or --sweep-rate (a Poisson or gamma process replaces the
+    trace's timing), or --time-scale (keeps it, scaled)."""
+    from k3sim.errors import InputError
+
+    if rates is not None and arrival_rate is not None:
+        raise InputError("give --arrival-rate or --sweep-rate, not both", source="--sweep-rate")
     if time_scale is None:
         return
-    from k3sim.errors import InputError
     from k3sim.serving.arrivals import check_time_scale
 
     check_time_scale(time_scale)

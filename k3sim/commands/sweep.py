@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
         """Sweep layouts of a scenario; Pareto front of tokens/s per GPU vs step time (serving: goodput per GPU
-        vs p99 TTFT over batch limits and P:D splits)."""
+        vs p99 TTFT over batch limits and P:D splits, on a synthetic sample or the --trace)."""
         from k3sim.errors import InputError
         from k3sim.planner.inputs import load
 

@@ -42,6 +42,7 @@ KINDS = ("decode", "prefill", "train")
 BASES = ("measured", "datasheet")
 COLUMNS = ("profile", "basis", "kind", "family", "config", "run", "point", "measured_s", "predicted_s", "error",
            "used", "note")
+MAX_BYTES = 4 * 2 ** 20  # a band table is a few hundred checks (~60 KB); a larger file is not one
 KIND_WORDS = {"decode": "decode", "prefill": "mixed prefill", "train": "training"}
 
 
@@ -62,6 +63,7 @@ class Band:
     checks: int
     error_min: float
     error_max: float
+    families: tuple[str, ...]  # the checked models the rows are of
     configs: tuple[str, ...]
     runs: tuple[str, ...]
     caveat: str = ""
@@ -84,15 +86,15 @@ class Band:
 
     def describe(self) -> str:
         """Which checks the band comes from, in words (the report and the CLI print it)."""
-        of = f"of {self.family}" if self.family else f"pooled over {', '.join(self.configs)}"
         how = "" if self.basis == "measured" else " predicted from datasheet figures alone"
-        text = (f"{self.checks} {KIND_WORDS[self.kind]} checks {of} on {self.profile}{how} "
-                f"(errors {100 * self.error_min:+.0f} % to {100 * self.error_max:+.0f} %; runs {', '.join(self.runs)})")
+        text = (f"{self.checks} {KIND_WORDS[self.kind]} checks of {', '.join(self.families)} on {self.profile}{how} "
+                f"(errors {100 * self.error_min:+.1f} % to {100 * self.error_max:+.1f} %; runs {', '.join(self.runs)})")
         return text + (f"; {self.caveat}" if self.caveat else "")
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "model": self.model, "hardware": self.hardware, "checks_profile": self.profile,
-                "basis": self.basis, "calibration": self.calibration, "family": self.family, "checks": self.checks,
+                "basis": self.basis, "calibration": self.calibration, "family": self.family,
+                "families": list(self.families), "checks": self.checks,
                 "error_min": self.error_min, "error_max": self.error_max, "low_factor": self.low_factor,
                 "high_factor": self.high_factor, "runs": list(self.runs), "caveat": self.caveat,
                 "source": self.describe()}
@@ -103,7 +105,7 @@ def read_rows(path: str | Path) -> list[dict]:
     from k3sim.errors import InputError
     from k3sim.reader import read_text
 
-    rows = list(csv.DictReader(read_text(path, "band table").splitlines()))
+    rows = list(csv.DictReader(read_text(path, what="band table", max_bytes=MAX_BYTES).splitlines()))
     if rows and set(COLUMNS) - set(rows[0]):
         raise InputError(f"not a band table: columns {', '.join(sorted(set(COLUMNS) - set(rows[0])))} missing "
                          "(write it with `python3 -m k3sim.validation.bands`)", source=str(path))
@@ -154,7 +156,7 @@ def _caveat(hw: Any, calibration: str, profile: str) -> str:
                 f"{profile}'s own steps predicted from its datasheet alone")
     if getattr(hw, "derived_from", None) is not None:
         return (f"carried from {profile}: {hw.name}'s kernels are {profile}'s measurements rescaled to its "
-                f"datasheet, and no whole step was checked on a {hw.name}")
+                f"datasheet, and no whole step was checked on {hw.name}")
     return f"carried from {profile}: no whole step was checked on {hw.name}"
 
 
@@ -172,11 +174,12 @@ def band_from_rows(rows: Iterable[dict], *, kind: str, model: str, hardware: str
         raise ValueError(f"a {kind} check has an error outside (-1, inf): {min(errs)}")
     note = caveat
     if not own:
-        fams = ", ".join(sorted({r["family"] for r in rows}))
-        note = "; ".join(x for x in (f"no {KIND_WORDS[kind]} check of {model}: pooled over {fams}", caveat) if x)
+        pooled = f"{model} has no {KIND_WORDS[kind]} check of its own: every checked model's are pooled"
+        note = "; ".join(x for x in (pooled, caveat) if x)
     return Band(kind=kind, model=model, hardware=hardware, profile=pick[0]["profile"], basis=basis,
                 calibration=calibration, family=model if own else None, checks=len(pick), error_min=min(errs),
-                error_max=max(errs), configs=tuple(sorted({r["config"] for r in pick})),
+                error_max=max(errs), families=tuple(sorted({r["family"] for r in pick})),
+                configs=tuple(sorted({r["config"] for r in pick})),
                 runs=tuple(sorted({r["run"] for r in pick})), caveat=note)
 
 

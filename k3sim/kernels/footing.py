@@ -46,7 +46,8 @@ DEFAULT_SOURCE = "h200"  # the one profile with measured kernel rows (hardware_p
 # profile's `derived_from.ignores`): said with every derived comparison.
 DERIVED_IGNORES = (
     "compute-bound kernels reach the same fraction of the profile's dense peak as the source's kernels reached of "
-    "the source's (a kernel tuned for another architecture, e.g. Blackwell's tensor-memory MMA, may reach more or less)",
+    "the source's (a kernel tuned for another architecture, e.g. Blackwell's tensor-memory MMA, may reach more or "
+    "less)",
     "each op computes in its registry dtype (the MXFP4 expert kernel dequantises to BF16 on the H200): a native "
     "FP4 tensor-core kernel is not modelled, the op's BF16 peak ratio applies",
     "latency-bound kernels (below half their roofline) keep the source's launch, ramp and tail times: clocks, SM "
@@ -229,24 +230,3 @@ def footing_line(name: str, chosen: str, profiles: list[Any], source: Any = None
                           "launch or latency term (a lower bound)")}[name]
     return f"footing {name}: {what}; {why}; profiles' own: {native}"
 
-
-def choose_footing(requested: str | None, profiles: list[Any], source_ref: str = DEFAULT_SOURCE) -> tuple[str, str]:
-    """(footing, "given" | "default"): the requested one, refused in one line naming --footing where a profile
-    cannot stand on it; by default the first of `FOOTINGS` every profile has (measured only when all have their
-    own rows; derived when the source has measured rows; else datasheet)."""
-    from k3sim.configs.profiles import load_profile
-    from k3sim.errors import InputError
-
-    if requested is not None and requested not in FOOTINGS:
-        raise InputError(f"must be one of {', '.join(FOOTINGS)} (or leave it out for the most measured footing "
-                         f"every profile has), got {requested!r}", source="--footing")
-    lacking = [hw.name for hw in profiles if native_footing(hw) != "measured"]
-    if requested == "measured" and lacking:
-        raise InputError(f"measured needs every profile's own measured kernel rows and {', '.join(lacking)} "
-                         f"{'has' if len(lacking) == 1 else 'have'} none: use --footing derived (from "
-                         f"{source_ref}'s rows) or datasheet", source="--footing")
-    if requested is not None:
-        return requested, "given"
-    if not lacking:
-        return "measured", "default"
-    return ("derived" if native_footing(load_profile(source_ref)) == "measured" else "datasheet"), "default"

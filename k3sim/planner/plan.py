@@ -121,6 +121,9 @@ class PlanResult:
                         "breakdown": [{"component": r.component, "seconds": r.seconds, "source": r.source,
                                        "kind": r.kind} for r in t.breakdown],
                         "stages": t.stages, "stage_split": t.stage_split, "pipeline_source": t.pipeline_source})
+            from k3sim.planner.bands import plan_training_band  # *_low / *_high from the whole-step checks
+
+            out.update(plan_training_band(self))
         if self.serving is not None:
             out.update({k: v for k, v in self.serving.items() if k not in out})
         if self.decode is not None:

@@ -113,19 +113,11 @@ def load_traffic(*, trace: str | Path | None, workload: str | None, arrival_rate
     reqs = list(reqs)
     label = label.replace("{n}", f"{len(reqs):,}")
     if time_scale is not None:
-        reqs = _scaled(reqs, time_scale)
+        from k3sim.serving.arrivals import time_scaled
+
+        reqs = list(time_scaled(reqs, time_scale))
         label += f", time x{time_scale:g}"
     return Traffic.of(reqs, label)
-
-
-def _scaled(reqs: list, scale: float) -> list:
-    """The trace's own arrival times stretched by `scale` (0.5: twice the rate, the conversations' gaps kept)."""
-    import dataclasses
-
-    if not (math.isfinite(scale) and scale > 0):
-        raise InputError(f"must be a finite positive factor (got {scale})", source="--time-scale")
-    t0 = reqs[0].arrival_s if reqs else 0.0
-    return [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * scale) for r in reqs]
 
 
 # ------------------------------------------------------------------------------------------ candidates
@@ -458,6 +450,9 @@ def search(path: str | Path, traffic: Traffic, *, slo_ttft_s: float, slo_tpot_s:
         finals = run_simulations(path, [_dims(r) for r in finals], len(traffic.requests), traffic, slos,
                                  workers=workers, scheduler=scheduler, progress=step("full traffic"))
         finals = [r for r in finals if r["status"] == "ok"]
+    from k3sim.planner.bands import with_bands  # the finalists' figures at both ends of the step-error band
+
+    finals = with_bands(path, finals, traffic, slos, workers=workers, scheduler=scheduler, progress=step("error bands"))
     finals.sort(key=_rank)
     meet = [r for r in finals if r["meets_slo"]]
     rec = meet[0] if meet else None

@@ -114,8 +114,8 @@ class BlockPool:
 
     def allocate_n(self, kind: int, n: int) -> list[int]:
         """A unit of n pages (a KDA state slot): empty pages in bulk, growth in bulk, then one `allocate` (which
-        may evict and so refill the empty end) at a time. Only the first page carries the refcount and the kind;
-        the others keep refcount 0 (so they go back to the empty end as they are) and get a new generation."""
+        may evict and so refill the empty end) at a time. Only the first page carries the refcount, the kind and a
+        new generation; the others keep refcount 0, so they go back to the empty end as they are."""
         empty, rc, kd, gen = self.empty, self.refcount, self.kind, self.generation
         if not empty and self.capacity is None:  # fast path: an unbounded pool grows by the whole unit
             first = len(rc)
@@ -128,29 +128,34 @@ class BlockPool:
                 self.unit[first] = out
             return out
         out: list[int] = []
-        while len(out) < n:
-            take = min(n - len(out), len(empty))
+        need = n
+        while need:
+            take = need if need < len(empty) else len(empty)
             if take:
                 chunk = empty[-take:]
                 del empty[-take:]
-                for p in chunk:
-                    gen[p] += 1
                 out += chunk
+                need -= take
                 continue
-            grow = n - len(out) if self.capacity is None else min(n - len(out), self.capacity - len(rc))
+            grow = need if self.capacity is None else min(need, self.capacity - len(rc))
             if grow > 0:
                 first = len(rc)
                 rc.extend([0] * grow)
                 kd.extend([kind] * grow)
                 gen.extend([1] * grow)
                 out.extend(range(first, first + grow))
+                need -= grow
             else:
                 page = self.allocate(kind)  # evicts: a unit's other pages refill the empty end
                 rc[page] = 0
                 out.append(page)
+                need -= 1
+        # a page taken from the empty end held nothing anyone pins; the unit's identity is its first page's
+        # generation (a hit's pages and slots change owner only through an eviction, which bumps it)
         head = out[0]
         rc[head] = 1
         kd[head] = kind
+        gen[head] += 1
         if n > 1:
             self.unit[head] = out
         return out

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from k3sim.errors import InputError
-from k3sim.prefix_cache.config import LEGACY_POLICIES, CacheConfig, config_from_model
+from k3sim.prefix_cache.config import LEGACY_POLICIES, POLICIES, CacheConfig, config_from_model
 from k3sim.workloads.mooncake import MOONCAKE_BLOCK_TOKENS
 
 # the policies whose blocks an engine's rule sets (the rest take --hash-block / --physical-block as given)
@@ -56,7 +56,8 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
                 eviction_alpha: float | None = None, snapshot_interval_tokens: int | None = None,
                 model=None) -> CacheConfig:
     """The cache of `model_path`'s model (or `model`, already loaded) under these options; a refused value
-    names its CLI option. `physical_block_tokens` None: the policy's rule (6144 for coarse and decoupled)."""
+    names its CLI option. `physical_block_tokens` None: the policy's rule (6144 for coarse and decoupled, the
+    hash block for full-attention)."""
     from k3sim.configs import load_model
 
     model = model if model is not None else load_model(str(model_path))
@@ -69,10 +70,11 @@ def make_config(model_path: str | Path, policy: str, hash_block_tokens: int, phy
         kw["eviction_alpha"] = eviction_alpha
     kw["eviction"] = eviction
     with named_options(OPTIONS):
-        if policy in LEGACY_POLICIES:
+        if policy in LEGACY_POLICIES or policy not in POLICIES:  # an unknown one: CacheConfig names it
             if snapshot_interval_tokens is not None:
                 raise InputError("applies to --policy trtllm-periodic only", source="--snapshot-interval")
-            pb = physical_block_tokens or DEFAULT_PHYSICAL_BLOCK
+            # the upper bound restores every hash block: its page is the hash block unless one is given
+            pb = physical_block_tokens or (hash_block_tokens if policy == "full-attention" else DEFAULT_PHYSICAL_BLOCK)
             return config_from_model(model, policy, hash_block_tokens, pb, capacity_bytes, tp=tp, **kw)
         return engine_from_options(model, policy, hash_block_tokens, physical_block_tokens, capacity_bytes, tp,
                                    snapshot_interval_tokens, kw)

@@ -72,7 +72,9 @@ def _summary(res) -> list[tuple[str, str]]:
                          ("ttft_p99_s", "p99 TTFT"), ("tpot_p99_s", "p99 TPOT")):
             if k in res.serving:
                 summary.append((label, _fmt(k, res.serving[k])))
-    return summary
+    from k3sim.report.search import with_bands  # each figure's error band and the checks it comes from
+
+    return with_bands(res, summary)
 
 
 def _memory_sections(res, fig_dir: Path) -> list[dict]:
@@ -156,10 +158,13 @@ def _serving_sections(res, fig_dir: Path) -> list[dict]:
     srv = res.serving
     if not srv:
         return [_section("serving", "Serving latency and goodput", res.notes.get("serving", "not available"))]
-    keys = ["requests", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
-            "throughput_requests_per_s", "throughput_output_tokens_per_s_per_gpu", "goodput_requests_per_s",
-            "token_hit_rate", "slo_ttft_s", "slo_tpot_s", "sim_seconds"]
-    rows = [[k, _fmt(k, srv[k])] for k in keys if k in srv]
+    rows = [[label, _fmt(k, srv[k])] for k, label in SERVING_ROWS if k in srv]
+    extra = []
+    if srv.get("overloaded"):  # latency percentiles of a growing queue are not an answer: the rate that is
+        extra.append(f"Overloaded: {srv.get('offered_rate_per_s', float('nan')):.3g} requests/s offered, about "
+                     f"{srv.get('sustainable_rate_per_s', float('nan')):.3g} requests/s sustainable; the latency "
+                     "figures above are those of a queue that keeps growing.")
+    extra += [f"Warning: {w}" for w in srv.get("warnings", []) or []]
     figs = []
     if res.serving_frame is not None and len(res.serving_frame):
         from k3sim.serving.report import plot_latency_cdfs
@@ -168,7 +173,17 @@ def _serving_sections(res, fig_dir: Path) -> list[dict]:
         plot_latency_cdfs(res.serving_frame, p, f"{res.scenario}: latency CDFs (serving sample)")
         figs.append((p, "serving latency CDFs"))
     return [_section("serving", "Serving latency and goodput", res.notes.get("serving", ""),
-                     {"header": ["quantity", "value"], "rows": rows}, figs)]
+                     {"header": ["quantity", "value"], "rows": rows}, figs, extra)]
+
+
+# the serving figures of the report, in the field's words (JSON keys stay in plan.json)
+SERVING_ROWS = (("requests", "requests simulated"), ("ttft_p50_s", "TTFT p50"), ("ttft_p99_s", "TTFT p99"),
+                ("tpot_p50_s", "TPOT p50"), ("tpot_p99_s", "TPOT p99"), ("e2e_p50_s", "end-to-end latency p50"),
+                ("e2e_p99_s", "end-to-end latency p99"), ("throughput_requests_per_s", "throughput (requests/s)"),
+                ("throughput_output_tokens_per_s_per_gpu", "output tokens/s per GPU"),
+                ("goodput_requests_per_s", "goodput (requests/s within both SLOs)"),
+                ("token_hit_rate", "prefix-cache token hit rate"), ("slo_ttft_s", "TTFT SLO"),
+                ("slo_tpot_s", "TPOT SLO"), ("sim_seconds", "simulated time"))
 
 
 def _decode_sections(res, fig_dir: Path) -> list[dict]:
@@ -262,8 +277,9 @@ def build_context(res, fig_dir: Path) -> dict:
     from k3sim.report.budget import budget_sections
     from k3sim.report.search import search_sections
 
-    sections = (search_sections(res, fig_dir) + _memory_sections(res, fig_dir) + _step_sections(res, fig_dir) + _stage_sections(res)
-                + budget_sections(res)
+    # the answer first (a search's recommendation, a token budget's cluster), then the sections that explain it
+    sections = (search_sections(res, fig_dir) + budget_sections(res) + _memory_sections(res, fig_dir)
+                + _step_sections(res, fig_dir) + _stage_sections(res)
                 + _serving_sections(res, fig_dir)
                 + _decode_sections(res, fig_dir) + _prefix_cache_sections(res, fig_dir) + _cp_sections(res, fig_dir)
                 + _pipeline_sections(res, fig_dir) + _trust_sections(res))

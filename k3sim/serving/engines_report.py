@@ -113,7 +113,8 @@ def engine_rows(models: Sequence, traces: Sequence[Path], capacities: Sequence[f
         df = run_sweep(reqs, configs, sched, [clocks[m["model"]][0] for m in meta], processes, progress)
         for m, rec in zip(meta, df.to_dict("records")):
             rec.pop("wall_s", None)
-            rows.append({**m, **rec})
+            # pandas' NaN for an absent value (unbounded capacity, no note) back to None
+            rows.append({**m, **{k: (None if isinstance(v, float) and v != v else v) for k, v in rec.items()}})
     return rows
 
 

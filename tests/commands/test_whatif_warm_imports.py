@@ -17,7 +17,8 @@ HEAVY = ("yaml", "rich", "pandas", "scipy", "matplotlib")
 
 def loaded(argv: list[str], cache: Path) -> tuple[str, list[str]]:
     code = ("import sys\nfrom k3sim.cli import main\ntry:\n    main(" + repr(argv) + ")\nexcept SystemExit:\n"
-            "    pass\nprint('LOADED=' + ','.join(m for m in " + repr(HEAVY) + " if m in sys.modules), file=sys.stderr)")
+            "    pass\nprint('LOADED=' + ','.join(m for m in " + repr(HEAVY) + " if m in sys.modules), "
+            "file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, K3SIM_CACHE_DIR=str(cache)))
     mods = proc.stderr.strip().splitlines()[-1].removeprefix("LOADED=")
@@ -26,7 +27,8 @@ def loaded(argv: list[str], cache: Path) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("argv", [
     ["prefill", "--prompt", "16384"],
-    ["model-info", "--model", "models/kimi-k3.yaml", "--set", "kda.num_heads=48", "--set", "full_attn_layers=[4, 8]"],
+    ["model-info", "--model", "models/kimi-k3.yaml", "--set", "kda.num_heads=48", "--set",
+     "full_attn_layers=[4, 8]"],
 ])
 def test_a_warm_what_if_loads_no_heavy_library(tmp_path, argv):
     cold_out, cold = loaded(argv, tmp_path / "cache")

@@ -55,12 +55,12 @@ def test_traffic_counts_prompt_work_an_unbounded_cache_cannot_save():
 
 
 def test_time_scale_keeps_the_trace_gaps(tmp_path):
-    from k3sim.planner.serve_search import _scaled
+    from k3sim.serving.arrivals import time_scaled
 
     reqs = [TraceRequest(10.0, 512, 1, block_ids=[1]), TraceRequest(14.0, 512, 1, block_ids=[2])]
-    assert [r.arrival_s for r in _scaled(reqs, 0.5)] == [10.0, 12.0]
-    with pytest.raises(InputError, match="--time-scale"):
-        _scaled(reqs, 0.0)
+    assert [r.arrival_s for r in time_scaled(reqs, 0.5)] == [5.0, 7.0]  # the gap halves: twice the rate
+    with pytest.raises(InputError, match="positive factor"):
+        list(time_scaled(reqs, 0.0))
 
 
 def test_search_answers_the_cheapest_layout_meeting_the_slos(traffic):
