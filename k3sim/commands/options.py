@@ -41,30 +41,15 @@ MODEL_SET_HELP = ("model what-if, repeatable: KEY=VALUE set in the model file be
 def _install_model_set(ctx, param, value):
     """`--set`'s callback: parse and check the overrides as soon as the option is read (an unknown key is refused
     before any work) and make them the overrides of every model this command loads (`configs.overrides.current`,
-    read by `configs.loaders.load_model`), until the command ends. The planner's per-process scenario memo
-    (`planner.sweep._worker_state`, keyed by the scenario's path) is emptied on both sides, so a run in this
-    process never reuses a model loaded under other overrides."""
+    read by `configs.loaders.load_model`), until the command ends. The planner's per-process scenario memos are
+    keyed by the overrides in force, so a run never reuses a model loaded under other overrides."""
     if not value:
         return value
     from k3sim.configs import overrides
 
     overrides.install(overrides.parse(value, option="--set"))
-    _forget_scenarios()
-
-    def done() -> None:
-        overrides.clear()
-        _forget_scenarios()
-
-    ctx.call_on_close(done)
+    ctx.call_on_close(overrides.clear)
     return value
-
-
-def _forget_scenarios() -> None:
-    import sys
-
-    sweep = sys.modules.get("k3sim.planner.sweep")
-    if sweep is not None:
-        sweep._worker_state.cache_clear()
 
 
 # The one `--set` of every command that takes a model (`model_set: list[str] = MODEL_SET` in its signature).

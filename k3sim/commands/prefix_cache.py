@@ -138,17 +138,15 @@ def register(app: typer.Typer) -> None:
         name: Optional[str] = typer.Option(None, "--name", help="--sweep file prefix (default: trace file stem)"),
         engines: bool = typer.Option(False, "--engines", help="the engine-policy report: every engine policy on "
                                      "Qwen3-Next, Nemotron-H and K3, both shipped traces, into --out "
-                                     "(engines.md, engines.csv) [default --out: ./k3sim-out/prefix-cache-engines/]"),
+                                     "(engines.md, engines.csv) [default --out: ./k3sim-out/prefix-cache/, beside the sweeps]"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Prefix-cache hit rate for a trace under the K3 design's policies or the engines' own."""
+        from k3sim.commands.options import PREFIX_CACHE, check
         from k3sim.errors import InputError
+        from k3sim.files import project_path
         from k3sim.prefix_cache.setup import make_config
         from k3sim.serving.replay import SchedulerConfig
-
-        from k3sim.files import project_path
-
-        from k3sim.commands.options import PREFIX_CACHE, check
 
         if engines:
             check(_engines_mode_rules())
@@ -158,22 +156,7 @@ def register(app: typer.Typer) -> None:
         if (trace is None) == (workload is None):
             raise InputError("give exactly one of --trace FILE or --workload NAME", source="--trace")
         check(PREFIX_CACHE + _engine_rules())  # every option given changes the result (k3sim.commands.options)
-        for opt, v in (("--out", out), ("--name", name)):
-            if v is not None and not sweep:
-                raise InputError("only --sweep writes files; add --sweep or drop it", source=opt)
-        if sweep:  # an --out k3sim may not write is refused before the trace is read
-            from k3sim.files import check_output_dir, default_out
-            from k3sim.serving.prefix_cache_run import KIND
-
-            out = default_out("prefix-cache") if out is None else out
-            check_output_dir(out, kind=KIND)
-        if trace is not None:
-            from k3sim.reader import probe
-
-            trace = project_path(trace)  # data/traces/... works from any directory
-            # refused now, before any work, if nothing readable is there (missing, a directory, a device); the
-            # trace itself is read once, while it is replayed (a pipe works)
-            probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
+        out, trace = _check_out_and_trace(out, name, sweep, trace)
         _check_numbers(token_budget=token_budget, max_running=max_running, hash_block=hash_block,
                        physical_block=physical_block, tp=tp, kda_groups=kda_groups,
                        retention_interval=retention_interval, capacity_bytes=capacity_bytes,
@@ -191,13 +174,9 @@ def register(app: typer.Typer) -> None:
             _check_budget(cfg, token_budget)
         cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         if sweep:
-            def engine(pol, hb, pb, cap):  # an engine policy of the sweep, by its rules (these options' model)
-                c = make_config(model, pol, hb, pb, cap, kda_groups, 0, tp, eviction=eviction,
-                                eviction_alpha=eviction_alpha, model=loaded,
-                                snapshot_interval_tokens=snapshot_interval if pol == "trtllm-periodic" else None)
-                _check_budget(c, token_budget, "--policies")
-                return c
-
+            engine = _sweep_engine(model, loaded, kda_groups=kda_groups, tp=tp, eviction=eviction,
+                                   eviction_alpha=eviction_alpha, snapshot_interval=snapshot_interval,
+                                   token_budget=token_budget)
             _prefix_cache_sweep(trace, cfg, sched, cost, policies=policies, hash_blocks=hash_blocks,
                                 physical_blocks=physical_blocks, capacities=capacities, out=out, name=name,
                                 strict=strict, limit=limit, processes=processes, workload=workload, seed=seed,
@@ -206,6 +185,44 @@ def register(app: typer.Typer) -> None:
         _prefix_cache_replay(trace, cfg, sched, cost, strict=strict, limit=limit, workload=workload, seed=seed,
                              n_requests=n_requests, json_out=json_out, tokens_per_s=tokens_per_s,
                              step_overhead_s=step_overhead_s, step_scenario=step_scenario)
+
+
+def _check_out_and_trace(out, name, sweep: bool, trace):
+    """(--out, --trace) resolved: files only with --sweep (its directory checked before the trace is read), the
+    trace found from any directory and probed now, before any work (read once later, while it is replayed: a
+    pipe works)."""
+    from k3sim.errors import InputError
+    from k3sim.files import project_path
+
+    for opt, v in (("--out", out), ("--name", name)):
+        if v is not None and not sweep:
+            raise InputError("only --sweep writes files; add --sweep or drop it", source=opt)
+    if sweep:  # an --out k3sim may not write is refused before the trace is read
+        from k3sim.files import check_output_dir, default_out
+        from k3sim.serving.prefix_cache_run import KIND
+
+        out = default_out("prefix-cache") if out is None else out
+        check_output_dir(out, kind=KIND)
+    if trace is not None:
+        from k3sim.reader import probe
+
+        trace = project_path(trace)  # data/traces/... works from any directory
+        # refused if nothing readable is there (missing, a directory, a device)
+        probe(trace, source=f"--trace {trace}", what="Mooncake JSONL trace")
+    return out, trace
+
+
+def _sweep_engine(model, loaded, *, kda_groups, tp, eviction, eviction_alpha, snapshot_interval, token_budget):
+    """The builder of a sweep's engine policies (`setup.grid`): each by its rules, on these options' model."""
+    from k3sim.prefix_cache.setup import make_config
+
+    def engine(pol, hb, pb, cap):
+        c = make_config(model, pol, hb, pb, cap, kda_groups, 0, tp, eviction=eviction, eviction_alpha=eviction_alpha,
+                        model=loaded, snapshot_interval_tokens=snapshot_interval if pol == "trtllm-periodic" else None)
+        _check_budget(c, token_budget, "--policies")
+        return c
+
+    return engine
 
 
 def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp, kda_groups, retention_interval,
@@ -300,7 +317,7 @@ def _engines_report(out, *, limit, processes, capacities: str, json_out: bool, t
                          source="--tokens-per-s" if tokens_per_s is not None else "--step-overhead-s")
     cost = StepCost(tokens_per_s, step_overhead_s) if tokens_per_s is not None else None
 
-    out = default_out("prefix-cache-engines") if out is None else out
+    out = default_out("prefix-cache") if out is None else out
     check_output_dir(out, kind=KIND)
     from k3sim.commands.options import given_options
 

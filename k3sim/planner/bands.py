@@ -4,7 +4,7 @@
 - A figure of one step kind (decode TPOT, a training step) scales directly: a time by the band's factors, a rate by
   their inverses (`figure_fields`).
 - A serving figure (TTFT, TPOT percentiles, goodput) comes out of the DES, where a step's time feeds batching,
-  queueing and the SLO count non-linearly, so the DES is run again at each end of the band (`simulate_ends`):
+  queueing and the SLO count non-linearly, so the DES is run again at each end of the band (`simulate_end`):
   every step of a pool scaled by its kind's factor (`ScaledStep`: decode-only steps by the decode band, steps with
   a prefill chunk by the mixed-prefill band), the same requests, the same seeds. `*_low` is the smaller value of
   the three runs (point, fast end, slow end) and `*_high` the larger, so a band brackets its figure even where the

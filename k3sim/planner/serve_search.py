@@ -185,8 +185,15 @@ def describe(p: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ one candidate
-@lru_cache(maxsize=4)
 def _resolved(path: str):
+    """The scenario, model and hardware, memoised per path and the model what-ifs in force (`--set`)."""
+    from k3sim.configs.overrides import current
+
+    return _resolved_for(path, tuple(o.text for o in current()))
+
+
+@lru_cache(maxsize=4)
+def _resolved_for(path: str, overrides: tuple[str, ...]):
     from k3sim.configs import resolve_scenario
 
     return resolve_scenario(path)

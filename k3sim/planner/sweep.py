@@ -311,9 +311,17 @@ def grid(inp, given: dict[str, list[int] | None], skipped: Counter | None = None
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-@lru_cache(maxsize=8)
 def _worker_state(path: str, kernel_key: str | None):
-    """Per process: the scenario, and one TrainingContext whose memoised kernel times all points share."""
+    """Per process: the scenario, and one TrainingContext whose memoised kernel times all points share; memoised
+    per scenario path and the model what-ifs in force (`configs.overrides.current`: a `--set` run never reuses a
+    model loaded under other overrides)."""
+    from k3sim.configs.overrides import current
+
+    return _worker_state_for(path, kernel_key, tuple(o.text for o in current()))
+
+
+@lru_cache(maxsize=8)
+def _worker_state_for(path: str, kernel_key: str | None, overrides: tuple[str, ...]):
     from k3sim.planner.inputs import load
     from k3sim.training import TrainingContext
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from k3sim.prefix_cache.config import CacheConfig
+from k3sim.prefix_cache.config import LEGACY_POLICIES, CacheConfig
 from k3sim.prefix_cache.flops import PrefillFlops
 from k3sim.prefix_cache.pool import KDA, MLA, BlockPool
 
@@ -105,8 +105,18 @@ class HybridPrefixCache:
         self.retain = cfg.retention_interval_tokens if self.G else 0
         self.pool = BlockPool(cfg.num_pages)
         self.pool.on_evict = self._on_evict
-        # states come from the same pool, or from one of their own (SGLang's mamba pool: a slot per state)
-        self.spool = BlockPool(cfg.num_state_pages) if cfg.split_pools else self.pool
+        # states come from the same pool, or from one of their own (SGLang's mamba pool: a slot per state); an
+        # unbounded pool evicts nothing, so an engine policy's many-page states (a TensorRT-LLM snapshot of K3 is
+        # 32 pages) are kept as one page of k pages' bytes there: the same bytes, k times fewer pages to move
+        self.state_page_bytes = cfg.state_page_bytes
+        if cfg.split_pools:
+            self.spool = BlockPool(cfg.num_state_pages)
+        elif cfg.capacity_bytes is None and self.k > 1 and cfg.policy not in LEGACY_POLICIES:
+            self.spool = BlockPool(None)
+            self.state_page_bytes = self.k * cfg.page_bytes
+            self.k = 1
+        else:
+            self.spool = self.pool
         if self.spool is not self.pool:
             self.spool.on_evict = self._on_evict_state
         self.flops = PrefillFlops(cfg.prefill_flop_linear, cfg.prefill_flop_pair)
@@ -511,7 +521,7 @@ class HybridPrefixCache:
         ck = Ckpt(key, self.step + 1, kept, tok)
         ck.slots = [self._alloc_slot(ck, copies) for _ in range(self.G)]  # new slots: cached ones stay read-only
         if self.flop_aware:  # a hit on this checkpoint skips the whole prefix; it holds G slots of k pages
-            v = self.flops(tok) / (self.G * self.k * copies * self.cfg.state_page_bytes)
+            v = self.flops(tok) / (self.G * self.k * copies * self.state_page_bytes)
             for sid in ck.slots:
                 self.spool.value[self.slot_pages[sid][0]] = v
         if key is not None:

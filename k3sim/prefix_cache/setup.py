@@ -93,6 +93,9 @@ def engine_from_options(model, policy: str, hash_block: int, physical_block: int
             if given:
                 raise InputError(f"{policy} sets its block by vLLM's page-size rule (hash block = page): remove "
                                  f"{opt}, or use --policy k3 / decoupled to choose blocks", source=opt)
+    if kw.get("num_kda_groups") is not None and policy.startswith(("sglang-", "trtllm-")):
+        raise InputError(f"{policy} keeps a request's state as one allocation (no state groups): remove "
+                         "--kda-groups", source="--kda-groups")
     if snapshot_interval is not None and policy != "trtllm-periodic":
         raise InputError("applies to --policy trtllm-periodic only", source="--snapshot-interval")
     if kw.get("retention_interval_tokens") and policy != "k3":

@@ -20,7 +20,9 @@ from k3sim.files import atomic_write_text, output_dir
 from k3sim.prefix_cache.engines import ENGINE_POLICIES, ENGINES, block_rule, check_policy, engine_config
 from k3sim.serving.replay import SchedulerConfig, StepCost
 
-KIND = "prefix-cache-engines"  # the output kind (k3sim.files manifest)
+# the output kind (k3sim.files manifest): a prefix-cache sweep's, part "engines", so the report lives beside the
+# sweeps of reports/prefix_cache
+KIND, PART = "prefix-cache-sweep", "engines"
 MODELS = ("models/qwen3-next-80b-a3b.yaml", "models/nemotron-h-56b.yaml", "models/kimi-k3.yaml")
 TRACES = ("data/traces/conversation_trace.jsonl", "data/traces/synthetic_trace.jsonl")
 # 1 TB: about one 8 x H200 node's HBM (8 x 141 GB) after Qwen3-Next's or Nemotron-H's weights; the same pool for
@@ -105,11 +107,14 @@ def engine_rows(models: Sequence, traces: Sequence[Path], capacities: Sequence[f
                                          "token block: align mode cannot schedule a chunk"})
                     continue
                 rule = block_rule(model, policy)
+                # a prompt shorter than the first restorable position never hits (vLLM's inflated blocks)
+                first = rule.snapshot_tokens or rule.hash_tokens
+                short = sum(r.input_tokens <= first for r in reqs) / max(len(reqs), 1)
                 for cfg in cfgs:
                     configs.append(cfg)
                     meta.append({"trace": Path(trace).name, "model": model.name, "page_tokens": rule.page_tokens,
                                  "snapshot_tokens": rule.snapshot_tokens, "rule_note": rule.note,
-                                 "step_clock": clocks[model.name][1]})
+                                 "step_clock": clocks[model.name][1], "requests_within_first_snapshot": short})
         df = run_sweep(reqs, configs, sched, [clocks[m["model"]][0] for m in meta], processes, progress)
         for m, rec in zip(meta, df.to_dict("records")):
             rec.pop("wall_s", None)
@@ -152,7 +157,7 @@ def _block_table(blocks: list[dict], tps: Sequence[int]) -> str:
 
 def _trace_table(rows: list[dict], trace: str, capacities: Sequence[float | None]) -> str:
     caps = [_cap(c) for c in capacities]
-    head = ("| model | policy | page (tokens) | one checkpoint (GiB) | "
+    head = ("| model | policy | engine page (tokens) | one checkpoint (GiB) | "
             + " | ".join(f"{c}: token hit % / request hit % / prefill FLOP saved % / state peak (GiB)" for c in caps)
             + " |")
     lines = [head, "|---|---|---|---|" + "---|" * len(caps)]
@@ -174,6 +179,7 @@ def _trace_table(rows: list[dict], trace: str, capacities: Sequence[float | None
                                                                            + [""] * (len(caps) - 1)) + " |")
             continue
         out = []
+        dash = first["policy"] in ("full-attention", "none")  # no checkpoint to size
         for c in caps:
             r = cells.get(c)
             if r is None or r.get("token_hit_rate") is None or r.get("token_hit_rate") != r.get("token_hit_rate"):
@@ -181,8 +187,8 @@ def _trace_table(rows: list[dict], trace: str, capacities: Sequence[float | None
                 continue
             out.append(f"{_pct(r['token_hit_rate'])} / {_pct(r['request_hit_rate'])} / "
                        f"{_pct(r['prefill_flop_saved_fraction'])} / {_gib(r['checkpoint_bytes_peak'])}")
-        lines.append(f"| {key[0]} | `{key[1]}` | {first['page_tokens']:,} | {_gib(first['checkpoint_bytes'])} | "
-                     + " | ".join(out) + " |")
+        one = "-" if dash else _gib(first["checkpoint_bytes"])
+        lines.append(f"| {key[0]} | `{key[1]}` | {first['page_tokens']:,} | {one} | " + " | ".join(out) + " |")
     return "\n".join(lines)
 
 
@@ -206,6 +212,10 @@ def _headlines(rows: list[dict], capacities: Sequence[float | None]) -> list[str
                         f"{_pct(best['token_hit_rate'])} % of prompt tokens, worst `{worst['policy']}` "
                         f"{_pct(worst['token_hit_rate'])} %, `k3` {_pct(k3['token_hit_rate']) if k3 else '-'} %, "
                         f"upper bound {_pct(upper['token_hit_rate'])} %")
+                align = next((r for r in sel if r["policy"] == "vllm-align"), None)
+                if align is not None and cap is None:
+                    text += (f"; {_pct(align['requests_within_first_snapshot'])} % of its requests are no longer "
+                             f"than vLLM align's {align['page_tokens']:,}-token block (they can never hit)")
                 out.append(text)
     return out
 
@@ -279,7 +289,8 @@ CSV_COLUMNS = ["trace", "model", "policy", "capacity_bytes", "page_tokens", "sna
                "token_hit_rate", "request_hit_rate", "prefill_tokens_saved", "prefill_flop_saved",
                "prefill_flop_saved_fraction", "checkpoint_bytes_peak", "pool_bytes_peak", "state_pool_bytes_peak",
                "checkpoints_written", "checkpoints_skipped", "checkpoints_evicted", "checkpoints_donated",
-               "evictions", "requests_rejected", "rule_note", "step_clock", "note"]
+               "evictions", "requests_rejected", "requests_within_first_snapshot", "rule_note", "step_clock",
+               "note"]
 
 
 def write_engines_report(out_dir: str | Path, *, models: Sequence[str | Path] = MODELS,
@@ -288,7 +299,7 @@ def write_engines_report(out_dir: str | Path, *, models: Sequence[str | Path] = 
                          cost: StepCost | None = None, processes: int | None = None,
                          progress: Callable[[int, int], None] | None = None) -> EnginesReport:
     """Replay every engine policy and write `engines.md` and `engines.csv` into `out_dir` (kind
-    `prefix-cache-engines`, `k3sim.files.output_dir`)."""
+    `prefix-cache-sweep`, part `engines`, `k3sim.files.output_dir`)."""
     import pandas as pd
 
     from k3sim.configs import load_model
@@ -311,7 +322,7 @@ def write_engines_report(out_dir: str | Path, *, models: Sequence[str | Path] = 
             df[c] = None
     out = Path(out_dir)
     files = {"table": str(out / "engines.md"), "csv": str(out / "engines.csv")}
-    with output_dir(out, kind=KIND, source="--out"):
+    with output_dir(out, kind=KIND, part=PART, source="--out"):
         atomic_write_text(files["table"], md)
         atomic_write_text(files["csv"], df[CSV_COLUMNS].to_csv(index=False))
     return EnginesReport(rows, blocks, files, time.perf_counter() - t0)

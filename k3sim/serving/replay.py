@@ -240,7 +240,7 @@ class _Replay:
         self.next_arrival_s = math.inf
         self.arrivals_done = False
         self.wake_event = None
-        self.rejected = self.input_tokens = self.steps = self.peak_pages = self.peak_state_pages = 0
+        self.rejected = self.input_tokens = self.steps = self.peak_bytes = self.peak_state_pages = 0
 
     def wake(self) -> None:
         """Resume an idle scheduler (a request arrived, or the trace ended)."""
@@ -324,13 +324,14 @@ class _Replay:
         if self.check_every and self.steps % self.check_every < n_steps:
             cache.check()
         unbounded = self.cfg.capacity_bytes is None
-        pool_pages = cache.pool.num_pages - (len(cache.pool.empty) if unbounded else 0)
-        if pool_pages > self.peak_pages:
-            self.peak_pages = pool_pages
+        used = (cache.pool.num_pages - (len(cache.pool.empty) if unbounded else 0)) * self.cfg.page_bytes
         if cache.spool is not cache.pool:
             state_pages = cache.spool.num_pages - (len(cache.spool.empty) if unbounded else 0)
+            used += state_pages * cache.state_page_bytes
             if state_pages > self.peak_state_pages:
                 self.peak_state_pages = state_pages
+        if used > self.peak_bytes:
+            self.peak_bytes = used
 
     def _advance(self, n_steps: int) -> None:
         """Requests past their prefill generate tokens (the last prefill forward yields the first one, a decode
@@ -374,8 +375,8 @@ class _Replay:
             token_hit_rate=s.hit_tokens / inp if inp else 0.0,
             request_hit_rate=s.requests_with_hit / n if n else 0.0,
             mla_only_token_hit_rate=s.mla_match_tokens / inp if inp else 0.0,
-            checkpoint_bytes_peak=s.checkpoint_pages_peak * cfg.state_page_bytes,
-            pool_bytes_peak=self.peak_pages * cfg.page_bytes + self.peak_state_pages * cfg.state_page_bytes,
+            checkpoint_bytes_peak=s.checkpoint_pages_peak * cache.state_page_bytes,
+            pool_bytes_peak=self.peak_bytes,
             evictions=cache.pool.evictions,
             evicted_kv_pages=cache.pool.evictions_by_kind[1],
             evicted_kda_pages=cache.pool.evictions_by_kind[2],
@@ -398,7 +399,7 @@ class _Replay:
                                          if s.prefill_flop_requested else 0.0),
             checkpoint_bytes=cfg.checkpoint_bytes,
             checkpoints_donated=s.checkpoints_donated,
-            state_pool_bytes_peak=self.peak_state_pages * cfg.state_page_bytes,
+            state_pool_bytes_peak=self.peak_state_pages * cache.state_page_bytes if cfg.split_pools else 0,
             extra=extra,
         )
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from k3sim.step.batch import Batch
 from k3sim.validation.decode_step import _decode_kernel, _spec_layers, manifest_prediction, model_prediction
+from k3sim.validation.runs import run_file
 
 PREDICTIONS = "reports/decode/wholestep_predictions_qwen3_next.csv"  # committed before the run (phase 2 runs it)
 
@@ -72,6 +73,48 @@ def write_predictions(out=PREDICTIONS, plan: str | None = None) -> int:
     df = pd.DataFrame(prediction_rows(plan=plan), columns=COLUMNS)
     atomic_write_text(out, df.to_csv(index=False, float_format="%.6g"))
     return len(df)
+
+
+# The measured model's glue (`wholestep/model.py` moe, `hybrid.py`) by the torch / fla kernel names torch.profiler
+# records for it: which piece of the unmeasured family ("elementwise, routing, copies") a profiled kernel is. First
+# match wins; the names are the aten kernels the calls above launch (index_add -> indexFunc*Index<..ReduceAdd>, the
+# expert counts' scatter_add_ -> _scatter_gather..<ReduceAdd>,
+# where -> where_kernel_impl, x * w and x + y in bf16 -> BinaryFunctor / CUDAFunctor_add on BFloat16, .float() /
+# .to() / .contiguous() -> direct_copy / bfloat16_copy, xin[tok] -> vectorized_gather / index kernels).
+GLUE_PIECES = (
+    ("fla chunk output (GDN kernel, filed as glue)", ("chunk_fwd_kernel_o",)),
+    ("MoE combine: fp32 index_add (+ expert-count scatter_add)", ("ReduceAdd>",)),
+    ("select (torch.where)", ("where_kernel_impl",)),
+    ("bf16 multiply / add", ("BinaryFunctor<c10::BFloat16", "CUDAFunctor_add<c10::BFloat16>")),
+    ("copies and casts", ("direct_copy_kernel", "bfloat16_copy_kernel", "Memcpy", "CatArrayBatchedCopy")),
+    ("gathers (permute, indexing)", ("vectorized_gather_kernel", "index_elementwise_kernel", "indexSelect")),
+    ("top-k, sorts, softmax (router, permute)", ("mbtopk", "sbtopk", "radixSort", "RadixSort", "bitonicSort",
+                                                 "softmax_warp", "scan_by_key", "DeviceScan")),
+    ("SiLU, sigmoid", ("silu_kernel", "sigmoid_kernel")),
+)
+GLUE_REST = "rest (fills, fp32 arithmetic, small ops)"
+
+
+def glue_piece(kernel: str) -> str:
+    """The GLUE_PIECES label of a profiled kernel name (GLUE_REST when none matches)."""
+    for label, keys in GLUE_PIECES:
+        if any(k in kernel for k in keys):
+            return label
+    return GLUE_REST
+
+
+def glue_split(run_dir):
+    """The profiled kernels of the unmeasured family (`step.families.OTHER`) of a whole-step run, split into the
+    implementation pieces they come from: one row per profiled point and piece (calls, gpu_s). What a whole-step
+    miss in glue is made of, read from the run's kernels.csv (no prediction involved)."""
+    import pandas as pd
+
+    from k3sim.step.families import OTHER, kernel_family
+
+    K = pd.read_csv(run_file(run_dir, "kernels.csv", "serving whole-step"))
+    K = K[K.kernel.map(kernel_family) == OTHER].assign(piece=K.kernel.map(glue_piece))
+    keys = ["config", "part", "B", "C", "chunk", "prefix", "decodes", "piece"]
+    return K.groupby(keys, dropna=False, sort=False).agg(calls=("calls", "sum"), gpu_s=("gpu_s", "sum")).reset_index()
 
 
 def main(argv: list[str] | None = None) -> int:  # python3 -m k3sim.validation.decode_step_hybrid [OUT.csv]

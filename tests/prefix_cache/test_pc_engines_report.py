@@ -29,7 +29,8 @@ def report(tmp_path_factory):
 def test_files_rows_and_refusals(report):
     rep, out = report
     assert sorted(p.name for p in out.iterdir()) == [".k3sim-manifest.json", "engines.csv", "engines.md"]
-    assert json.loads((out / ".k3sim-manifest.json").read_text())["outputs"]["prefix-cache-engines"]
+    outputs = json.loads((out / ".k3sim-manifest.json").read_text())["outputs"]
+    assert sorted(outputs["prefix-cache-sweep"]["engines"]) == ["engines.csv", "engines.md"]
     rows = list(csv.DictReader((out / "engines.csv").open()))
     # per trace: 8 policies x 2 capacities for Nemotron-H and K3, 7 x 2 + one refusal (vllm-all) for Qwen3-Next
     assert len(rows) == 2 * (16 + 16 + 15) == len(rep.rows)

@@ -119,3 +119,44 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=120, stateful_step_count=50, deadline=None)
+
+
+class EngineCacheMachine(CacheMachine):
+    """The same random operations under the engine policies' mechanisms: vLLM's boundary and step-end
+    checkpoints (held until superseded), SGLang's chunk-end / tracked snapshots with donated final states and a
+    state pool of its own (or the unified one), TensorRT-LLM's merged periodic snapshots, no reuse."""
+
+    @initialize(
+        policy=st.sampled_from(["vllm-all", "vllm-align", "sglang-no-buffer", "sglang-extra-buffer",
+                                "trtllm-periodic", "k3", "none"]),
+        groups=st.integers(1, 2),
+        pages=st.one_of(st.none(), st.integers(10, 40)),
+        r=st.sampled_from([1, 2]),
+        split=st.booleans(),
+        interval=st.sampled_from([1, 3, 4]),
+        fence=st.booleans(),
+    )
+    def setup(self, policy, groups, pages, r, split, interval, fence):
+        kw: dict = {"fence_unlanded": fence}
+        if policy.startswith("sglang-"):
+            kw.update(donate_final_state=True, track_tokens=2,
+                      private_state_slots=3 if policy == "sglang-extra-buffer" else 1)
+            if split:
+                kw["state_pool_fraction"] = 0.5
+        if policy == "trtllm-periodic":
+            kw["snapshot_interval_tokens"] = interval
+        pb = 2 if policy.startswith("vllm-") else 2 * r  # vLLM hashes whole blocks
+        self.cache = HybridPrefixCache(tiny_config(policy, hash_block=2, physical_block=pb, groups=groups,
+                                                   pages=pages, **kw))
+        self.fence = fence
+        self.running = []
+
+    def drained_leaves_nothing_referenced(self):
+        super().drained_leaves_nothing_referenced()
+        spool = self.cache.spool
+        held = [p for p, c in enumerate(spool.refcount) if c != 0]
+        assert not held, f"state pages still referenced after every request finished: {held[:5]}"
+
+
+TestEngineCacheMachine = EngineCacheMachine.TestCase
+TestEngineCacheMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
