@@ -57,12 +57,16 @@ def human_seconds(s: float) -> str:
 def print_table(title: str, columns: list[str], rows: Iterable[Iterable[Any]]) -> None:
     """Render rows as rich renders a default `Table` (values are printed as given: format them before).
 
-    Where rich would print plain text (stdout not a terminal, no colour forced, a UTF-8 stream) and every cell
+    On a terminal the table fits its width (rich wraps cells); off a terminal, every row is printed whole
+    (`_whole_rows`). Where rich would print plain text (stdout not a terminal, no colour forced, a UTF-8 stream) and every cell
     is plain printable ASCII without markup or emoji codes, the same characters are laid out here
     (`plain_table`), without importing rich (~60 ms of a 0.3 s query); otherwise rich renders it."""
     cells = [[str(v) for v in r] for r in rows]
+    columns = [str(c) for c in columns]
     width = _plain_console_width()
-    text = None if width is None else plain_table(title, [str(c) for c in columns], cells, width)
+    if width is not None and _whole_rows():
+        width = max(width, natural_width(columns, cells))
+    text = None if width is None else plain_table(title, columns, cells, width)
     if text is not None:
         sys.stdout.write(text)
         sys.stdout.flush()  # rich flushes after each print: a full disk or a closed pipe shows up here
@@ -75,7 +79,35 @@ def print_table(title: str, columns: list[str], rows: Iterable[Iterable[Any]]) -
         table.add_column(c)
     for r in cells:
         table.add_row(*r)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal and not console.is_jupyter and _whole_rows():
+        # rich measures its own cells here (wide characters, markup): the width that cuts none of them
+        need = console.measure(table, options=console.options.update_width(WHOLE_ROWS_MAX)).maximum
+        if need > console.width:
+            console = Console(width=need)
+    console.print(table)
+
+
+# Widest table laid out whole off a terminal (columns): far beyond any real row (a 300-character error line in
+# each of a few columns), a guard only against a runaway cell.
+WHOLE_ROWS_MAX = 100_000
+
+
+def _whole_rows() -> bool:
+    """Off a terminal (a pipe, a file) a table is as wide as its widest row needs, so `k3sim ... | cat` or
+    `> out.txt` never cuts a cell with an ellipsis nor wraps a row: the 80 columns rich falls back to there
+    are no reader's width. `COLUMNS` set in the environment is a width the caller asked for, and is kept
+    (as rich keeps it). Called only where stdout is not a terminal."""
+    return "COLUMNS" not in os.environ
+
+
+def natural_width(columns: list[str], rows: list[list[str]]) -> int:
+    """Columns of a plain table whose every cell fits on one line: each column its widest cell plus rich's
+    one-space padding each side, and the borders (ncol + 1); at most `WHOLE_ROWS_MAX`."""
+    if not columns:
+        return 0
+    widths = [max(len(c) for c in col) + 2 for col in zip(columns, *rows)]
+    return min(sum(widths) + len(columns) + 1, WHOLE_ROWS_MAX)
 
 
 # ------------------------------------------------------------------------------------------ plain tables

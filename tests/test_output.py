@@ -120,3 +120,64 @@ def test_width_is_richs(monkeypatch):
         assert output._plain_console_width() == Console().width == int(columns)
     monkeypatch.delenv("COLUMNS")
     assert output._plain_console_width() == Console().width
+
+
+# ------------------------------------------------------------------------------------------ piped: whole rows
+ROWS = [("weights_routed_experts", "84.19 GiB", "1,361,370,415,104 params x mxfp4 / (ep=8 x expert_tp=1)"),
+        ("throughput_output_tokens_per_s_per_gpu", "11.51", "k3sim.serving on a seeded synthetic 'chat' sample "
+                                                            "of 200 requests at the generator's own arrival times")]
+
+
+def _piped(monkeypatch) -> io.StringIO:
+    buf = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", buf)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    for var in output._RICH_ENV:
+        monkeypatch.delenv(var, raising=False)
+    return buf
+
+
+def test_a_piped_table_prints_every_row_whole(monkeypatch):
+    """Off a terminal without COLUMNS (`k3sim ... | cat`): no cell cut with an ellipsis, none wrapped; the
+    text is rich's at the width the widest row needs (hand count: 40 + 11 + 106 columns of cells and
+    padding, 4 borders = 161)."""
+    buf = _piped(monkeypatch)
+    output.print_table("per-GPU breakdown", ["component", "size", "from"], ROWS)
+    text = buf.getvalue()
+    assert "\u2026" not in text
+    for name, size, src in ROWS:
+        assert any(f"\u2502 {name} " in line and f" {src} " in line for line in text.splitlines())  # one line
+    assert output.natural_width(["component", "size", "from"], [list(r) for r in ROWS]) == 161
+    body = text.splitlines()[1:]
+    assert {len(line) for line in body} == {161}
+    assert text == rich_text("per-GPU breakdown", ["component", "size", "from"], [list(r) for r in ROWS], 161)
+
+
+def test_a_piped_table_rich_renders_is_whole_too(monkeypatch):
+    """A cell rich must render (non-ASCII): rich's own measure widens its console off a terminal."""
+    pytest.importorskip("rich")
+    buf = _piped(monkeypatch)
+    rows = [list(r) for r in ROWS] + [["p99 TTFT \u2264 SLO", "yes", "x" * 120]]
+    output.print_table("t", ["component", "size", "from"], rows)
+    text = buf.getvalue()
+    assert "\u2026" not in text and "x" * 120 in text and "\u2264 SLO" in text
+
+
+def test_columns_set_is_the_width_asked_for(monkeypatch):
+    """COLUMNS in the environment is the caller's width, kept off a terminal too: the long cells wrap."""
+    buf = _piped(monkeypatch)
+    monkeypatch.setenv("COLUMNS", "80")
+    output.print_table("t", ["component", "size", "from"], ROWS)
+    assert max(map(len, buf.getvalue().splitlines())) == 80
+
+
+def test_a_command_piped_cuts_no_cell():
+    """`k3sim decode | cat`: its breakdown's sources were cut at 80 columns (`... calibr…`); now whole."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS" and k not in output._RICH_ENV}
+    out = subprocess.run([sys.executable, "-m", "k3sim", "decode"], capture_output=True, text=True, env=env,
+                         timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert "\u2026" not in out.stdout and max(map(len, out.stdout.splitlines())) > 80

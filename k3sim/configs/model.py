@@ -31,7 +31,7 @@ Width = bounded_int("width")
 Taps = bounded_int("kernel")
 
 DType = Annotated[str, AfterValidator(check_dtype)]
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class VisionConfig(BaseModel):

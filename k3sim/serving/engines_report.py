@@ -271,9 +271,10 @@ def render(rows: list[dict], blocks: list[dict], *, traces: Sequence[str], capac
         "sometimes missed.",
         "- SGLang's KV pages (1 token) and TensorRT-LLM's (32 tokens) are simulated at 512 tokens (less than one "
         "page per request of difference in memory, much less replay time); their states are counted whole.",
-        "- The state dtype is the model file's (fp32 state, bf16 conv); vLLM's `mamba_ssm_cache_dtype auto` takes "
-        "the model dtype where the HF config does not name one (Qwen3-Next: bf16, halving its state and its "
-        "align-mode block), so vLLM's own block for a model can be smaller than the one here.",
+        "- The state dtype is the model file's (fp32 state, bf16 conv). vLLM's `mamba_ssm_cache_dtype` 'auto' infers "
+        "it from the model config (vllm/config/cache.py): where that gives the model's bf16, the state halves and "
+        "so does the align block (Qwen3-Next, whose config names no state dtype: 544 tokens at bf16 by the same "
+        "rule), so vLLM's own block for a model can be smaller than the one here.",
         "- Nemotron-H-56B is an 8K-context model; the traces' prompts run to 126K tokens: its rows price the "
         "cache mechanism on these traces, not a service the model could run.",
         "- Prefill FLOP saved: `prefix_cache/flops.py` (the one model-FLOP count, `memory/flops.py`).",

@@ -209,7 +209,7 @@ def test_other_tables_accept_the_valid_combination():
     _accepts(options.DECODE, {"--acceptance": 0.8, "--rollback": "replay", "--mtp": 2, "--ep-kernel": "normal",
                               "--dispatch-dtype": "bf16", "--tbo": True, "--max-nodes-per-token": 4,
                               "--redundant-experts": 32},
-             derived={"kda_layers": 69, "model": "kimi-k3", "moe": True, "ep_all_to_all": True, "ep": 32,
+             derived={"recurrent_layers": 69, "model": "kimi-k3", "moe": True, "ep_all_to_all": True, "ep": 32,
                       "gpus_per_node": 8, "ep_nodes": 4})
     _accepts(options.PREFIX_CACHE, {"--policies": "coarse", "--processes": 2, "--sweep": True})
     _accepts(options.PREFIX_CACHE, {"--seed": 3, "--workload": "chat", "--tokens-per-s": 1e5})

@@ -25,7 +25,7 @@ Heads = bounded_int("heads")
 Width = bounded_int("width")
 Taps = bounded_int("kernel")
 DType = Annotated[str, AfterValidator(check_dtype)]
-STRICT = ConfigDict(extra="forbid", frozen=True)
+STRICT = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def dtype_bytes(elements: float, dtype: str) -> int:
