@@ -59,6 +59,21 @@ def version() -> None:
     print(__version__)
 
 
+def _print_version(value: bool) -> None:
+    """`k3sim --version`: the version on one line, exit 0, before any command module loads (eager)."""
+    if value:
+        version()
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the k3sim version and exit."),
+) -> None:
+    """The `k3sim` group's options (`--version`); the group's help is the app's."""
+
+
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Whitespace collapsed to single spaces and cut to `limit` characters (an ellipsis marks the cut)."""
     return shorten(" ".join(str(text).split()), limit)

@@ -5,13 +5,14 @@ Models return dataclasses / dicts with SI units; this module only renders them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -46,6 +47,29 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
+# Words of a key that a reader knows as a name (`words`): acronyms and the projects' own spellings.
+WORD_NAMES = {"kv": "KV", "kda": "KDA", "mla": "MLA", "gqa": "GQA", "swa": "SWA", "gdn": "GDN", "mamba2": "Mamba2",
+              "mamba": "Mamba", "lm": "LM", "ffn": "FFN", "moe": "MoE", "mtp": "MTP", "tp": "TP", "pp": "PP",
+              "ep": "EP", "cp": "CP", "dp": "DP", "hbm": "HBM", "ttft": "TTFT", "tpot": "TPOT", "gpu": "GPU",
+              "sms": "SMs"}
+
+
+def words(key: str) -> str:
+    """A JSON key or a breakdown component in words, for a table or a report a person reads (JSON keeps the
+    key): `weights_routed_experts` -> "weights: routed experts", `kv_cache_and_state` -> "KV cache and
+    state", `attn_res_blocks` -> "AttnRes blocks", `optimizer_states` -> "optimizer states"."""
+    text = str(key)
+    if text.startswith("weights_"):
+        return "weights: " + words(text[len("weights_"):])
+    return " ".join(WORD_NAMES.get(p, p) for p in text.replace("attn_res", "AttnRes").split("_") if p)
+
+
+def gib_with_gb(n: float) -> str:
+    """A capacity compared with a datasheet (HBM): GiB as every table prints sizes, the datasheet's GB (10^9
+    bytes) beside it: 150,109,880,320 -> "139.80 GiB (150.1 GB)"."""
+    return f"{n / 2 ** 30:,.2f} GiB ({n / 1e9:,.1f} GB)"
+
+
 def human_seconds(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:,.1f} us"
@@ -58,9 +82,10 @@ def print_table(title: str, columns: list[str], rows: Iterable[Iterable[Any]]) -
     """Render rows as rich renders a default `Table` (values are printed as given: format them before).
 
     On a terminal the table fits its width (rich wraps cells); off a terminal, every row is printed whole
-    (`_whole_rows`). Where rich would print plain text (stdout not a terminal, no colour forced, a UTF-8 stream) and every cell
-    is plain printable ASCII without markup or emoji codes, the same characters are laid out here
-    (`plain_table`), without importing rich (~60 ms of a 0.3 s query); otherwise rich renders it."""
+    (`_whole_rows`). Where rich would print plain text (stdout not a terminal, no colour forced, a UTF-8
+    stream) and every cell is plain printable ASCII without markup or emoji codes, the same characters are
+    laid out here (`plain_table`), without importing rich (~60 ms of a 0.3 s query); otherwise rich renders
+    it."""
     cells = [[str(v) for v in r] for r in rows]
     columns = [str(c) for c in columns]
     width = _plain_console_width()
@@ -310,3 +335,37 @@ def plain_table(title: str, columns: list[str], rows: list[list[str]], console_w
 
 def print_kv(title: str, pairs: Iterable[tuple[str, Any]]) -> None:
     print_table(title, ["quantity", "value"], pairs)
+
+
+# ------------------------------------------------------------------------------------------ progress
+def _stderr_is_terminal() -> bool:
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+@contextlib.contextmanager
+def progress(label: str, total: int | None = None, *, enabled: bool = True) -> Iterator[Callable[..., None]]:
+    """A transient rich progress bar on stderr while the block runs, for the runs that take seconds to minutes
+    (`cp --sweep`, `decode --sweep-batch`, `calibrate validate`); yields `update(done, total=None)`.
+
+    Drawn only when `enabled` (commands pass `not --json`: scripts read the JSON, logs want no bars) and
+    stderr is a terminal; otherwise `update` does nothing. stdout never sees it (its bytes are the same
+    either way), and it is gone from the terminal when the block ends. `total` None: a pulsing bar with the
+    elapsed time, for work whose size is not known in advance."""
+    if not enabled or not _stderr_is_terminal():
+        yield lambda done=None, total=None: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def update(done: int | None = None, total: int | None = None) -> None:
+            bar.update(task, **({} if done is None else {"completed": done}),
+                       **({} if total is None else {"total": total}))
+
+        yield update

@@ -139,18 +139,18 @@ def _piped(monkeypatch) -> io.StringIO:
 
 def test_a_piped_table_prints_every_row_whole(monkeypatch):
     """Off a terminal without COLUMNS (`k3sim ... | cat`): no cell cut with an ellipsis, none wrapped; the
-    text is rich's at the width the widest row needs (hand count: 40 + 11 + 106 columns of cells and
-    padding, 4 borders = 161)."""
+    text is rich's at the width the widest row needs (hand count: 38 + 9 + 102 characters, 2 of padding per
+    cell, 4 borders: 40 + 11 + 104 + 4 = 159)."""
     buf = _piped(monkeypatch)
     output.print_table("per-GPU breakdown", ["component", "size", "from"], ROWS)
     text = buf.getvalue()
     assert "\u2026" not in text
     for name, size, src in ROWS:
         assert any(f"\u2502 {name} " in line and f" {src} " in line for line in text.splitlines())  # one line
-    assert output.natural_width(["component", "size", "from"], [list(r) for r in ROWS]) == 161
+    assert output.natural_width(["component", "size", "from"], [list(r) for r in ROWS]) == 159
     body = text.splitlines()[1:]
-    assert {len(line) for line in body} == {161}
-    assert text == rich_text("per-GPU breakdown", ["component", "size", "from"], [list(r) for r in ROWS], 161)
+    assert {len(line) for line in body} == {159}
+    assert text == rich_text("per-GPU breakdown", ["component", "size", "from"], [list(r) for r in ROWS], 159)
 
 
 def test_a_piped_table_rich_renders_is_whole_too(monkeypatch):

@@ -143,13 +143,15 @@ def _register_validate(cal: typer.Typer) -> None:
         writes validation.md and CSVs."""
         from k3sim.files import default_out, output_dir
         from k3sim.kernels.validate import validate_profile, write_report
-        from k3sim.output import print_json, print_table
+        from k3sim.output import print_json, print_table, progress
 
         hw, _ = _measured_dir(hardware)
         out = default_out("calibration") if out is None else out
         # opened (checked, staged) before the slow leave-one-out; a failed or interrupted run changes nothing
         with output_dir(out, kind=VALIDATE_KIND):
-            loo, summary, meta, shapes = validate_profile(hw, refit=refit)
+            # ~400 s on 2 cores for the H200 store: a bar over the ops of both passes at a terminal
+            with progress("leave-one-out, then leave-shape-out, per op", enabled=not as_json) as tick:
+                loo, summary, meta, shapes = validate_profile(hw, refit=refit, progress=tick)
             paths = write_report(loo, summary, out, meta, shapes)
         if as_json:
             print_json({**meta, "files": [str(p) for p in paths], "summary": summary, "leave_shape_out": shapes})

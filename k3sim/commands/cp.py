@@ -168,9 +168,14 @@ def _cp_sweep(g, hw, sdt: str, out, *, seq_lens, cps, cp_degree, seq_len, strate
         raise InputError(f"--sweep covers every strategy and the lengths of --seq-lens; drop {', '.join(ignored)}",
                          source="--sweep")
 
+    from k3sim.output import progress
+
     grid_s, grid_p = parse_list(seq_lens, "--seq-lens"), parse_list(cps, "--cps")
     _check_a_point_runs(g, hw, grid_s, grid_p, sdt)
-    res = write_report(g, hw, grid_s, grid_p, out, state_dtype=sdt, focus_cp=cp_degree)
+    # ~15 s on 2 cores for the default grid; the report's parts are not counted in advance: a pulsing bar
+    with progress(f"cp sweep: {len(grid_s)} lengths x {len(grid_p)} CP degrees, tables and figures",
+                  enabled=not as_json):
+        res = write_report(g, hw, grid_s, grid_p, out, state_dtype=sdt, focus_cp=cp_degree)
     if as_json:
         print_json(res)
         return

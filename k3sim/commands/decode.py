@@ -430,14 +430,18 @@ def _print_rollback(spec: dict) -> None:
 
 def _sweep(model_cfg, hw, layout, context, spec, zipf, out, json_out, source="--model",
            context_note: str | None = None) -> None:
-    from k3sim.decode.sweep import KIND, roofline_plot, sweep_batches, sweep_table
+    from k3sim.decode.sweep import DEFAULT_BATCHES, KIND, roofline_plot, sweep_batches, sweep_table
     from k3sim.files import atomic_write_text, output_dir, safe_name
-    from k3sim.output import print_json, print_table
+    from k3sim.output import print_json, print_table, progress
 
     name = safe_name(model_cfg.name, source=source, field="name")  # it names the files
     dp = f"_dp{layout.attention_dp}" if layout.attention_dp > 1 else ""
     stem = f"decode_{name}_tp{layout.tp}_pp{layout.pp}_ep{layout.ep}{dp}_ctx{context}"
-    results = sweep_batches(model_cfg, hw, layout, context, spec=spec, zipf=zipf)
+    results = []
+    with progress(f"decode sweep ({len(DEFAULT_BATCHES)} batches)", len(DEFAULT_BATCHES), enabled=not json_out) as tick:
+        for i, b in enumerate(DEFAULT_BATCHES):  # one batch at a time: the bar moves as each is priced
+            results += sweep_batches(model_cfg, hw, layout, context, batches=[b], spec=spec, zipf=zipf)
+            tick(i + 1)
     df = sweep_table(results, hw)
     # one part per stem: a directory holds the sweeps of several layouts (reports/decode)
     with output_dir(out, kind=KIND, part=stem) as d:

@@ -264,9 +264,13 @@ def data_fingerprint(hw: Any) -> str:
     return "" if d is None else load_store(d).fingerprint
 
 
-def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, Any]:
+def validate_profile(hw: Any, *, refit: bool = True, progress=None) -> tuple[Any, Any, dict, Any]:
     """Load the profile's store, leave-one-out every op and leave-shape-out where an op has several
-    shapes; returns (LOO points table, LOO summary, meta, leave-shape-out summary)."""
+    shapes; returns (LOO points table, LOO summary, meta, leave-shape-out summary). `progress(done, total)`,
+    if given, is called after each op of each pass (2 x ops in all; minutes on the H200 store): the ops run
+    one at a time through the same functions, so the tables are those of one call over every op."""
+    import pandas as pd
+
     from k3sim.errors import InputError
     from k3sim.kernels.fit import fit_profile
     from k3sim.configs.profiles import measured_dir
@@ -276,9 +280,21 @@ def validate_profile(hw: Any, *, refit: bool = True) -> tuple[Any, Any, dict, An
     if d is None:
         raise InputError(f"profile '{hw.name}' has no measured data to validate against", field="calibration_dir")
     store = load_store(d, hardware=hw)
-    loo = leave_one_out(store, hw, fit_profile(store, hw), refit=refit)
+    fitted, ops = fit_profile(store, hw), list(store.ops())
+
+    def each(fn, offset: int) -> "pd.DataFrame":
+        parts = []
+        for i, op in enumerate(ops):
+            parts.append(fn(op))
+            if progress:
+                progress(offset + i + 1, 2 * len(ops))
+        full = [p for p in parts if not p.empty]
+        return pd.concat(full, ignore_index=True) if full else parts[0] if parts else fn(None)
+
+    loo = each(lambda op: leave_one_out(store, hw, fitted, refit=refit, ops=[op] if op else None), 0)
     if loo.empty:  # an empty table would read as a result
         raise InputError("no op has two or more measured shapes: nothing to leave one out", source=str(d))
     meta = {"profile": str(hw.name), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "fingerprint": store.fingerprint, "runs": sorted(store.runs)}
-    return loo, summarize(loo), meta, summarize_shapes(leave_shape_out(store, hw))
+    lso = each(lambda op: leave_shape_out(store, hw, ops=[op] if op else None), len(ops))
+    return loo, summarize(loo), meta, summarize_shapes(lso)

@@ -260,9 +260,9 @@ def _memory(res: PlanResult, inp) -> None:
             res.memory_rows = _serve_misfit_rows(inp)
             return
         p = res.memory
-        res.verdict = (f"fits: {p.max_concurrent_requests} concurrent {w.context_tokens}-token requests per replica "
-                       f"(pipeline stage {p.worst_stage} is the fullest: {p.per_gpu_bytes['total'] / 1e9:.1f} of "
-                       f"{p.hbm_bytes / 1e9:.1f} GB per GPU)")
+        res.verdict = (f"fits: {p.max_concurrent_requests} concurrent {w.context_tokens:,}-token requests per "
+                       f"replica (pipeline stage {p.worst_stage} is the fullest: {p.per_gpu_bytes['total'] / 2 ** 30:.1f}"
+                       f" of {p.hbm_bytes / 2 ** 30:.1f} GiB = {p.hbm_bytes / 1e9:.1f} GB per GPU)")
     else:
         from k3sim.training import memory_verdict
 

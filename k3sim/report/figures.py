@@ -1,14 +1,19 @@
 """Figures of the planning report (matplotlib, Agg). Each takes the plan's data and a path, returns the path.
 
 Figures other packages already draw are theirs (CP crossover: k3sim.cp.sweep.plot_crossover; decode
-roofline: k3sim.decode.sweep.roofline_plot); the rest are drawn here from the plan's rows.
+roofline: k3sim.decode.sweep.roofline_plot); the rest are drawn here from the plan's rows. Nothing is clipped:
+long titles and labels are wrapped, legends sit outside the data, and the PNG is cut to the drawn extent
+(`bbox_inches="tight"`), so a title wider than the axes or a long tick label is kept whole.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
-GB = 1e9
+GiB = 2 ** 30
+TITLE_CHARS = 90   # a title wraps beyond this many characters (about the width of an 8-inch axes at 9 pt)
+LABEL_CHARS = 44   # a bar's tick label wraps beyond this
 
 
 def _plt():
@@ -24,23 +29,30 @@ def _save(fig, path: Path) -> Path:
     from k3sim.files import save_figure
 
     fig.tight_layout()
-    return save_figure(fig, path, dpi=110, metadata={"Software": None})
+    return save_figure(fig, path, dpi=110, metadata={"Software": None}, bbox_inches="tight", pad_inches=0.15)
+
+
+def _wrap(text: str, width: int = TITLE_CHARS) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def memory_figure(rows: list[tuple[str, float]], hbm_bytes: float, title: str, path: Path) -> Path:
-    """One stacked bar of per-GPU bytes by component against the HBM capacity."""
+    """One stacked bar of per-GPU bytes by component (in words) against the HBM capacity, in GiB as every
+    table prints sizes, the HBM's datasheet GB beside it."""
+    from k3sim.output import gib_with_gb, words
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, ax = plt.subplots(figsize=(8, 2.2))
     left = 0.0
     cmap = plt.get_cmap("tab20")
     for i, (name, b) in enumerate(rows):
-        ax.barh([0], [b / GB], left=[left / GB], color=cmap(i % 20), label=f"{name} {b / GB:.1f} GB")
+        ax.barh([0], [b / GiB], left=[left / GiB], color=cmap(i % 20), label=f"{words(name)} {b / GiB:.1f} GiB")
         left += b
-    ax.axvline(hbm_bytes / GB, color="black", ls="--", label=f"HBM {hbm_bytes / GB:.0f} GB")
+    ax.axvline(hbm_bytes / GiB, color="black", ls="--", label=f"HBM {gib_with_gb(hbm_bytes)}")
     ax.set_yticks([])
-    ax.set_xlabel("GB per GPU")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5), ncol=3)
+    ax.set_xlabel("GiB per GPU")
+    ax.set_title(_wrap(title), fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
     return _save(fig, path)
 
 
@@ -48,14 +60,14 @@ def breakdown_figure(rows: list[tuple[str, float]], title: str, path: Path, unit
     """Horizontal bars: where the step time goes."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    names = [r[0] for r in rows][::-1]
+    names = [_wrap(r[0], LABEL_CHARS) for r in rows][::-1]
     vals = [r[1] for r in rows][::-1]
     ax.barh(names, vals, color="tab:blue")
     total = sum(vals) or 1.0
     for y, v in enumerate(vals):
         ax.text(v, y, f" {v:.3g} {unit} ({100 * v / total:.0f} %)", va="center", fontsize=7)
     ax.set_xlabel(f"{unit} per step")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_wrap(title, 70), fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
     ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
     return _save(fig, path)
@@ -68,10 +80,10 @@ def prefix_cache_figure(rows: list[dict], title: str, path: Path) -> Path:
     names = [r["policy"] for r in ok]
     ax.bar(names, [r["token_hit_rate"] for r in ok], color="tab:green", label="token hit rate")
     ax.plot(names, [r["request_hit_rate"] for r in ok], "ko", label="request hit rate")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.05)  # a request hit rate of 1 is drawn whole, not on the frame
     ax.set_ylabel("hit rate")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(_wrap(title, 60), fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: covers no point
     return _save(fig, path)
 
 
@@ -96,8 +108,8 @@ def gantt_figure(timeline, title: str, path: Path, max_ops: int = 6000) -> Path:
     ax.set_ylim(prog.num_devices - 0.5, -0.5)
     ax.set_ylabel("pipeline rank")
     ax.set_xlabel("seconds")
-    ax.set_title(title + (f" (first {max_ops} ops)" if prog.num_ops > max_ops else ""), fontsize=9)
-    ax.legend(fontsize=8, loc="upper right", ncol=5)
+    ax.set_title(_wrap(title + (f" (first {max_ops} ops)" if prog.num_ops > max_ops else ""), 120), fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0))  # beside the ranks: covers no op
     return _save(fig, path)
 
 
@@ -111,7 +123,7 @@ def pareto_figure(df, x: str, y: str, front, title: str, path: Path, xlabel: str
         ax.plot(f[x], f[y], "o-", color="tab:red", ms=5, label="Pareto front")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_wrap(title, 80), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

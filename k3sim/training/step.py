@@ -886,15 +886,19 @@ def glue_assumption(hw, mode: str = "calibrated", model=None) -> dict:
 
 
 def memory_verdict(plan) -> str:
-    GB = 1e9
-    parts = ", ".join(f"{r.component} {r.bytes / GB:.1f}" for r in plan.breakdown)
-    total = plan.per_gpu_bytes["total"]
+    """The memory line in GiB as every table prints sizes, the HBM's datasheet GB beside its GiB (the CLI
+    contract's unit convention), components in words."""
+    from k3sim.output import words
+
+    GiB, GB = 2 ** 30, 1e9
+    parts = ", ".join(f"{words(r.component)} {r.bytes / GiB:.1f}" for r in plan.breakdown)
+    total, hbm = plan.per_gpu_bytes["total"], plan.hbm_bytes
     if plan.fits:
-        return (f"fits: pipeline stage {plan.worst_stage} uses {total / GB:.1f} GB of {plan.hbm_bytes / GB:.1f} GB "
-                f"per GPU ({parts} GB)")
-    return (f"does not fit: pipeline stage {plan.worst_stage} needs {total / GB:.1f} GB per GPU ({parts} GB) > "
-            f"{plan.hbm_bytes / GB:.1f} GB HBM of {plan.hardware}; raise pp, ep, dp (ZeRO shards optimizer states) "
-            f"or cp")
+        return (f"fits: pipeline stage {plan.worst_stage} uses {total / GiB:.1f} GiB of {hbm / GiB:.1f} GiB = "
+                f"{hbm / GB:.1f} GB per GPU ({parts} GiB)")
+    return (f"does not fit: pipeline stage {plan.worst_stage} needs {total / GiB:.1f} GiB per GPU ({parts} GiB) > "
+            f"{hbm / GiB:.1f} GiB = {hbm / GB:.1f} GB HBM of {plan.hardware}; raise pp, ep, dp (ZeRO shards optimizer "
+            f"states) or cp")
 
 
 ASSUMPTIONS = [

@@ -8,13 +8,14 @@ committed table is regenerable and a stale one is detectable.
 What each kind's error is of (the model the planner runs today, not an older or a better one):
 - decode (`decode_step.model_prediction`: the step model over the measured configuration's layers, one rank's
   compute, graph convention) against CUDA-graph decode steps of runs `SERVE_RUNS` (Kimi-Linear-48B whole; the K3
-  TP8/EP8 slice with MXFP4 and bf16 experts). The serving and decode models keep the plain proxies for the
+  TP8/EP8 slice with MXFP4 and bf16 experts; a Qwen3-Next-shaped 16-layer GDN + gated GQA slice). The serving and decode models keep the plain proxies for the
   implementation's glue (`reports/decode/README.md`: the glue-calibrated check is validation only), so the plain
   model's errors are the current ones.
 - prefill: the same against the eager mixed prefill steps (chunk 512-8192, prefix 0 / 8K, 0 / 32 riding decodes).
-  A point whose profiled kernels fill less than `train_step.GPU_BOUND` of its step is host-launch bound (eager
-  PyTorch), which a serving engine's graphs avoid and the step model does not price: kept in the table, not
-  used. Unprofiled short chunks may still carry host time, so the prefill band's slow end is conservative.
+  A point whose profiled kernels fill less than `train_step.GPU_BOUND` of its step, or that its run's write-up
+  found host-launch bound (`HOST_BOUND`), measures the host's launches (eager PyTorch), which a serving engine's
+  graphs avoid and the step model does not price: kept in the table, not used. Unprofiled short chunks may still
+  carry host time, so the prefill band's slow end is conservative.
 - train (`train_step.check_tables`: the training step model with the profile's glue calibration, what
   `training_layer_costs` prices by default) against the forward and forward+backward steps of runs
   `train_report.RUNS`; used: the GPU-bound points held out of the glue fit (the fit points and host-bound points
@@ -33,8 +34,15 @@ from typing import Any
 from k3sim.configs.bands import BAND_FILE, COLUMNS
 
 PROFILE = "h200"
-SERVE_RUNS = ("20261201-wholestep-serve", "20261201-wholestep-serve-b")
+# Kimi-Linear-48B and the K3 slice (run b: new decode points); Qwen3-Next's 16-layer slice (run a; its repeat
+# `20261202-wholestep-qwen-b` measured the same points again within 0.9 % and is left out, not counted twice)
+SERVE_RUNS = ("20261201-wholestep-serve", "20261201-wholestep-serve-b", "20261202-wholestep-qwen")
 COMMAND = "python3 -m k3sim.validation.bands"
+# Mixed prefill points found host-launch bound by their run's write-up, not by a profile (the host's enqueue time of
+# the step as long as the GPU's work or longer: reports/decode/qwen3_next_wholestep.md, "Mixed prefill"): kept in
+# the table, not used, as the profiled host-bound points are. (run, chunk, prefix, decodes)
+HOST_BOUND = {("20261202-wholestep-qwen", 2048, 0, 32), ("20261202-wholestep-qwen", 2048, 8192, 32),
+              ("20261202-wholestep-qwen", 4096, 0, 32)}
 META_FILE = "step_bands.yaml"
 
 
@@ -105,6 +113,8 @@ def serve_rows(run_dir: Path, hw: Any, basis: str) -> list[dict]:
         share = profiled.get(key, float("nan")) / float(r.seconds)
         host = share < GPU_BOUND  # NaN (not profiled): False, used
         note = f"host-bound: profiled kernels {100 * share:.0f} % of the eager step" if host else ""
+        if (run, *key) in HOST_BOUND:
+            host, note = True, "host-bound: the host's enqueue time >= the GPU's work (the run's write-up)"
         out.append(_row(basis, "prefill", r.config, _family(specs[r.config]), run,
                         f"chunk={key[0]} prefix={key[1]} decodes={key[2]}", float(r.seconds), pred, not host, note))
     return out

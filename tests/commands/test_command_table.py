@@ -19,10 +19,11 @@ from hostile_helpers import run_main  # noqa: E402
 
 def eager_group():
     """The tree as registering every module up front builds it (the CLI before lazy loading)."""
-    from k3sim.cli import version
+    from k3sim.cli import root, version
 
     app = typer.Typer(rich_markup_mode=None, add_completion=False)
     app.command("version")(version)
+    app.callback()(root)  # the group's own options (--version)
     register_all(app)
     return typer.main.get_group(app)
 
