@@ -83,7 +83,9 @@ def register(app: typer.Typer) -> None:
                                              help="MLA K/V moved as the 576-wide latent or expanded [default: latent]."),
         state_dtype: Optional[str] = typer.Option(None, "--state-dtype",
                                                   help="bf16 | fp32 (default: the model's, fp32 as in fla)."),
-        tp: int = typer.Option(1, "--tp", help="Head-parallel TP degree inside each CP rank."),
+        tp: int = typer.Option(1, "--tp", help="Head-parallel TP degree inside each CP rank [default: 1: CP alone, "
+                               "every head on each rank, as the committed reports/cp; k3sim plan prices CP at the "
+                               "scenario's TP].", show_default=False),
         docs: Optional[int] = typer.Option(None, "--docs", help="Equal-length packed documents per sequence."),
         doc_mean: Optional[float] = typer.Option(None, "--doc-mean-tokens",
                                                  help="Exponential document lengths with this mean (seeded)."),

@@ -140,8 +140,19 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(result)
             return
-        print_kv(f"{op} on {hardware}", [*params.items(), ("time", human_seconds(kt.seconds)), ("source", kt.source),
+        print_kv(f"{op} on {hardware}", [*((k, _param_text(k, v)) for k, v in params.items()),
+                                         ("time", human_seconds(kt.seconds)), ("source", kt.source),
                                          ("convention", kt.convention), ("method", kt.method), ("detail", kt.detail)])
+
+
+def _param_text(name: str, value) -> str:
+    """An op parameter in the table: counts with separators, a byte count with its size in binary units
+    beside (the unit every table prints sizes in): bytes=1000000000 -> "1,000,000,000 (953.67 MiB)"."""
+    from k3sim.output import human_bytes
+
+    if not isinstance(value, int) or isinstance(value, bool):
+        return str(value)
+    return f"{value:,} ({human_bytes(value)})" if name == "bytes" else f"{value:,}"
 
 
 def _predict(op: str, params: dict[str, int], hardware: str, convention: str, topology: str):

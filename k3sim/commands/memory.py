@@ -209,11 +209,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("memory")
     def memory(
-        model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
+        model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model",
+                                   help="our model YAML or a Hugging Face config.json"),
         model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         hardware: str = typer.Option("h200", "--hardware", help="profile name or path"),
         mode: str = typer.Option("serve", "--mode", help="serve or train"),
-        tp: int = typer.Option(1, "--tp"),
+        tp: int = typer.Option(1, "--tp", help="tensor-parallel ranks [default: 1, as every layout degree here: the "
+                               "scenario schema's, so the plan starts from one GPU and a layout that does not fit "
+                               "names the single changes that do; decode and prefill default to TP 8]",
+                               show_default=False),
         pp: int = typer.Option(1, "--pp"),
         ep: int = typer.Option(1, "--ep"),
         cp: int = typer.Option(1, "--cp"),
@@ -222,7 +226,9 @@ def register(app: typer.Typer) -> None:
                                                      "pipeline rank [default: 1]"),
         zero_stage: Optional[int] = typer.Option(
             None, "--zero-stage", help=f"train: 0-3, shards over data-parallel replicas [default: {default(Parallelism, 'zero_stage')}]"),
-        context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence"),
+        context: int = typer.Option(131072, "--context", help="serve: tokens per request; train: sequence [default: "
+                                    "131072, the default scenario's requests: memory sizes the longest request "
+                                    "admitted, where decode's 32768 is a context decoded]", show_default=False),
         micro_batch: Optional[int] = typer.Option(
             None, "--micro-batch", help=f"train: sequences per micro-batch [default: {default(Workload, 'micro_batch_size')}]"),
         recompute: Optional[bool] = typer.Option(

@@ -104,8 +104,8 @@ def _summary(info: dict) -> list[tuple[str, str]]:
     legend = ", ".join(f"{MIXERS[k['kind']].letter}={MIXERS[k['kind']].title}" for k in kinds)
     legacy = lay["layer_pattern"] is None  # the Kimi rule: keep its lines as they were
     pairs = [
-        ("total params", f"{info['total_params'] / 1e9:,.2f} B"),
-        ("active params per token", f"{info['active_params'] / 1e9:,.2f} B"),
+        ("total params", f"{info['total_params'] / 1e9:,.2f} billion"),  # not "B": that reads as bytes
+        ("active params per token", f"{info['active_params'] / 1e9:,.2f} billion"),
         ("weights in stored formats", human_bytes(info["weight_bytes"])),
         ("layers (KDA / MLA)", f"{lay['num_layers']} ({lay['num_kda_layers']} / {lay['num_mla_layers']})") if legacy
         else (f"layers ({titles})", f"{lay['num_layers']} ({' / '.join(str(k['layers']) for k in kinds)})"),
@@ -129,7 +129,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("model-info")
     def model_info(
-        model: Path = typer.Option(..., "--model", help="our model YAML or a Hugging Face config.json"),
+        model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model",
+                                   help="our model YAML or a Hugging Face config.json"),
         model_set: list[str] = MODEL_SET,  # noqa: ARG001 - read by the loader (k3sim.configs.overrides)
         json_out: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:

@@ -95,10 +95,11 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="synthetic workload seed"),
         n_requests: int = typer.Option(1000, "--requests", help="synthetic workload size (about N requests)"),
         model: Path = typer.Option(Path("models/kimi-k3.yaml"), "--model", help="model YAML or HF config.json"),
-        policy: str = typer.Option("decoupled", "--policy",
-                                   help="coarse | decoupled | full-attention (the K3 study, blocks as given), or an "
-                                        "engine's way: vllm-all | vllm-align | sglang-no-buffer | "
-                                        "sglang-extra-buffer | trtllm-periodic | k3 | none (blocks by its rule)"),
+        policy: Optional[str] = typer.Option(
+            None, "--policy", help="coarse | decoupled | full-attention (the K3 study, blocks as given), or an "
+                                   "engine's way: vllm-all | vllm-align | sglang-no-buffer | sglang-extra-buffer | "
+                                   "trtllm-periodic | k3 | none (blocks by its rule) [default: decoupled, or "
+                                   "full-attention for a model without recurrent layers]"),
         hash_block: int = typer.Option(512, "--hash-block", help="hash block (tokens); coarse uses the physical block"),
         physical_block: Optional[int] = typer.Option(
             None, "--physical-block", help="physical block = page (tokens) [default: 6144 for coarse and decoupled, the hash "
@@ -164,8 +165,11 @@ def register(app: typer.Typer) -> None:
                        limit=limit, n_requests=n_requests, workload=workload, snapshot_interval=snapshot_interval)
         _check_tp(model, tp)
         from k3sim.configs import load_model
+        from k3sim.configs.kinds import MIXERS
 
         loaded = load_model(str(project_path(model)))
+        if policy is None:  # as `serve` does: the state policies need recurrent layers to place state
+            policy = "decoupled" if any(MIXERS[k].recurrent for k in loaded.mixer_kinds) else "full-attention"
         sched = SchedulerConfig(token_budget, max_running)
         cfg = make_config(model, policy, hash_block, physical_block, capacity_bytes, kda_groups,
                           retention_interval, tp, eviction=eviction, eviction_alpha=eviction_alpha,

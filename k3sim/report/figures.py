@@ -25,10 +25,11 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, tight_layout: bool = True) -> Path:
     from k3sim.files import save_figure
 
-    fig.tight_layout()
+    if tight_layout:  # a figure made with layout="constrained" lays itself out
+        fig.tight_layout()
     return save_figure(fig, path, dpi=110, metadata={"Software": None}, bbox_inches="tight", pad_inches=0.15)
 
 
@@ -42,7 +43,7 @@ def memory_figure(rows: list[tuple[str, float]], hbm_bytes: float, title: str, p
     from k3sim.output import gib_with_gb, words
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 2.2))
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.2 * ((len(rows) + 3) // 3)), layout="constrained")
     left = 0.0
     cmap = plt.get_cmap("tab20")
     for i, (name, b) in enumerate(rows):
@@ -52,8 +53,8 @@ def memory_figure(rows: list[tuple[str, float]], hbm_bytes: float, title: str, p
     ax.set_yticks([])
     ax.set_xlabel("GiB per GPU")
     ax.set_title(_wrap(title), fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
-    return _save(fig, path)
+    fig.legend(fontsize=7, loc="outside lower center", ncol=3)  # below the axis label, laid out with it
+    return _save(fig, path, tight_layout=False)
 
 
 def breakdown_figure(rows: list[tuple[str, float]], title: str, path: Path, unit: str = "s") -> Path:

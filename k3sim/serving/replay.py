@@ -79,6 +79,8 @@ class ModelStepCost:
 
         scn, scn_model, hw = resolve_scenario(path)
         p = scn.parallelism
+        if model is not None and model.moe is None and p.ep > 1:  # another model on the scenario's replica: a
+            p = p.model_copy(update={"ep": 1})                       # dense one has no experts to spread
         model = model or scn_model
         from k3sim.configs.parallel import check_layout
 

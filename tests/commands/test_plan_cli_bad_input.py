@@ -51,8 +51,8 @@ def test_plan_that_does_not_fit_writes_its_report_then_exits_2(cli, root, tmp_pa
     assert "\n" not in err and "k3-h200-1node.yaml" in err and "does not fit" in err and "180.8 GB" in err
     md = (out / "report.md").read_text()
     assert "**Verdict: does not fit" in md and "180.8 GB" in md
-    # the figures: routed experts 180.8 GB per GPU against 141 GB of HBM
-    assert "| weights_routed_experts | 180.8" in md and (out / "figures/memory.png").stat().st_size > 0
+    # the figures: routed experts 180.8 GB = 168.4 GiB per GPU (the report's tables in GiB, components in words)
+    assert "| weights: routed experts | 168.3" in md and (out / "figures/memory.png").stat().st_size > 0
 
 
 def test_plan_unwritable_out(cli, tmp_path):
