@@ -167,21 +167,30 @@ def register(app: typer.Typer) -> None:
             print_json(data)
         else:
             print(f"scenario {res.scenario}: {res.description}".rstrip(": "))
-            print(f"cluster: {res.cluster['num_gpus']} x {res.hardware}, {res.replicas} replica(s); "
-                  f"layout {', '.join(f'{k}={v}' for k, v in res.parallelism.items() if v != 1)}")
+            from k3sim.output import human_seconds
+
+            degrees = ", ".join(f"{k}={res.parallelism[k]}" for k in ("tp", "pp", "virtual_stages", "ep", "cp", "dp")
+                                if k in ("tp", "pp") or res.parallelism.get(k, 1) != 1)
+            print(f"cluster: {res.cluster['num_gpus']} x {res.hardware}, {res.replicas} replica(s); layout {degrees}")
             kv = {"verdict": res.verdict}
             t = res.training
             if t is not None:
-                kv.update({"step_time_s": f"{t.step_time_s:.4g}", "tokens_per_s": f"{t.tokens_per_s:,.0f}",
-                           "mfu": f"{100 * t.mfu:.1f} %", "bubble_ratio": f"{t.bubble_ratio:.3f}"})
-                kv.update({f"exposed_{k}_s": f"{v:.4g}" for k, v in t.exposed_comm_s.items() if v})
+                kv.update({"step time": human_seconds(t.step_time_s), "tokens/s": f"{t.tokens_per_s:,.0f}",
+                           "MFU": f"{100 * t.mfu:.1f} %", "pipeline bubble ratio": f"{t.bubble_ratio:.3f}"})
+                kv.update({f"exposed {k.upper()} communication": human_seconds(v)
+                           for k, v in t.exposed_comm_s.items() if v})
             if res.memory is not None and hasattr(res.memory, "max_concurrent_requests"):
                 kv["max concurrent requests"] = res.memory.max_concurrent_requests
             srv = res.serving or {}
-            for k in ("requests", "ttft_p99_s", "tpot_p99_s", "goodput_requests_per_s",
-                      "throughput_output_tokens_per_s_per_gpu", "token_hit_rate"):
+            for k, label in (("requests", "requests simulated"), ("ttft_p99_s", "TTFT p99"), ("tpot_p99_s", "TPOT p99"),
+                             ("goodput_requests_per_s", "goodput (requests/s within both SLOs)"),
+                             ("throughput_output_tokens_per_s_per_gpu", "output tokens/s per GPU"),
+                             ("token_hit_rate", "prefix-cache token hit rate")):
                 if k in srv:
-                    kv[k] = f"{srv[k]:.4g}" if isinstance(srv[k], float) else srv[k]
+                    v = srv[k]
+                    kv[label] = (human_seconds(v) if k.endswith("_s") and not k.endswith("per_s")
+                                 else f"{100 * v:.1f} %" if k == "token_hit_rate"
+                                 else f"{v:.4g}" if isinstance(v, float) else v)
             kv.update(_budget_lines(res.token_budget))
             if written:
                 kv["report"] = f"{written}/report.md, {written}/report.html"

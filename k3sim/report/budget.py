@@ -12,7 +12,7 @@ def _layout_row(name: str, r: dict | None) -> list[str] | None:
     from k3sim.planner.budget import layout_text
 
     plan = f"{r['plan_days']:.1f}" if "plan_days" in r else r.get("plan_error", "")
-    mem = f"{r['memory_per_gpu_bytes'] / 1e9:.1f} GB" if r.get("memory_per_gpu_bytes") is not None else ""
+    mem = f"{r['memory_per_gpu_bytes'] / 2 ** 30:.1f} GiB" if r.get("memory_per_gpu_bytes") is not None else ""
     return [name, f"{r['gpus']:,}", layout_text(r), f"{r['tokens_per_step']:,}", f"{r['step_time_s']:.4g}",
             f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f} %", mem, f"{r['days']:.1f}", plan]
 

@@ -109,7 +109,8 @@ def _memory_sections(res, fig_dir: Path) -> list[dict]:
         return [_section("memory", "Memory per GPU", res.verdict,
                          {"header": ["component", "per GPU", "source"],
                           "rows": [[words(r.component), _gb(r.bytes), r.source] for r in mem.breakdown]},
-                         [(p, "memory breakdown")], [_hbm_line(mem.hbm_bytes, mem.per_gpu_bytes.get("total"))])]
+                         [(p, "memory breakdown")],
+                         [_hbm_line(mem.hbm_bytes, mem.per_gpu_bytes.get("total"), fits=getattr(mem, "fits", True))])]
     if res.memory_rows:
         rows = [(r.component, r.bytes) for r in res.memory_rows]
         p = F.memory_figure(rows, res.hw.hbm_bytes, f"{res.model} on {res.hardware}: what the fullest GPU would "
@@ -118,15 +119,17 @@ def _memory_sections(res, fig_dir: Path) -> list[dict]:
                          {"header": ["component", "per GPU", "source"],
                           "rows": [[words(r.component), _gb(r.bytes), r.source] for r in res.memory_rows]},
                          [(p, "memory breakdown of a layout that does not fit")],
-                         [_hbm_line(res.hw.hbm_bytes, sum(r.bytes for r in res.memory_rows))])]
+                         [_hbm_line(res.hw.hbm_bytes, sum(r.bytes for r in res.memory_rows), fits=False)])]
     return [_section("memory", "Memory per GPU", res.verdict)]
 
 
-def _hbm_line(hbm_bytes: float, used_bytes: float | None) -> str:
+def _hbm_line(hbm_bytes: float, used_bytes: float | None, fits: bool = True) -> str:
     """The capacity the table is held against: GiB as the table, the datasheet's GB beside it."""
     from k3sim.output import gib_with_gb
 
-    used = "" if used_bytes is None else f"; the fullest GPU holds {_gb(used_bytes)} ({100 * used_bytes / hbm_bytes:.0f} %)"
+    verb = "holds" if fits else "would need"
+    used = "" if used_bytes is None else \
+        f"; the fullest GPU {verb} {_gb(used_bytes)} ({100 * used_bytes / hbm_bytes:.0f} %)"
     return f"HBM per GPU: {gib_with_gb(hbm_bytes)}{used}."
 
 
