@@ -417,9 +417,10 @@ PREFIX_CACHE: list[Rule] = [
              fix="remove --seed, or replay a synthetic --workload"),
     requires("--strict", "--trace", why="stops at a trace's first malformed line; a synthetic --workload has none",
              fix="remove --strict"),
-    only_when("--step-scenario", lambda f: not (f.has("--tokens-per-s") and f.has("--step-overhead-s")),
+    only_when("--step-scenario", lambda f: not (f.has("--tokens-per-s") and f.has("--step-overhead-s"))
+              or f.has("--host-pool-bytes") or f.has("--ssd-pool-bytes"),
               why="prices steps with the scenario's step model and --tokens-per-s with --step-overhead-s set the "
-                  "step clock instead",
+                  "step clock instead (an offload tier would still read its hardware's host link)",
               fix="remove --step-scenario, or one of --tokens-per-s / --step-overhead-s"),
 ]
 

@@ -64,6 +64,8 @@ def progress_bar(json_out: bool):
 
 
 def register(app: typer.Typer) -> None:
+    """Registers the command. Over 100 lines, with the command it defines: a typer command's signature is its
+    option list (one parameter per option, as typer reads them); the body stays short."""
     from k3sim.commands.options import MODEL_SET
 
     @app.command("plan")
@@ -130,7 +132,7 @@ def register(app: typer.Typer) -> None:
         _refuse_search_only(search_opts)
         from k3sim.errors import DoesNotFit
         from k3sim.output import print_json, print_kv
-        from k3sim.planner import plan as run_plan
+        from k3sim.planner.plan import plan as run_plan
         from k3sim.planner.plan import SECTIONS
 
         path = pick_scenario(scenario_arg, scenario)

@@ -83,6 +83,8 @@ def _sweep_progress(enabled: bool, label: str = "prefix-cache sweep"):
 
 
 def register(app: typer.Typer) -> None:
+    """Registers the command. Over 100 lines, with the command it defines: a typer command's signature is its
+    option list (one parameter per option, as typer reads them); the body stays short."""
     from k3sim.commands.options import MODEL_SET
 
     @app.command("prefix-cache")
@@ -108,6 +110,14 @@ def register(app: typer.Typer) -> None:
             None, "--snapshot-interval", help="trtllm-periodic: a state snapshot every N tokens (TensorRT-LLM "
             "periodic_snapshot_interval) [default: 256, TensorRT-LLM's K3 example]"),
         capacity_bytes: Optional[float] = typer.Option(None, "--capacity-bytes", help="pool bytes; omit = unbounded"),
+        host_pool_bytes: float = typer.Option(
+            0.0, "--host-pool-bytes", help="host-memory tier under the pool, bytes per GPU as --capacity-bytes (0: "
+            "none): what the pool evicts moves there (LRU), a hit there waits for its restore over the host link "
+            "of --step-scenario's hardware"),
+        ssd_pool_bytes: float = typer.Option(0.0, "--ssd-pool-bytes", help="SSD tier under the host tier, bytes "
+                                             "per GPU (0: none); needs --ssd-bytes-per-s"),
+        ssd_bytes_per_s: Optional[float] = typer.Option(None, "--ssd-bytes-per-s", help="SSD read bandwidth per "
+                                                        "GPU (bytes/s; no default: it depends on the drives)"),
         kda_groups: Optional[int] = typer.Option(None, "--kda-groups", help="KDA cache groups (default KDA/MLA layers)"),
         tp: int = typer.Option(1, "--tp", help="TP ranks: sizes and capacity per GPU (KDA heads split, MLA replicated)"),
         retention_interval: int = typer.Option(0, "--retention-interval",
@@ -140,6 +150,10 @@ def register(app: typer.Typer) -> None:
         engines: bool = typer.Option(False, "--engines", help="the engine-policy report: every engine policy on "
                                      "Qwen3-Next, Nemotron-H and K3, both shipped traces, into --out "
                                      "(engines.md, engines.csv) [default --out: ./k3sim-out/prefix-cache/, beside the sweeps]"),
+        offload_report: bool = typer.Option(False, "--offload-report", help="the offload-tier report: a host "
+                                            "tier of 0-1 TB per GPU under K3's and Qwen3-Next's H200 pools on the "
+                                            "conversation trace, serve and replay, into --out (offload.md, "
+                                            "offload.csv) [default --out: ./k3sim-out/prefix-cache/]"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Prefix-cache hit rate for a trace under the K3 design's policies or the engines' own."""
@@ -149,6 +163,10 @@ def register(app: typer.Typer) -> None:
         from k3sim.prefix_cache.setup import make_config
         from k3sim.serving.replay import SchedulerConfig
 
+        if offload_report:
+            check(_report_mode_rules("--offload-report", OFFLOAD_REPORT_OPTIONS, "k3sim.serving.offload_report"))
+            _offload_report(out, limit=limit, json_out=json_out)
+            return
         if engines:
             check(_engines_mode_rules())
             _engines_report(out, limit=limit, processes=processes, capacities=capacities, json_out=json_out,
@@ -162,7 +180,8 @@ def register(app: typer.Typer) -> None:
                        physical_block=physical_block, tp=tp, kda_groups=kda_groups,
                        retention_interval=retention_interval, capacity_bytes=capacity_bytes,
                        tokens_per_s=tokens_per_s, step_overhead_s=step_overhead_s, processes=processes,
-                       limit=limit, n_requests=n_requests, workload=workload, snapshot_interval=snapshot_interval)
+                       limit=limit, n_requests=n_requests, workload=workload, snapshot_interval=snapshot_interval,
+                       host_pool_bytes=host_pool_bytes, ssd_pool_bytes=ssd_pool_bytes, ssd_bytes_per_s=ssd_bytes_per_s)
         _check_tp(model, tp)
         from k3sim.configs import load_model
         from k3sim.configs.kinds import MIXERS
@@ -176,6 +195,8 @@ def register(app: typer.Typer) -> None:
                           snapshot_interval_tokens=snapshot_interval, model=loaded)
         if not sweep:
             _check_budget(cfg, token_budget)
+        if host_pool_bytes or ssd_pool_bytes:
+            cfg = _with_offload(cfg, step_scenario, host_pool_bytes, ssd_pool_bytes, ssd_bytes_per_s)
         cost = _step_cost(model, step_scenario, tokens_per_s, step_overhead_s, token_budget)
         if sweep:
             engine = _sweep_engine(model, loaded, kda_groups=kda_groups, tp=tp, eviction=eviction,
@@ -231,7 +252,7 @@ def _sweep_engine(model, loaded, *, kda_groups, tp, eviction, eviction_alpha, sn
 
 def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp, kda_groups, retention_interval,
                    capacity_bytes, tokens_per_s, step_overhead_s, processes, limit, n_requests, workload,
-                   snapshot_interval=None) -> None:
+                   snapshot_interval=None, host_pool_bytes=0.0, ssd_pool_bytes=0.0, ssd_bytes_per_s=None) -> None:
     """Every number option inside bounds.py's range for its kind, refused before the step model is built
     (the slow part), so a typo costs no wait."""
     from k3sim.configs.bounds import check_range
@@ -259,6 +280,12 @@ def _check_numbers(*, token_budget, max_running, hash_block, physical_block, tp,
         check_range(processes, "workers", "--processes", integer=True)
     if limit is not None and limit <= 0:
         raise InputError(f"must be positive (got {limit})", source="--limit")
+    from k3sim.prefix_cache.offload import check_tier_bytes
+
+    check_tier_bytes(host_pool_bytes, "--host-pool-bytes")
+    check_tier_bytes(ssd_pool_bytes, "--ssd-pool-bytes")
+    if ssd_bytes_per_s is not None:
+        check_range(ssd_bytes_per_s, "bandwidth", "--ssd-bytes-per-s")
     if n_requests != 1000 and workload is None:
         raise InputError("sizes a synthetic --workload only; a trace is replayed whole (use --limit)",
                          source="--requests")
@@ -270,8 +297,8 @@ ENGINES_OPTIONS = ("--out", "--limit", "--processes", "--capacities", "--json", 
 
 
 def _engine_rules() -> list:
-    """Rules of the engine-policy options (beside `options.PREFIX_CACHE`)."""
-    from k3sim.commands.options import only_when
+    """Rules of the engine-policy and offload options (beside `options.PREFIX_CACHE`)."""
+    from k3sim.commands.options import only_when, requires
 
     def periodic(f) -> bool:
         return f.value("--policy") == "trtllm-periodic" or (
@@ -279,7 +306,41 @@ def _engine_rules() -> list:
 
     return [only_when("--snapshot-interval", periodic, why="sets TensorRT-LLM's snapshot interval, and no "
                       "trtllm-periodic replay is run", fix="add --policy trtllm-periodic (or it to --policies), "
-                      "or remove --snapshot-interval")]
+                      "or remove --snapshot-interval"),
+            *[only_when(o, lambda f: not f.has("--sweep"), why="adds an offload tier to one replay; a sweep varies "
+                        "the GPU pool alone", fix=f"remove --sweep, or {o}") for o in OFFLOAD_OPTIONS],
+            requires("--ssd-bytes-per-s", "--ssd-pool-bytes", why="is the SSD tier's read bandwidth, and there is no "
+                     "SSD tier", fix="add --ssd-pool-bytes, or remove --ssd-bytes-per-s")]
+
+
+OFFLOAD_OPTIONS = ("--host-pool-bytes", "--ssd-pool-bytes", "--ssd-bytes-per-s")
+
+
+def _with_offload(cfg, step_scenario, host_pool_bytes: float, ssd_pool_bytes: float, ssd_bytes_per_s):
+    """`cfg` with its offload tiers: the host tier restores at the host link of the step scenario's hardware
+    (`offload.host_link`: the profile's datasheet peak at its measured share); an SSD tier at the given read
+    bandwidth, no faster than that link, which its bytes also cross."""
+    import dataclasses
+
+    from k3sim.configs import resolve_scenario
+    from k3sim.errors import InputError
+    from k3sim.files import project_path
+    from k3sim.prefix_cache.offload import host_link
+    from k3sim.prefix_cache.setup import OPTIONS, named_options
+
+    _, _, hw = resolve_scenario(project_path(step_scenario))
+    link = host_link(hw, source="--host-pool-bytes" if host_pool_bytes else "--ssd-pool-bytes")
+    kw: dict = {}
+    if host_pool_bytes:
+        kw.update(host_capacity_bytes=host_pool_bytes, host_bandwidth_bytes_per_s=link.achieved_bytes_per_s)
+    if ssd_pool_bytes:
+        if ssd_bytes_per_s is None:
+            raise InputError("an SSD tier needs its read bandwidth per GPU: add --ssd-bytes-per-s (no default: it "
+                             "depends on the drives and how many GPUs share them)", source="--ssd-pool-bytes")
+        kw.update(ssd_capacity_bytes=ssd_pool_bytes,
+                  ssd_bandwidth_bytes_per_s=min(ssd_bytes_per_s, link.achieved_bytes_per_s))
+    with named_options(OPTIONS):
+        return dataclasses.replace(cfg, **kw)
 
 
 def _engines_mode_rules() -> list:
@@ -292,6 +353,38 @@ def _engines_mode_rules() -> list:
                       "traces and policies (k3sim.serving.engines_report)",
                       fix="remove it (--engines takes --out, --limit, --processes, --capacities, --json, and a "
                           "step clock --tokens-per-s with --step-overhead-s)")]
+
+
+OFFLOAD_REPORT_OPTIONS = ("--out", "--limit", "--json", "--offload-report")
+
+
+def _report_mode_rules(flag: str, allowed: tuple[str, ...], module: str) -> list:
+    """A report mode replays its own models, traces and configurations: the options that choose them are
+    refused."""
+    from k3sim.commands.options import given_options, only_when
+
+    given, _ = given_options()
+    other = tuple(o for o in given if o not in allowed)
+    return [only_when(other, lambda f: False, why=f"has no effect with {flag}, which runs its own models, trace "
+                      f"and tiers ({module})", fix=f"remove it ({flag} takes {', '.join(allowed[:-1])})")]
+
+
+def _offload_report(out, *, limit, json_out: bool) -> None:
+    """--offload-report: the host-tier runs of `serving.offload_report`, written under --out."""
+    from k3sim.files import check_output_dir, default_out
+    from k3sim.output import print_json, print_kv
+    from k3sim.serving.offload_report import KIND, write_offload_report
+
+    out = default_out("prefix-cache") if out is None else out
+    check_output_dir(out, kind=KIND)
+    progress, bar = _sweep_progress(not json_out, "prefix-cache offload tiers")
+    with bar:
+        rep = write_offload_report(out, limit=limit, progress=progress)
+    if json_out:
+        print_json({"files": rep.files, "wall_s": rep.wall_s, "rows": rep.rows})
+        return
+    print_kv("prefix-cache offload tiers", [*rep.files.items(), ("runs", len(rep.rows)),
+                                            ("wall", f"{rep.wall_s:.1f} s")])
 
 
 def _check_budget(cfg, token_budget: int, source: str = "--policy") -> None:
@@ -414,10 +507,32 @@ def _print_replay(res, trace, workload, step_clock: dict, json_out: bool) -> Non
         *([("state pool peak (a pool of its own)", human_bytes(res.state_pool_bytes_peak))]
           if res.state_pool_bytes_peak else []),
         ("evictions (KV / KDA pages)", f"{res.evictions:,} ({res.evicted_kv_pages:,} / {res.evicted_kda_pages:,})"),
+        *_offload_lines(res),
+        *([("TTFT p50 / p99 (one replica, the trace's own times)", f"{res.ttft_p50_s:.3g} s / {res.ttft_p99_s:.3g} s")]
+          if res.ttft_p50_s == res.ttft_p50_s else []),
         ("trace lines skipped", res.trace_lines_skipped),
     ])
     for p in res.extra.get("trace_problems", [])[:5]:
         print(f"skipped line {p['line']}: {p['reason']}")
+
+
+def _offload_lines(res) -> list:
+    """The replay's offload tiers: the hit rate by tier, what each restored and in how much link time."""
+    from k3sim.output import human_bytes
+
+    if not res.offload:
+        return []
+    lines = [("token hit rate: GPU / host / SSD", f"{100 * res.token_hit_rate_gpu:.2f} % / "
+                                                 f"{100 * res.token_hit_rate_host:.2f} % / "
+                                                 f"{100 * res.token_hit_rate_ssd:.2f} %")]
+    for name, t in res.offload.items():
+        lines.append((f"{name} tier", f"{human_bytes(t['capacity_bytes'])} at {t['bandwidth_bytes_per_s'] / 1e9:.4g} "
+                                      f"GB/s; restored {human_bytes(t['restored_bytes'])} in {t['restore_s']:.3g} s, "
+                                      f"evicted into it {human_bytes(t['demoted_bytes'])}, out of it "
+                                      f"{human_bytes(t['evicted_bytes'])}"))
+    lines.append(("requests that waited for a restore", f"{res.requests_restored:,} (mean wait "
+                                                         f"{1e3 * res.restore_wait_s_mean:.3g} ms)"))
+    return lines
 
 
 def _step_cost(model_path, scenario, tokens_per_s, step_overhead_s, token_budget):

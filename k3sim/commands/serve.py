@@ -100,6 +100,8 @@ def _rate_progress(rates: int):
 
 
 def register(app: typer.Typer) -> None:
+    """Registers the command. Over 100 lines, with the command it defines: a typer command's signature is its
+    option list (one parameter per option, as typer reads them); the body stays short."""
     from k3sim.commands.options import MODEL_SET
 
     @app.command("serve")
@@ -124,6 +126,10 @@ def register(app: typer.Typer) -> None:
         cache_policy: Optional[str] = typer.Option(None, "--cache-policy", help="coarse | decoupled | full-attention"),
         pool_bytes: Optional[str] = typer.Option(None, "--pool-bytes",
                                                  help="per-GPU pool bytes or 'unbounded' [default: memory planner]"),
+        host_pool_bytes: Optional[float] = typer.Option(
+            None, "--host-pool-bytes", help="per-GPU host-memory tier under the pool for evicted KV pages and state "
+            "checkpoints (bytes; 0: none); restores at the profile's host link [default: "
+            "serving.engine.host_pool_bytes, 0]"),
         router: Optional[str] = typer.Option(None, "--router", help="round-robin | least-loaded | prefix-aware"),
         disaggregate: Optional[str] = typer.Option(None, "--disaggregate", help="P:D prefill:decode replicas"),
         replicas: Optional[int] = typer.Option(None, "--replicas", help="replicas of the layout (a what-if: may "
@@ -184,8 +190,8 @@ def register(app: typer.Typer) -> None:
             check_output_dir(out, kind=SWEEP_KIND if rates is not None else RUN_KIND)
         setup, source, label, total = _serve_setup(
             scenario, trace=trace, workload=workload, n_requests=n_requests, arrival=arrival, arrival_cv=arrival_cv,
-            cache_policy=cache_policy, pool_bytes=pool_bytes, router=router, disaggregate=disaggregate,
-            replicas=replicas, scheduler=scheduler, pp_microbatches=pp_microbatches, slo_ttft=slo_ttft,
+            cache_policy=cache_policy, pool_bytes=pool_bytes, host_pool_bytes=host_pool_bytes, router=router,
+            disaggregate=disaggregate, replicas=replicas, scheduler=scheduler, pp_microbatches=pp_microbatches, slo_ttft=slo_ttft,
             slo_tpot=slo_tpot, seed=seed, limit=limit, sweep=rates is not None, time_scale=time_scale,
             layout=layout_overrides(dp=attention_dp, ep=ep, ep_kernel=ep_kernel, dispatch_dtype=dispatch_dtype,
                                     redundant_experts=redundant_experts, max_nodes_per_token=max_nodes_per_token,
@@ -248,7 +254,7 @@ def _check_run_options(arrival_rate, arrival, arrival_cv, processes, limit, n_re
 def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arrival_cv, cache_policy, pool_bytes,
                  router, disaggregate, replicas, scheduler, pp_microbatches, slo_ttft, slo_tpot, seed, limit,
                  sweep: bool, layout: dict | None = None, mtp: int | None = None, acceptance: float | None = None,
-                 time_scale: float | None = None):
+                 time_scale: float | None = None, host_pool_bytes: float | None = None):
     """The fleet and the request source the options name, checked before any request is served (every
     option given must change the run; a trace a sweep rereads is validated first). Returns the setup, the
     source (a function of the arrival rate), the run's label and the request count for the progress bar."""
@@ -263,7 +269,8 @@ def _serve_setup(scenario: Path, *, trace, workload, n_requests, arrival, arriva
                                          pool_bytes=_pool_bytes(pool_bytes), router=router, disaggregate=disaggregate,
                                          slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, replicas=replicas,
                                          scheduler=scheduler, seed=seed, pp_microbatches=pp_microbatches,
-                                         layout=layout or None, mtp=mtp, acceptance=acceptance)
+                                         layout=layout or None, mtp=mtp, acceptance=acceptance,
+                                         host_pool_bytes=host_pool_bytes)
     from k3sim.commands.options import SERVE, check, serve_facts
 
     check(SERVE, serve_facts(setup, project_path(scenario)))  # every option given changes the run
@@ -379,6 +386,11 @@ def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
         ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
                     f"TPOT <= {s['slo_tpot_s']} s)"),
         ("prefix-cache token hit rate", f"{100 * s['token_hit_rate']:.2f} %"),
+        *([("of which from host memory", f"{100 * s['token_hit_rate_host']:.2f} % of prompt tokens; "
+                                         f"{s['host_restore_bytes'] / 2**30:,.1f} GiB restored in "
+                                         f"{s['host_restore_s']:.3g} s of host-link time, "
+                                         f"{s['requests_restored']:,} requests waited for a restore")]
+          if "token_hit_rate_host" in s else []),
         ("mean in system (Little)", f"{s['mean_requests_in_system']:.4g} (error "
                                     f"{100 * s['little_law_relative_error']:.2g} %)"),
         ("simulated / wall", f"{s['sim_seconds']:.6g} s / {s['wall_s']:.3g} s"),

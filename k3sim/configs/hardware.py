@@ -54,6 +54,9 @@ class HardwareProfile(BaseModel):
     scaleup_bandwidth_bytes_per_s: Bandwidth = Field(description="NVLink per GPU, one direction")
     scaleup_domain_gpus: GPUs = Field(description="GPUs in one NVLink domain")
     scaleout_bandwidth_bytes_per_s: Bandwidth = Field(description="NIC per GPU, one direction")
+    # the GPU's link to host memory (PCIe, or Grace's NVLink-C2C), one direction; None: not known (an offload tier
+    # under the prefix cache is then refused: k3sim.prefix_cache.offload.host_link); a datasheet figure with a source
+    host_link_bandwidth_bytes_per_s: Bandwidth | None = Field(None, description="GPU to host memory, one direction")
     num_sms: SMs
     sources: dict[str, str]
     calibration_dir: str | None = None
@@ -71,6 +74,8 @@ class HardwareProfile(BaseModel):
         for key in self.peak_flops_per_s:
             check_dtype(key)
         missing = [f for f in DATASHEET_FIELDS if f not in self.sources]
+        if self.host_link_bandwidth_bytes_per_s is not None and "host_link_bandwidth_bytes_per_s" not in self.sources:
+            missing.append("host_link_bandwidth_bytes_per_s")
         if missing:
             raise ValueError(f"sources lacks an entry for {', '.join(missing)}")
         unknown = [k for k in self.sources if k not in type(self).model_fields]

@@ -54,6 +54,13 @@ class EngineConfig(BaseModel):
     pool_bytes: Union[float, Literal["unbounded"], None] = Field(
         None, description="per-GPU pool for MLA KV pages and KDA state slots; None: what the memory planner "
                           "leaves free after weights, AttnRes blocks and workspace")
+    # an offload tier under the pool (k3sim.prefix_cache.offload): pinned host DRAM per GPU; 0 = none. DGX H200: 2 TB
+    # of system memory for 8 GPUs (NVIDIA DGX H200 datasheet), 256 GB per GPU; GB200: 480 GB of LPDDR5X per Grace,
+    # two GPUs each (NVIDIA GB200 NVL72 page)
+    host_pool_bytes: Annotated[float, BeforeValidator(_finite)] = Field(
+        0.0, ge=0, le=2 ** 60, allow_inf_nan=False,
+        description="per-GPU host-memory tier under the pool for evicted KV pages and state checkpoints "
+                    "(bytes; 0: none); restores are priced at the profile's host link")
     # vLLM V0 BlockSpaceManager watermark=0.01: admission keeps 1 % of the pool free to avoid instant preemption
     watermark_fraction: Annotated[float, BeforeValidator(_finite)] = Field(0.01, ge=0, lt=1, allow_inf_nan=False)
     reserve_output: bool = Field(False, description="reserve pages for the whole output at admission (no "

@@ -88,7 +88,7 @@ from typing import Callable
 from k3sim.configs.dtypes import bytes_per_element
 from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
-from k3sim.configs.planning import RECOMPUTE_MODULE_COVERS
+from k3sim.configs.recipe import RECOMPUTE_MODULE_COVERS
 from k3sim.kernels.ops import KDA_CHUNK
 
 FP32 = 4

@@ -14,7 +14,7 @@ from k3sim.configs.hardware import HardwareProfile
 from k3sim.configs.kinds import MIXERS
 from k3sim.configs.model import ModelConfig
 from k3sim.configs.parallel import Parallelism, Workload
-from k3sim.configs.planning import PRECISIONS, resolve_recompute
+from k3sim.configs.recipe import PRECISIONS, resolve_recompute
 from k3sim.errors import DoesNotFit, InputError, shorten
 from k3sim.memory import activations as act
 from k3sim.memory import sizes

@@ -9,14 +9,20 @@ that holds it: a request whose match covers that block can restore it, and its h
 restorable position below the match; the rest is prefilled again). Placement per policy: `config.MECHANISM`.
 Names keep the KDA+MLA vocabulary (`MLA` pages hold every attention kind's KV, `KDA` pages every recurrent
 kind's state). Everything here is plain dicts, lists and ints: it is the replay's hot path.
+
+Offload tiers (`offload.py`, config `host_capacity_bytes` / `ssd_capacity_bytes`): what the pool evicts moves
+down to host memory (then SSD); a lookup walks every tier, and a hit that needs a lower tier restores it before
+the request's prefill may start (`ReqState.ready_s`, from `clock`, which the serving loop sets to its simpy
+clock). Without a tier every path below is the GPU-only one, unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from k3sim.prefix_cache.config import LEGACY_POLICIES, CacheConfig
 from k3sim.prefix_cache.flops import PrefillFlops
+from k3sim.prefix_cache.offload import OffloadStore
 from k3sim.prefix_cache.pool import KDA, MLA, BlockPool
 
 
@@ -41,13 +47,17 @@ class CacheStats:
     stale_reads: int = 0  # rule 2: a hit on bytes that had not landed yet
     fenced_lookups: int = 0  # lookups that stopped at bytes still in flight (rule 2 doing its job)
     partial_restores: int = 0  # rule 3: a checkpoint restored with a group missing
+    # offload tiers: hit tokens beyond what a GPU-only (then GPU + host) lookup finds at admission
+    lower_hit_tokens: list = field(default_factory=lambda: [0, 0])  # host, ssd
+    restores: int = 0  # admissions that waited for a restore from a lower tier (or for one still landing)
+    restore_wait_s: float = 0.0  # their waits summed (link queue included)
 
 
 class Ckpt:
     """One state checkpoint at token `tok`: a read-only slot per state group (-1 once that group's slot is gone).
     `key` None: not indexed (a position the trace cannot prove shared, or a finished request's donated state)."""
 
-    __slots__ = ("key", "slots", "ready", "kept", "cached", "tok", "held")
+    __slots__ = ("key", "slots", "ready", "kept", "cached", "tok", "held", "tier")
 
     def __init__(self, key: int | None, ready: int, kept: bool, tok: int = 0):
         self.key = key
@@ -57,6 +67,7 @@ class Ckpt:
         self.cached = True
         self.tok = tok
         self.held = False  # pinned by its request until superseded (vLLM align mode), then released to the LRU
+        self.tier = 0  # 0: in the GPU pool; 1 + offload level: a copy below it (`offload.OffloadStore`)
 
 
 class ReqState:
@@ -64,7 +75,7 @@ class ReqState:
 
     __slots__ = ("keys", "L", "O", "blocks", "state_slots", "computed", "hit_hb", "reg_hb", "turn_hb",
                  "junction_tok", "transient", "reserve_left", "generated", "total_blocks", "arrival_s",
-                 "hit_tokens", "held")
+                 "hit_tokens", "held", "ready_s")
 
     def __init__(self, keys: list[int], L: int, O: int, arrival_s: float = 0.0):
         self.keys = keys
@@ -84,9 +95,16 @@ class ReqState:
         self.arrival_s = arrival_s
         self.hit_tokens = 0
         self.held: Ckpt | None = None
+        self.ready_s = 0.0  # a restore from a lower tier lands then: no prefill before (0: nothing to wait for)
 
 
 WAIT, REJECT = "wait", "reject"
+_CLOCK_EPS_S = 1e-9  # a simpy timeout to a restore's landing may end a rounding step short of it
+
+
+def _no_clock() -> float:
+    """A cache outside a serving loop: time stands still (a restore's wait is then never over: set `clock`)."""
+    return 0.0
 
 
 class HybridPrefixCache:
@@ -145,6 +163,10 @@ class HybridPrefixCache:
         self._step_writes: list[Ckpt] = []
         self._step_unpins: list[tuple[int, int]] = []  # (0, page) | (1, slot): copy sources, released when landed
         self._recycle: list[Ckpt] = []
+        self.offload = OffloadStore.from_config(cfg)  # None: no tier under the pool
+        self.clock = _no_clock  # seconds now; the serving loop sets its simpy clock (restores are timed)
+        self.link_free_s = 0.0  # the host link finishes its queued restores then
+        self.landing: dict[int, float] = {}  # GPU page restored from a tier -> when its bytes land
 
     # ---------------------------------------------------------------- slots
     def _alloc_slot(self, ckpt: Ckpt | None, copies: int = 1) -> int:
@@ -205,7 +227,11 @@ class HybridPrefixCache:
                         del self.mla_children[par]
                 for c in self.mla_children.pop(page, ()):
                     del self.mla_parent[c]
-            for key in self.page_keys.pop(page, ()):
+            keys = self.page_keys.pop(page, ())
+            if self.offload is not None and keys:  # written back to the top tier (HiCache write_back)
+                self.landing.pop(page, None)
+                self.offload.demote_kv([k for k in keys if self.mla_index.get(k) == page], self.cfg.page_bytes)
+            for key in keys:
                 if self.mla_index.get(key) == page:
                     del self.mla_index[key]
                     del self.mla_ready[key]
@@ -222,6 +248,8 @@ class HybridPrefixCache:
         self.stats.checkpoints_evicted += 1
         ck.slots[ck.slots.index(sid)] = -1
         if self.cfg.invalidate_siblings or all(s < 0 for s in ck.slots):  # rule 3
+            if self.offload is not None and ck.key is not None and self.ckpt_index.get(ck.key) is ck:
+                self.offload.demote_ckpt(ck, self.cfg.kda_state_bytes_per_request)  # every group, as one entry
             self._drop_ckpt(ck)
 
     # ---------------------------------------------------------------- lookup
@@ -236,8 +264,15 @@ class HybridPrefixCache:
         MLA: whole physical blocks by chained hash, then the hash endpoints inside the first missing block.
         KDA: the deepest checkpoint indexed within the MLA match (one index probe per hash block: rule 3 keeps
         an indexed checkpoint present in every group); the hit is its token position. At least one prompt token
-        is always recomputed (logits).
+        is always recomputed (logits). With offload tiers every tier is searched (`_match_tiers`: a page there is
+        ~entry id in `pages` / `src`, a checkpoint there has `tier` > 0).
         """
+        if self.offload is not None:
+            return self._match_tiers(keys, L, len(self.offload.levels))
+        return self._match_gpu(keys, L)
+
+    def _match_gpu(self, keys: list[int], L: int, count: bool = True):
+        """`match` over the GPU pool alone; `count` False: a probe for the tier split, not a lookup."""
         B_h, r = self.B_h, self.r
         cap = min((L - 1) // B_h, len(keys))  # fewer keys: blocks the trace cannot prove (keys.block_keys)
         idx, ready, step = self.mla_index, self.mla_ready, self.step
@@ -295,10 +330,99 @@ class HybridPrefixCache:
                     break
         else:
             hit = mla_end * B_h
-        self.stats.lookups += 1
-        self.stats.lookup_probes += probes
-        if fenced:
-            self.stats.fenced_lookups += 1
+        if count:
+            self.stats.lookups += 1
+            self.stats.lookup_probes += probes
+            if fenced:
+                self.stats.fenced_lookups += 1
+        B_p = self.B_p
+        m = hit // B_p
+        if hit % B_p:
+            src = pages[m] if m < k else src
+        else:
+            src = -1
+        return hit, mla_end, pages[:m], src, ck, hit > (unready_hb - 1) * B_h
+
+    def _match_tiers(self, keys: list[int], L: int, nlev: int, count: bool = True):
+        """`match` over the GPU pool and the top `nlev` offload levels: where the GPU index misses a key, a tier
+        holding it continues the match (a page there is ~entry id; its bytes have landed, so no fence); a
+        checkpoint is the deeper of the GPU's and the tiers' at each key (the GPU's on a tie)."""
+        B_h, r = self.B_h, self.r
+        cap = min((L - 1) // B_h, len(keys))
+        idx, ready, step = self.mla_index, self.mla_ready, self.step
+        store = self.offload
+        okv, ock = (store.kv, store.ck) if nlev else ({}, {})
+        fence = self.cfg.fence_unlanded
+        probes = 0
+        unready_hb = 1 << 62
+        fenced = False
+        pages: list[int] = []
+        nb = cap // r
+        k = 0
+        while k < nb:
+            key = keys[(k + 1) * r - 1]
+            probes += 1
+            p = idx.get(key)
+            if p is None:
+                e = okv.get(key)
+                if e is None or e.level >= nlev:
+                    break
+                p = ~e.eid
+            elif ready[key] > step:
+                if fence:
+                    fenced = True
+                    break
+                unready_hb = min(unready_hb, (k + 1) * r)
+            pages.append(p)
+            k += 1
+        mla_end = k * r
+        src = -1
+        if r > 1:
+            for j in range(min((k + 1) * r - 2, cap - 1), k * r - 1, -1):
+                probes += 1
+                key = keys[j]
+                p = idx.get(key)
+                if p is None:
+                    e = okv.get(key)
+                    if e is None or e.level >= nlev:
+                        continue
+                    p = ~e.eid
+                elif ready[key] > step:
+                    if fence:
+                        fenced = True
+                        continue
+                    unready_hb = min(unready_hb, j + 1)
+                mla_end = j + 1
+                src = p
+                break
+        ck = None
+        if self.G:
+            hit = 0
+            ckpts = self.ckpt_index
+            for j in range(mla_end - 1, -1, -1):
+                probes += 1
+                c = ckpts.get(keys[j])
+                if c is not None and c.ready > step:
+                    if fence:
+                        fenced = True
+                        c = None
+                    else:
+                        unready_hb = min(unready_hb, j + 1)
+                e = ock.get(keys[j])
+                if e is not None and e.level < nlev and (c is None or e.ck.tok > c.tok):
+                    c = e.ck
+                    c.tier = e.level + 1
+                if c is not None:
+                    hit = c.tok
+                    ck = c
+                    break
+        else:
+            hit = mla_end * B_h
+        if count:
+            self.stats.lookups += 1
+            self.stats.lookup_probes += probes
+            if fenced:
+                self.stats.fenced_lookups += 1
         B_p = self.B_p
         m = hit // B_p
         if hit % B_p:
@@ -318,9 +442,11 @@ class HybridPrefixCache:
         else:  # `none`: nothing is looked up
             hit, mla_end, hit_pages, src, ck, stale = 0, 0, [], -1, None, False
         total_blocks = -(-(L + O) // self.B_p)
-        shared = len(hit_pages)
+        lower = self.offload is not None and self._uses_lower(hit_pages, src, ck)
+        gpu_pages = [p for p in hit_pages if p >= 0] if lower else hit_pages  # restored pages are allocated
+        shared = len(gpu_pages)
         n_private = G * self.private
-        pin_pages = list(hit_pages)
+        pin_pages = list(gpu_pages)
         if src >= 0:
             pin_pages.append(src)
         ck_slots = [s for s in ck.slots if s >= 0] if ck is not None else []
@@ -328,18 +454,24 @@ class HybridPrefixCache:
         verdict = self._room(total_blocks - shared, pin_pages, n_private * k, units)
         if verdict is not None:
             return verdict
+        if lower:
+            split = self._tier_split(keys, L, hit, hit_pages, src, ck)
+            taken, held = self._take_lower(hit_pages, src, ck)  # before any allocation can evict into the tiers
         rs = ReqState(keys, L, O, arrival_s)
         rs.total_blocks = total_blocks
         gens = [pool.generation[p] for p in pin_pages] + [self.spool.generation[u[0]] for u in units]
         if cfg.pin_before_allocate:  # rule 1: pin the hit in all groups before any allocation
-            self._pin(rs, hit_pages, src, ck_slots)
+            self._pin(rs, gpu_pages, src, ck_slots)
         rs.state_slots = [self._alloc_slot(None) for _ in range(n_private)]  # private running state (copy target)
         partial = hit % self.B_p != 0
         if partial:
             rs.blocks.append(pool.allocate(MLA))  # private copy of the shared half-block (copy-on-write)
         if not cfg.pin_before_allocate:
             ck_slots = [s for s in ck_slots if s in self.slot_pages]
-            self._pin(rs, hit_pages, src, ck_slots)
+            self._pin(rs, gpu_pages, src, ck_slots)
+        if self.offload is not None:
+            self._schedule_restore(rs, keys, hit_pages, pin_pages, (taken, held, split) if lower else None, src, ck,
+                                   hit)
         now = [pool.generation[p] for p in pin_pages] + [self.spool.generation[u[0]] for u in units]
         if now != gens or (ck is not None and len(ck_slots) < sum(1 for s in ck.slots if s >= 0)):
             self.stats.evicted_hits += 1
@@ -365,6 +497,121 @@ class HybridPrefixCache:
         if hit:
             st.requests_with_hit += 1
         return rs
+
+    # ---------------------------------------------------------------- offload tiers
+    @staticmethod
+    def _uses_lower(hit_pages: list[int], src: int, ck: Ckpt | None) -> bool:
+        """The hit needs something from an offload tier (a page marked ~entry id, or a checkpoint there)."""
+        return src < -1 or (ck is not None and ck.tier > 0) or any(p < -1 for p in hit_pages)
+
+    def _tier_split(self, keys: list[int], L: int, hit: int, hit_pages: list[int], src: int,
+                    ck: Ckpt | None) -> tuple[int, int]:
+        """(host, ssd) tokens of a hit that needs a lower tier: the hit beyond what a lookup of the GPU pool alone
+        finds now, and beyond what GPU + host finds (the SSD's share; 0 without an SSD tier)."""
+        store = self.offload
+        deepest = max([store.entries[~p].level for p in hit_pages if p < -1]
+                      + ([store.entries[~src].level] if src < -1 else []) + ([ck.tier - 1] if ck and ck.tier else []))
+        gpu = min(hit, self._match_gpu(keys, L, False)[0])
+        if deepest == 0:
+            return hit - gpu, 0
+        host = min(hit, max(gpu, self._match_tiers(keys, L, 1, False)[0]))
+        return host - gpu, hit - host
+
+    def _take_lower(self, hit_pages: list[int], src: int, ck: Ckpt | None):
+        """The tiers' rule 1: before any allocation (which evicts into the tiers), the pages to restore leave their
+        tier (they become GPU pages) and the entries a restore copies from (a partial page into the private copy,
+        a checkpoint into the private state) are held out of their LRU."""
+        store = self.offload
+        taken = [store.entries[~p] for p in hit_pages if p < -1]
+        for e in taken:
+            store.take(e)
+        held = []
+        if src < -1:
+            held.append(store.entries[~src])
+        if ck is not None and ck.tier:
+            held.append(store.ck[ck.key])
+        for e in held:
+            store.hold(e)
+        return taken, held
+
+    def _schedule_restore(self, rs: ReqState, keys: list[int], hit_pages: list[int], pin_pages: list[int], lower,
+                          src: int, ck: Ckpt | None, hit: int) -> None:
+        """Restore what the hit needs from the tiers (`lower`: (taken, held, split), None when nothing) into GPU
+        pages, queue its bytes on the host link, and set `rs.ready_s` to when they, and any page of the hit that
+        another request's restore is still bringing in, have landed."""
+        now = self.clock()
+        end = self._restore(keys, hit_pages, *lower[:2], src, ck, hit, now) if lower else 0.0
+        landing = self.landing
+        for p in pin_pages:
+            t = landing.get(p)
+            if t is not None:
+                if t <= now:
+                    del landing[p]
+                elif t > end:
+                    end = t
+        st = self.stats
+        if lower:
+            st.lower_hit_tokens[0] += lower[2][0]
+            st.lower_hit_tokens[1] += lower[2][1]
+            for lvl, n in zip(self.offload.levels, lower[2]):
+                lvl.hit_tokens += n
+        if end > now:
+            rs.ready_s = end
+            st.restores += 1
+            st.restore_wait_s += end - now
+
+    def _restore(self, keys: list[int], hit_pages: list[int], taken: list, held: list, src: int, ck: Ckpt | None,
+                 hit: int, now: float) -> float:
+        """Each taken page gets a GPU page in its place of the block table, indexed for lookups from the next step
+        (its bytes land with the restore: `landing`); the bytes of the pages, of a partial page's hit tokens and
+        of a checkpoint go over the host link after the restores queued before. Returns when they have landed."""
+        store, pool, cfg = self.offload, self.pool, self.cfg
+        idx, ready, pk, nxt = self.mla_index, self.mla_ready, self.page_keys, self.step + 1
+        moved = [[0, 0] for _ in store.levels]  # (entries, bytes) per level
+        new = []
+        it = iter(taken)
+        for i, p in enumerate(hit_pages):
+            if p >= -1:
+                continue
+            e = next(it)
+            q = pool.allocate(MLA)
+            hit_pages[i] = q
+            new.append(q)
+            on = [key for key in e.keys if key not in idx]
+            for key in on:
+                idx[key] = q
+                ready[key] = nxt
+            if on:
+                pk[q] = on
+                if self.flop_aware:
+                    self._link_restored(q, i, keys)
+            moved[e.level][0] += 1
+            moved[e.level][1] += e.nbytes
+        for e in held:
+            moved[e.level][0] += 1
+            moved[e.level][1] += ((hit % self.B_p) * cfg.mla_kv_bytes_per_token if e.kind == 0 else e.nbytes)
+            store.release(e)
+        t = 0.0
+        for lvl, (n, b) in zip(store.levels, moved):
+            if n:
+                lvl.restored_entries += n
+                lvl.restored_bytes += b
+                lvl.restore_s += b / lvl.bandwidth
+                t += b / lvl.bandwidth
+        end = max(now, self.link_free_s) + t
+        self.link_free_s = end
+        for q in new:
+            self.landing[q] = end
+        return end
+
+    def _link_restored(self, q: int, b: int, keys: list[int]) -> None:
+        """flop-aware eviction: a restored page's value and chain link, as `schedule_prefill` gives a new one."""
+        B_p, pool = self.B_p, self.pool
+        pool.value[q] = self.flops.span(b * B_p, (b + 1) * B_p) / self.cfg.page_bytes
+        par = self.mla_index.get(keys[b * self.r - 1], -1) if b else -1
+        if par >= 0 and par != q and par in self.page_keys:
+            self.mla_parent[q] = par
+            self.mla_children.setdefault(par, set()).add(q)
 
     def _room(self, kv_need: int, kv_pins: list[int], state_need: int, units: list[list[int]]) -> str | None:
         """REJECT if the request could not fit even an otherwise empty pool, WAIT if not now, else None.
@@ -405,6 +652,10 @@ class HybridPrefixCache:
         s, L = rs.computed, rs.L
         if s >= L or budget <= 0:
             return 0
+        if rs.ready_s:  # a restore from an offload tier has not landed: the request waits (vLLM's async load)
+            if rs.ready_s > self.clock() + _CLOCK_EPS_S:
+                return 0
+            rs.ready_s = 0.0
         e = min(L, s + budget)
         J, I, mech = rs.junction_tok, self.retain, self.mech
         if mech == "decoupled":
@@ -429,9 +680,12 @@ class HybridPrefixCache:
         if hb_end > rs.reg_hb and self.reuse:
             idx, ready, pk, keys, r = self.mla_index, self.mla_ready, self.page_keys, rs.keys, self.r
             nxt = self.step + 1
+            okv = self.offload.kv if self.offload is not None else None
             for j in range(rs.reg_hb, min(hb_end, len(keys))):
                 key = keys[j]
                 if key not in idx:
+                    if okv is not None and key in okv:  # recomputed: the tier's copy is not needed (exclusive)
+                        self.offload.forget_kv_key(key)
                     p = blocks[j // r]
                     idx[key] = p
                     ready[key] = nxt
@@ -526,6 +780,8 @@ class HybridPrefixCache:
                 self.spool.value[self.slot_pages[sid][0]] = v
         if key is not None:
             self.ckpt_index[key] = ck
+            if self.offload is not None:
+                self.offload.forget_ckpt(key, tok)
         self.stats.checkpoints_written += copies
         self._step_writes.append(ck)
         if hold:  # pinned by the request until its next aligned state (vLLM align: running + latest aligned)
@@ -653,3 +909,6 @@ class HybridPrefixCache:
         assert sum(map(len, self.mla_children.values())) == len(self.mla_parent), "chain links not symmetric"
         for sid, pages in self.slot_pages.items():
             assert self.page_slot[pages[0]] == sid and (len(pages) == 1 or spool.unit[pages[0]] is pages)
+        if self.offload is not None:
+            self.offload.check()
+            assert not (self.offload.kv.keys() & self.mla_index.keys()), "a KV key indexed in two tiers"

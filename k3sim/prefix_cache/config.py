@@ -78,6 +78,12 @@ class CacheConfig:
     snapshot_interval_tokens: int = 0  # periodic: a snapshot every N tokens
     track_tokens: int = 64  # tracked: the grid of restorable positions inside a forward
     donate_final_state: bool = False  # a finished request's state stays cached (SGLang); unmatchable in a trace
+    # offload tiers under the pool (`offload.py`): host DRAM, then SSD; bytes in the pool's units (per GPU with
+    # tp), bandwidth the achieved one-direction bytes/s of a restore into those units; capacity 0: no tier
+    host_capacity_bytes: float = 0.0
+    host_bandwidth_bytes_per_s: float | None = None
+    ssd_capacity_bytes: float = 0.0
+    ssd_bandwidth_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -106,6 +112,7 @@ class CacheConfig:
             raise InputError(f"must be >= 1, got {self.eviction_window}", field="eviction_window")
         if self.eviction == "flop-aware" and not self.prefill_flop_linear > 0:
             raise InputError("flop-aware eviction needs the model's prefill FLOP per token", field="eviction")
+        self._check_offload_fields()
         if self.capacity_bytes is not None and not (math.isfinite(self.capacity_bytes) and self.capacity_bytes > 0):
             raise InputError(f"must be a finite positive number of bytes (omit for unbounded), got "
                              f"{self.capacity_bytes}", field="capacity_bytes")
@@ -120,6 +127,27 @@ class CacheConfig:
             raise InputError("a periodic policy needs a positive snapshot interval", field="snapshot_interval_tokens")
         if self.snapshot_interval_tokens < 0 or self.track_tokens <= 0:
             raise InputError("must be positive", field="snapshot_interval_tokens")
+
+    def _check_offload_fields(self) -> None:
+        """An offload tier: a finite capacity >= 0 (0: none) and, when it exists, a finite positive bandwidth; a
+        tier under an unbounded pool would never receive anything."""
+        for tier in ("host", "ssd"):
+            cap, bw = getattr(self, f"{tier}_capacity_bytes"), getattr(self, f"{tier}_bandwidth_bytes_per_s")
+            if not (isinstance(cap, (int, float)) and math.isfinite(cap) and 0 <= cap <= 2 ** 60):
+                raise InputError(f"must be a finite number of bytes >= 0 (0: no tier), got {cap}",
+                                 field=f"{tier}_capacity_bytes")
+            if cap and not (bw is not None and math.isfinite(bw) and bw > 0):
+                raise InputError(f"a {tier} tier needs a finite positive restore bandwidth, got {bw}",
+                                 field=f"{tier}_bandwidth_bytes_per_s")
+            if cap and self.capacity_bytes is None:
+                raise InputError(f"a {tier} tier under an unbounded pool receives nothing (the pool never evicts): "
+                                 "give the pool a capacity (--capacity-bytes)", field=f"{tier}_capacity_bytes")
+
+    @property
+    def offload_levels(self) -> list[tuple[str, float, float]]:
+        """(name, capacity bytes, achieved restore bytes/s) of each offload tier present, top first."""
+        return [(t, getattr(self, f"{t}_capacity_bytes"), getattr(self, f"{t}_bandwidth_bytes_per_s"))
+                for t in ("host", "ssd") if getattr(self, f"{t}_capacity_bytes") > 0]
 
     @property
     def mechanism(self) -> str:

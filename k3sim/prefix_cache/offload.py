@@ -126,7 +126,7 @@ class Level:
         self.peak = 0
         self.held = 0  # bytes of entries taken out of the LRU while a restore reads them
         self.demoted_entries = self.demoted_bytes = 0
-        self.dropped_entries = self.dropped_bytes = 0  # passed down (or dropped by the last tier)
+        self.evicted_entries = self.evicted_bytes = 0  # passed down (or dropped by the last tier)
         self.restored_entries = self.restored_bytes = 0
         self.restore_s = 0.0
         self.hit_tokens = 0
@@ -134,8 +134,8 @@ class Level:
     def summary(self) -> dict:
         return {"capacity_bytes": self.capacity, "bandwidth_bytes_per_s": self.bandwidth,
                 "bytes_peak": self.peak, "demoted_entries": self.demoted_entries,
-                "demoted_bytes": self.demoted_bytes, "evicted_entries": self.dropped_entries,
-                "evicted_bytes": self.dropped_bytes, "restored_entries": self.restored_entries,
+                "demoted_bytes": self.demoted_bytes, "evicted_entries": self.evicted_entries,
+                "evicted_bytes": self.evicted_bytes, "restored_entries": self.restored_entries,
                 "restored_bytes": self.restored_bytes, "restore_s": self.restore_s, "hit_tokens": self.hit_tokens}
 
 
@@ -166,7 +166,7 @@ class OffloadStore:
             e = self._new(KV, new, nbytes)
             for k in new:
                 kv[k] = e
-            self._put(e, 0, True)
+            self._put(e, 0)
 
     def demote_ckpt(self, ck, nbytes: int) -> None:
         """A checkpoint the GPU dropped (one of its groups was evicted): all its groups to the top tier, unless a
@@ -181,7 +181,7 @@ class OffloadStore:
         c = Ckpt(ck.key, 0, True, ck.tok)
         e = self._new(CKPT, [ck.key], nbytes, c)
         self.ck[ck.key] = e
-        self._put(e, 0, True)
+        self._put(e, 0)
 
     def _new(self, kind: int, keys: list, nbytes: int, ck=None) -> Entry:
         e = Entry(self._next, kind, keys, nbytes, ck)
@@ -189,28 +189,29 @@ class OffloadStore:
         self.entries[e.eid] = e
         return e
 
-    def _put(self, e: Entry, lvl: int, fresh: bool = False) -> None:
-        """Place `e` at the most recent end of level `lvl`, pushing that level's oldest entries down (or out)."""
+    def _put(self, e: Entry, lvl: int, counted: bool = True) -> None:
+        """Place `e` at the most recent end of level `lvl`, pushing that level's oldest entries down (or out);
+        `counted`: an arrival in the level (an eviction from above), not a held entry put back."""
         if lvl >= len(self.levels):
             self._forget(e)
             return
         L = self.levels[lvl]
         if e.nbytes + L.held > L.capacity:  # larger than what the tier can ever free: it passes the tier by
-            self._put(e, lvl + 1, fresh)
+            self._put(e, lvl + 1, counted)
             return
         lru = L.lru
-        while L.used + e.nbytes > L.capacity:
+        while L.used + L.held + e.nbytes > L.capacity:
             old = lru.popitem(last=False)[1]
             L.used -= old.nbytes
-            L.dropped_entries += 1
-            L.dropped_bytes += old.nbytes
+            L.evicted_entries += 1
+            L.evicted_bytes += old.nbytes
             self._put(old, lvl + 1)
         lru[e.eid] = e
         L.used += e.nbytes
-        if L.used > L.peak:
-            L.peak = L.used
+        if L.used + L.held > L.peak:
+            L.peak = L.used + L.held
         e.level = lvl
-        if fresh or lvl:
+        if counted:
             L.demoted_entries += 1
             L.demoted_bytes += e.nbytes
 
@@ -253,17 +254,17 @@ class OffloadStore:
 
     def hold(self, e: Entry) -> None:
         """A restore reads `e` (a checkpoint, or a partial page copied into private memory): out of the LRU until
-        `release`, so that what the restore's own allocations evict cannot push it out."""
+        `release`, so that what the restore's own allocations evict cannot push it out (its bytes still count)."""
         L = self.levels[e.level]
-        if L.lru.pop(e.eid, None) is not None:
-            L.used -= e.nbytes
-            L.held += e.nbytes
+        del L.lru[e.eid]
+        L.used -= e.nbytes
+        L.held += e.nbytes
 
     def release(self, e: Entry) -> None:
+        """Back at the most recent end of its level (the room it holds is its own)."""
         L = self.levels[e.level]
         L.held -= e.nbytes
-        if e.eid in self.entries:
-            self._put(e, e.level)  # back at the most recent end (room for it was held)
+        self._put(e, e.level, counted=False)
 
     # ------------------------------------------------------------------ invariants
     def check(self) -> None:

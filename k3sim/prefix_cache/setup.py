@@ -34,7 +34,9 @@ def check_trace_granularity(hash_block_tokens: int, source: str = "--hash-block"
 OPTIONS = {"policy": "--policy", "hash_block_tokens": "--hash-block", "physical_block_tokens": "--physical-block",
            "capacity_bytes": "--capacity-bytes", "num_kda_groups": "--kda-groups",
            "retention_interval_tokens": "--retention-interval", "eviction": "--eviction",
-           "eviction_alpha": "--eviction-alpha", "snapshot_interval_tokens": "--snapshot-interval"}
+           "eviction_alpha": "--eviction-alpha", "snapshot_interval_tokens": "--snapshot-interval",
+           "host_capacity_bytes": "--host-pool-bytes", "ssd_capacity_bytes": "--ssd-pool-bytes",
+           "ssd_bandwidth_bytes_per_s": "--ssd-bytes-per-s", "host_bandwidth_bytes_per_s": "--step-scenario"}
 SWEEP_OPTIONS = {**OPTIONS, "policy": "--policies", "hash_block_tokens": "--hash-blocks",
                  "physical_block_tokens": "--physical-blocks", "capacity_bytes": "--capacities"}
 

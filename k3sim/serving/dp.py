@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from k3sim.serving.engine import Replica, StepTimer
+from k3sim.serving.engine import RESTORING, Replica, StepTimer
 from k3sim.procs import checkpoint
 
 
@@ -78,11 +78,15 @@ class GroupClock:
 
 
 def cached_blocks(rank, keys) -> int:
-    """Hash blocks of `keys` whose MLA KV the rank's (or a replica's) cache indexes (a read-only probe)."""
+    """Hash blocks of `keys` whose MLA KV the rank's (or a replica's) cache indexes (a read-only probe), in its
+    GPU pool or an offload tier under it (a cache-aware router remembers what it sent where, whichever tier now
+    holds it)."""
     idx = rank.cache.mla_index
+    store = getattr(rank.cache, "offload", None)
+    okv = store.kv if store is not None else ()
     n = 0
     for k in keys:
-        if k not in idx:
+        if k not in idx and k not in okv:
             break
         n += 1
     return n
@@ -175,17 +179,25 @@ class DPReplica:
             work = []
             for r in busy:
                 plan = r.plan_step()
-                if plan is not None:
+                if plan is not None and plan is not RESTORING:
                     work.append((r, plan))
             if not work:
-                continue  # every waiting request was rejected
+                landing = min(r.restore_landing_s() for r in busy)
+                if landing < math.inf:  # every busy rank waits for a restore: idle until one lands or one is woken
+                    ev = env.event()
+                    for r in ranks:
+                        r._wake_ev = ev
+                    yield env.any_of([env.timeout(landing - env.now), ev])
+                    for r in ranks:
+                        r._wake_ev = None
+                continue  # else every waiting request was rejected
             now = env.now
             n = 1
             if not any(p.prefills for _, p in work):
                 n = min(r.stretch_limit(p) for r, p in work)
                 dt = clock(self._batches(work, 1))
                 if n > 1:
-                    horizon = fleet.horizon(self) - now
+                    horizon = min(fleet.horizon(self), min(r.restore_landing_s() for r in ranks)) - now
                     if horizon < math.inf:
                         n = min(n, max(1, math.ceil(horizon / dt)))
                     if n > 1:

@@ -15,6 +15,12 @@ are reserved and grown) and advances by the expected accepted tokens (`k3sim.dec
 with the fraction banked per request (`Request.carry`): deterministic, no draws, and a stretch of decode steps
 stays one event (`steps_to_reach`). An attention-DP replica is `dp` of these engines stepping in lockstep
 (`serving.dp.DPReplica`): `plan_step`, `stretch_limit` and `finish_step` are the parts it drives.
+
+Offload tiers (`prefix_cache.offload`, `serving.engine.host_pool_bytes`): a request whose hit needs host memory is
+admitted with its pages and its first prefill step waits until the restore has landed (`ReqState.ready_s`, on
+the replica's host link, one restore after another), while the rest of the batch runs (vLLM's asynchronous
+load: WAITING_FOR_REMOTE_KVS); a replica whose every request waits idles until the first restore lands
+(`RESTORING`), and a decode stretch ends there.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from k3sim.serving.scheduler import form_batch
 from k3sim.procs import checkpoint
 
 StepSecondsFn = Callable[[int, int, tuple], float]  # (num_decode, decode_context_sum, prefill) -> s
+RESTORING = "restoring"  # `Replica.plan_step`: nothing runs now, but a restore from an offload tier will land
 
 
 def steps_to_reach(carry: float, advance: float, tokens: int) -> int:
@@ -173,6 +180,7 @@ class Replica:
         self.timer = timer
         self.gpus = gpus
         self.cache = HybridPrefixCache(cache_cfg)
+        self.cache.clock = lambda: self.env.now  # restores from an offload tier are timed on the fleet's clock
         self.B_p = cache_cfg.physical_block_tokens
         self.B_h = cache_cfg.effective_hash_block_tokens
         self.G, self.k = cache_cfg.groups, cache_cfg.pages_per_group_state
@@ -231,6 +239,7 @@ class Replica:
             keys = keys + [self.fleet.fresh_key() for _ in range(len(keys), L // self.B_h)]
         out = (req.O - req.generated if self.reserve_output else 1) + la
         pool = self.cache.pool
+        lower_before = tuple(self.cache.stats.lower_hit_tokens)
         wm = self.watermark if self.running else 0
         pool.reserved += wm
         try:
@@ -245,6 +254,9 @@ class Replica:
         if req.hit_tokens < 0:
             req.hit_tokens = rs.computed
             self.fleet.count_hit(req.L, rs.computed)
+            if self.cache.offload is not None:  # this admission's share from the tiers (the cache adds it up)
+                lower = self.cache.stats.lower_hit_tokens
+                self.fleet.count_lower_hit(lower[0] - lower_before[0], lower[1] - lower_before[1])
         if req.scheduled_s != req.scheduled_s:
             req.scheduled_s = self.env.now
         return rs
@@ -313,12 +325,31 @@ class Replica:
             self.backlog -= req.route_tokens
             req.route_tokens = 0
             self.fleet.reject(req)
+        if self.cache.offload is not None and plan.prefills:  # admitted, waiting for a restore: nothing to run
+            plan.prefills = [x for x in plan.prefills if x[1]]
         if not plan.decoders and not plan.prefills:
             if not self.running and not self.waiting:
                 return None  # every waiting request was rejected
+            if self.restore_landing_s() < math.inf:
+                return RESTORING
             raise RuntimeError(f"replica {self.idx}: scheduler stalled with {len(self.running)} running and "
                                f"{len(self.waiting)} waiting (nothing admissible into an idle pool)")
         return plan
+
+    def restore_landing_s(self) -> float:
+        """When the first running request's restore from an offload tier lands (inf: none waits for one)."""
+        if self.cache.offload is None:
+            return math.inf
+        now = self.env.now
+        return min((r.rs.ready_s for r in self.running if r.rs is not None and r.rs.ready_s > now),
+                   default=math.inf)
+
+    def await_restore(self):
+        """simpy: idle until the first restore lands, or an arrival wakes the replica."""
+        env = self.env
+        ev = self._wake_ev = env.event()
+        yield env.any_of([env.timeout(self.restore_landing_s() - env.now), ev])
+        self._wake_ev = None
 
     def stretch_limit(self, plan) -> int:
         """Decode-only steps that can run as one event: up to the first completion or page boundary."""
@@ -360,6 +391,9 @@ class Replica:
             plan = self.plan_step()
             if plan is None:
                 continue
+            if plan is RESTORING:
+                yield from self.await_restore()
+                continue
             dec, pf = plan.decoders, plan.prefills
             nd = len(dec)
             cs = plan.context_sum
@@ -368,7 +402,7 @@ class Replica:
             if not pf:
                 n = self.stretch_limit(plan)
                 if n > 1:
-                    horizon = fleet.horizon(self) - now
+                    horizon = min(fleet.horizon(self), self.restore_landing_s()) - now
                     if horizon < math.inf:
                         n = min(n, max(1, math.ceil(horizon / timer(nd, cs))))
                 dt = n * timer(nd, self.mid_context(plan, n)) if n > 1 else timer(nd, cs)

@@ -122,6 +122,7 @@ class Fleet:
         self.preemptions = 0
         self.input_tokens = 0
         self.hit_tokens = 0
+        self.lower_hit_tokens = [0, 0]  # of which beyond a GPU-only lookup: host, SSD (offload tiers)
         self._rr = 0
         self._key = 0
         self.sample_interval_s = sample_interval_s
@@ -153,6 +154,10 @@ class Fleet:
     def count_hit(self, input_tokens: int, hit_tokens: int) -> None:
         self.input_tokens += input_tokens
         self.hit_tokens += hit_tokens
+
+    def count_lower_hit(self, host_tokens: int, ssd_tokens: int) -> None:
+        self.lower_hit_tokens[0] += host_tokens
+        self.lower_hit_tokens[1] += ssd_tokens
 
     # --------------------------------------------------------------- Little's law accounting
     def _tick(self) -> None:

@@ -19,7 +19,7 @@ from k3sim.files import atomic_write_text, output_dir, safe_name
 from k3sim.prefix_cache.config import POLICIES, CacheConfig
 from k3sim.prefix_cache.setup import SWEEP_OPTIONS, check_trace_granularity, grid, named_options
 from k3sim.procs import ProcessPool, worker_count
-from k3sim.serving.replay import ReplayResult, SchedulerConfig, StepCost, replay
+from k3sim.serving.replay import NOT_IN_SWEEP_ROWS, ReplayResult, SchedulerConfig, StepCost, replay
 from k3sim.workloads.mooncake import TraceStats, read_mooncake
 from k3sim.workloads.request import TraceRequest
 
@@ -202,7 +202,8 @@ def _one(args: tuple[int, CacheConfig, SchedulerConfig, StepCost]) -> tuple[int,
                    "note": "capacity below one request"}
     res = replay(_REQUESTS, cfg, sched, cost)
     row = dataclasses.asdict(res)
-    row.pop("extra", None)
+    for key in ("extra", *NOT_IN_SWEEP_ROWS):
+        row.pop(key, None)
     return i, row
 
 

@@ -11,6 +11,13 @@ a bounded pool depend on which requests overlap in time, so the step time matter
 Decode-only stretches are
 batched into one simpy timeout up to the next event (an arrival or a completion): nothing else can happen to the
 cache between those events.
+
+Offload tiers (`k3sim.prefix_cache.offload`): a hit that needs host memory (or SSD) is admitted with its pages,
+and its prefill waits until the restore has landed (the restore's bytes over the host link, after the restores
+queued before it) while the rest of the batch runs: vLLM's asynchronous load (the request waits in
+WAITING_FOR_REMOTE_KVS), the same mechanism as `k3sim serve`. A step's time is the step clock's as before (the
+copy engine moves the bytes beside the forward), so a restore adds to the request's TTFT, not to the steps;
+when every running request waits for a restore the replica idles until the first one lands.
 """
 
 from __future__ import annotations
@@ -179,10 +186,34 @@ class ReplayResult:
     checkpoint_bytes: int = 0  # pool bytes one checkpoint holds (its groups' slots, padded to pages)
     checkpoints_donated: int = 0  # finished requests' states kept cached (SGLang)
     state_pool_bytes_peak: int = 0  # peak of the separate state pool (SGLang), 0 when the pool is unified
+    # time to first token of the admitted requests (s; first token = end of the step of its last prompt chunk)
+    ttft_p50_s: float = math.nan
+    ttft_p99_s: float = math.nan
+    # offload tiers (issue 24): prompt tokens served by the hit beyond what a GPU-only lookup found (host), and
+    # beyond GPU + host (SSD); the GPU share is the rest of token_hit_rate
+    token_hit_rate_gpu: float = 0.0
+    token_hit_rate_host: float = 0.0
+    token_hit_rate_ssd: float = 0.0
+    host_pool_bytes: float = 0.0  # the tier's capacity (the pool's units: per GPU with tp); 0: no host tier
+    host_link_bytes_per_s: float | None = None  # achieved restore bandwidth, in the pool's units
+    host_restore_bytes: int = 0  # bytes restored from host memory (KV pages, partial pages' tokens, checkpoints)
+    host_restore_s: float = 0.0  # the host link's seconds moving them (bytes / bandwidth)
+    ssd_pool_bytes: float = 0.0
+    ssd_restore_bytes: int = 0
+    ssd_restore_s: float = 0.0
+    requests_restored: int = 0  # admissions whose prefill waited for a restore
+    restore_wait_s_mean: float = 0.0  # their mean wait (the link's queue included)
+    offload: dict = field(default_factory=dict)  # per tier: capacity, peak, demoted / evicted / restored
     extra: dict = field(default_factory=dict)
 
 
 CostFn = Callable[[int, int], float]
+# what a sweep row leaves out (`prefix_cache_run._one`): the columns of the committed sweep tables stay as they
+# were (a sweep takes no offload tier; its TTFTs are those of one replica under the whole trace)
+NOT_IN_SWEEP_ROWS = ("ttft_p50_s", "ttft_p99_s", "token_hit_rate_gpu", "token_hit_rate_host", "token_hit_rate_ssd",
+                     "host_pool_bytes", "host_link_bytes_per_s", "host_restore_bytes", "host_restore_s",
+                     "ssd_pool_bytes", "ssd_restore_bytes", "ssd_restore_s", "requests_restored",
+                     "restore_wait_s_mean", "offload")
 
 
 class _Request:
@@ -233,6 +264,8 @@ class _Replay:
         self.env, self.cfg, self.sched, self.cost = env, cfg, sched, cost
         self.check_every, self.record_requests = check_every, record_requests
         self.cache = HybridPrefixCache(cfg)
+        self.cache.clock = lambda: env.now  # restores from an offload tier are timed on the replay's clock
+        self.ttft: list[float] = []
         self.B_h = cfg.effective_hash_block_tokens
         self.B_p = cfg.physical_block_tokens
         self.ecfg = _EngineOptions(sched.token_budget, sched.max_running)
@@ -298,6 +331,11 @@ class _Replay:
             pf = sum(n for n, _ in chunks)
             prefilling = len(self.running) - len(decoders)
             if pf == 0 and not decoders:
+                landing = self._next_landing_s() if prefilling else math.inf
+                if landing < math.inf:  # every running request waits for a restore: idle until one lands
+                    self.wake_event = self.env.event()
+                    yield self.env.any_of([self.env.timeout(landing - self.env.now), self.wake_event])
+                    continue
                 if not self.waiting:
                     continue  # every waiting request was rejected (larger than the pool): wait for the next arrival
                 # nothing runs, so nothing holds pages: admission refusing now would refuse forever
@@ -306,6 +344,11 @@ class _Replay:
             yield self.env.timeout(_step_time(self.cost, decoders, chunks, pf, n_steps))
             self._record_step(n_steps)
             self._advance(n_steps)
+
+    def _next_landing_s(self) -> float:
+        """When the first running request's restore from an offload tier lands (inf: none is waiting)."""
+        now = self.env.now
+        return min((r.rs.ready_s for r in self.running if r.rs.ready_s > now), default=math.inf)
 
     def _decode_stretch(self, decoders: list, chunks: list) -> int:
         """Steps of a decode-only stretch taken as one timeout: up to the next completion, or the next arrival
@@ -343,6 +386,8 @@ class _Replay:
         for r in self.running:
             rs = r.rs
             if rs.computed >= rs.L:
+                if not rs.generated:
+                    self.ttft.append(self.env.now - rs.arrival_s)
                 rs.generated += n_steps if rs.generated else 1
                 if rs.L + rs.generated > len(rs.blocks) * B_p and len(rs.blocks) < rs.total_blocks:
                     self.cache.grow_decode(rs, 0)
@@ -403,7 +448,36 @@ class _Replay:
             checkpoints_donated=s.checkpoints_donated,
             state_pool_bytes_peak=self.peak_state_pages * cache.state_page_bytes if cfg.split_pools else 0,
             extra=extra,
+            **self._latency(), **self._tiers(),
         )
+
+    def _latency(self) -> dict:
+        """TTFT p50 / p99 of the admitted requests (numpy's linear interpolation, as `serving.metrics`)."""
+        if not self.ttft:
+            return {}
+        import numpy as np
+
+        a = np.asarray(self.ttft)
+        return {"ttft_p50_s": float(np.percentile(a, 50)), "ttft_p99_s": float(np.percentile(a, 99))}
+
+    def _tiers(self) -> dict:
+        """The hit rate by tier and what the offload tiers moved (the GPU share alone without a tier)."""
+        cache, inp = self.cache, self.input_tokens
+        s = cache.stats
+        host, ssd = s.lower_hit_tokens
+        out = {"token_hit_rate_gpu": (s.hit_tokens - host - ssd) / inp if inp else 0.0}
+        store = cache.offload
+        if store is None:
+            return out
+        out.update(token_hit_rate_host=host / inp if inp else 0.0, token_hit_rate_ssd=ssd / inp if inp else 0.0,
+                   requests_restored=s.restores, restore_wait_s_mean=s.restore_wait_s / s.restores if s.restores else 0.0,
+                   offload={lvl.name: lvl.summary() for lvl in store.levels})
+        for lvl in store.levels:
+            out[f"{lvl.name}_pool_bytes"] = lvl.capacity
+            out[f"{lvl.name}_restore_bytes"] = lvl.restored_bytes
+            out[f"{lvl.name}_restore_s"] = lvl.restore_s
+        out["host_link_bytes_per_s"] = self.cfg.host_bandwidth_bytes_per_s
+        return out
 
 
 def replay(

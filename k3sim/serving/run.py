@@ -63,11 +63,12 @@ class ServeSetup:
                       slo_tpot_s: float | None = None, replicas: int | None = None, scheduler: str | None = None,
                       seed: int | None = None, pp_microbatches: bool | None = None,
                       resolved: tuple | None = None, layout: dict | None = None, mtp: int | None = None,
-                      acceptance: float | None = None) -> "ServeSetup":
+                      acceptance: float | None = None, host_pool_bytes: float | None = None) -> "ServeSetup":
         """`resolved`: the (scenario, model, hardware) the caller already loaded from `path`, so a scenario
         given as a pipe is read once (the planner passes its own). `layout`: `Parallelism` fields that replace
         the scenario's (the serving-at-scale what-ifs: dp, ep, ep_kernel, ...); `mtp` / `acceptance`: the
-        serving section's MTP drafts and acceptance."""
+        serving section's MTP drafts and acceptance. `host_pool_bytes`: the per-GPU host-memory tier
+        (`serving.engine.host_pool_bytes`; --host-pool-bytes)."""
         from k3sim.configs import resolve_scenario
         from k3sim.configs.serving import DisaggregationConfig, PoolConfig, ServingConfig
 
@@ -84,6 +85,10 @@ class ServeSetup:
             sv = ServingConfig()
         upd: dict = {}
         eng = _engine_updates(model, sv, cache_policy, pool_bytes, scheduler, pp_microbatches)
+        if host_pool_bytes is not None:
+            from k3sim.prefix_cache.offload import check_tier_bytes
+
+            eng["host_pool_bytes"] = check_tier_bytes(host_pool_bytes, "--host-pool-bytes")
         if eng:
             upd["engine"] = sv.engine.model_copy(update=eng)
         if router is not None:
@@ -134,7 +139,7 @@ class ServeSetup:
         if sv.disaggregation is None:
             check_layout(model, scn.parallelism, mode="serve", source=src, hardware=hw)
             pools.append(_pool("mixed", sv.replicas or scn.replicas, scn.parallelism, model, hw, sv, scn, src,
-                               pp_explicit))
+                               pp_explicit, host_pool_bytes is not None))
         else:
             dz = sv.disaggregation
             if sv.replicas is None and dz.prefill.replicas + dz.decode.replicas != scn.replicas and \
@@ -144,7 +149,8 @@ class ServeSetup:
             for role, pc in (("prefill", dz.prefill), ("decode", dz.decode)):
                 par = pc.parallelism or scn.parallelism
                 check_layout(model, par, mode="serve", source=src, hardware=hw)
-                pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src, pp_explicit))
+                pools.append(_pool(role, pc.replicas, par, model, hw, sv, scn, src, pp_explicit,
+                                   host_pool_bytes is not None))
         return ServeSetup(model, hw, scn.name, sv, pools, gpn, src, scn.serving)
 
 
@@ -316,7 +322,25 @@ def _pp_engines(e, par, explicit: bool) -> tuple[int, str | None]:
     return par.pp, None
 
 
-def _pool(role, n, par, model, hw, sv, scn, src, pp_explicit: bool = False) -> PoolSpec:
+def _host_tier(model, hw, par, e, scn, src: str, from_cli: bool) -> dict:
+    """The CacheConfig fields of the per-GPU host tier `e.host_pool_bytes` under `par` (none when 0): a stage's
+    GPU holds its layers' share of every entry, as of every page (`pool_capacity_bytes`), so the whole-model
+    capacity is per-GPU bytes / the largest share, and a restore moves each stage's share over its own GPUs'
+    links at the profile's achieved host-link bandwidth: the largest share sets its time."""
+    if not e.host_pool_bytes:
+        return {}
+    from k3sim.prefix_cache.offload import host_link
+
+    option, field = ("--host-pool-bytes", None) if from_cli else (src, "serving.engine.host_pool_bytes")
+    link = host_link(hw, source=option, field=field)
+    ctx = scn.workload.context_tokens if scn.workload.mode == "serve" else 131072  # as _pool's
+    inv_share = pool_capacity_bytes(model, hw, par, 1.0, context_tokens=ctx, prefill_chunk_tokens=e.token_budget,
+                                    workspace_fraction=scn.workload.workspace_fraction, source=src)
+    return {"host_capacity_bytes": e.host_pool_bytes * inv_share,
+            "host_bandwidth_bytes_per_s": link.achieved_bytes_per_s * inv_share}
+
+
+def _pool(role, n, par, model, hw, sv, scn, src, pp_explicit: bool = False, host_from_cli: bool = False) -> PoolSpec:
     from k3sim.prefix_cache.config import config_from_model
     from k3sim.prefix_cache.setup import named_options
 
@@ -333,8 +357,14 @@ def _pool(role, n, par, model, hw, sv, scn, src, pp_explicit: bool = False) -> P
         cap = pool_capacity_bytes(model, hw, par, per_gpu, context_tokens=ctx,
                                   prefill_chunk_tokens=e.token_budget, workspace_fraction=scn.workload.workspace_fraction,
                                   source=src)
+    host = _host_tier(model, hw, par, e, scn, src, host_from_cli)
+    if host and cap is None:
+        raise InputError("a host tier under an unbounded pool receives nothing (the pool never evicts): give the "
+                         "pool a size (--pool-bytes, or leave it to the memory planner)",
+                         source="--host-pool-bytes" if host_from_cli else src,
+                         field=None if host_from_cli else "serving.engine.host_pool_bytes")
     with named_options(_CACHE_OPTIONS):
-        cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp)
+        cfg = config_from_model(model, e.cache_policy, e.hash_block_tokens, pb, cap, tp=par.tp, **host)
     pages = cfg.num_pages
     if pages is not None and pages < cfg.min_pages_one_request():
         what = f"{e.pool_bytes:.4g} B per GPU" if e.pool_bytes is not None else "the memory planner's free HBM"
@@ -427,10 +457,33 @@ def simulate(setup: ServeSetup, requests: Iterable, *, step_seconds: Callable | 
     res.summary["layouts"] = {p.role: _layout_summary(p.parallelism) for p in setup.pools}
     res.summary["mtp"] = {"drafts": setup.serving.mtp, "acceptance": setup.serving.acceptance}
     res.summary.update(behaviour_summary(setup, fleet, timers))
+    res.summary.update(offload_summary(fleet))
     if transfer is not None:
         res.summary["transfer_bytes"] = transfer.total_bytes
         res.summary["transfers"] = transfer.transfers
     return res
+
+
+def offload_summary(fleet) -> dict:
+    """The hit rate by tier (the GPU share: hits a GPU-only lookup found at first admission; the host share:
+    beyond that, restored from host memory) and what the host tiers of all engines moved (bytes; the links'
+    seconds, summed over engines); only the GPU share without a tier."""
+    inp = fleet.input_tokens
+    host, ssd = fleet.lower_hit_tokens
+    out = {"token_hit_rate_gpu": (fleet.hit_tokens - host - ssd) / inp if inp else 0.0}
+    caches = [r.cache for r in fleet.replicas if r.cache.offload is not None]
+    if not caches:
+        return out
+    levels = [lvl for c in caches for lvl in c.offload.levels if lvl.name == "host"]
+    out.update(token_hit_rate_host=host / inp if inp else 0.0,
+               host_pool_bytes_per_engine=caches[0].cfg.host_capacity_bytes,
+               host_restore_bytes=sum(lvl.restored_bytes for lvl in levels),
+               host_restore_s=sum(lvl.restore_s for lvl in levels),
+               host_demoted_bytes=sum(lvl.demoted_bytes for lvl in levels),
+               host_evicted_bytes=sum(lvl.evicted_bytes for lvl in levels),
+               requests_restored=sum(c.stats.restores for c in caches),
+               restore_wait_s_total=sum(c.stats.restore_wait_s for c in caches))
+    return out
 
 
 def behaviour_summary(setup: ServeSetup, fleet, timers: list) -> dict:
@@ -480,7 +533,10 @@ def _engines_per_replica(pool: PoolSpec):
         return 1, pool.cache
     cfg = pool.cache
     if cfg.capacity_bytes is not None:
-        cfg = dataclasses.replace(cfg, capacity_bytes=cfg.capacity_bytes / pp)
+        # the engines share the replica's GPUs: each its 1/pp of the pool, of the host tier and of the host links
+        host = {"host_capacity_bytes": cfg.host_capacity_bytes / pp,
+                "host_bandwidth_bytes_per_s": cfg.host_bandwidth_bytes_per_s / pp} if cfg.host_capacity_bytes else {}
+        cfg = dataclasses.replace(cfg, capacity_bytes=cfg.capacity_bytes / pp, **host)
         if cfg.num_pages < cfg.min_pages_one_request():
             raise InputError(f"a 1/{pp} share of the pool holds {cfg.num_pages} pages; one request needs "
                              f"{cfg.min_pages_one_request()}", source="serving.engine.pp_microbatches")

@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from k3sim.configs.planning import GLUE_MODES  # the training option `moe_glue` (one list, in its schema)
+from k3sim.configs.recipe import GLUE_MODES  # the training option `moe_glue` (one list, in its schema)
 from k3sim.step.families import PROXIED, op_family
 
 GLUE_FILE = "training_glue.yaml"

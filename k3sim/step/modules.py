@@ -27,7 +27,7 @@ without a list to extend here.
 from __future__ import annotations
 
 from k3sim.configs.kinds import MIXERS
-from k3sim.configs.planning import RECOMPUTE_MODULE_COVERS, RECOMPUTE_MODULE_NEEDS, RECOMPUTE_MODULES
+from k3sim.configs.recipe import RECOMPUTE_MODULE_COVERS, RECOMPUTE_MODULE_NEEDS, RECOMPUTE_MODULES
 
 # A recurrent kind with a recompute module of its own (kept valid: scenarios name it); the others' cores are
 # `linear_attn_core`'s alone.
