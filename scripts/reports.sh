@@ -60,12 +60,15 @@ prefix_cache() {
 }
 
 serving() {
-  "${K3SIM[@]}" serve --trace "$CONV" --sweep-rate 0.1:1.6:16 --out reports/serving >/dev/null
+  # the committed serving reports run one batch at a time per replica (pp micro-batches off, the default before
+  # issue 24 turned them on); pp_microbatches/ is the same sweep with them on
+  "${K3SIM[@]}" serve --trace "$CONV" --sweep-rate 0.1:1.6:16 --no-pp-microbatches --out reports/serving >/dev/null
   "${K3SIM[@]}" serve --trace "$CONV" --sweep-rate 0.1:1.6:16 --pp-microbatches \
     --out reports/serving/pp_microbatches >/dev/null
-  "${K3SIM[@]}" serve --trace "$CONV" --replicas 8 --router prefix-aware \
+  "${K3SIM[@]}" serve --trace "$CONV" --replicas 8 --router prefix-aware --no-pp-microbatches \
     --out reports/serving/fleet8_prefix_aware >/dev/null
-  "${K3SIM[@]}" serve --trace "$CONV" --replicas 8 --disaggregate 4:4 --out reports/serving/fleet8_pd_4_4 >/dev/null
+  "${K3SIM[@]}" serve --trace "$CONV" --replicas 8 --disaggregate 4:4 --no-pp-microbatches \
+    --out reports/serving/fleet8_pd_4_4 >/dev/null
 }
 
 calibration() { "${K3SIM[@]}" calibrate validate --hardware h200 --out reports/calibration >/dev/null; }

@@ -174,6 +174,8 @@ def register(app: typer.Typer) -> None:
                                                 help="sweep workers (default: one per core; at most one per rate)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory (new, empty or a previous serve output "
                                            "of the same kind): per-request table, time series, plots"),
+        bands: bool = typer.Option(False, "--bands", help="also serve at both ends of the step model's error band "
+                                   "(from the project's whole-step checks): *_low / *_high figures, 3x the run time"),
         json_out: bool = typer.Option(False, "--json", help="print JSON (SI units)"),
     ) -> None:
         """Serve a trace on the scenario's fleet: continuous batching, chunked prefill, hybrid prefix cache."""
@@ -198,12 +200,17 @@ def register(app: typer.Typer) -> None:
                                     tbo=tbo, tbo_variant=tbo_variant, routing_zipf=routing_zipf,
                                     mla_decode_kernel=mla_kernel),
             mtp=mtp, acceptance=acceptance)
+        if bands and rates is not None:
+            from k3sim.errors import InputError
+
+            raise InputError("serves each rate once more at both ends of the error band; give it without "
+                             "--sweep-rate (one run), or drop it", source="--bands")
         if rates is not None:
             with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
                 _serve_rate_sweep(setup, source, label, rates, processes=processes, out=out, json_out=json_out)
             return
         with ep_errors_named(given_options()[0], batch_option="--ep-kernel"):
-            _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out)
+            _serve_one(setup, source, label, arrival_rate, total, out=out, json_out=json_out, bands=bands)
 
 
 
@@ -343,18 +350,21 @@ def _serve_rate_sweep(setup, source, label: str, rates: list[float], *, processe
         print(f"{k}: {v}")
 
 
-def _serve_one(setup, source, label: str, arrival_rate, total, *, out, json_out: bool) -> None:
+def _serve_one(setup, source, label: str, arrival_rate, total, *, out, json_out: bool, bands: bool = False) -> None:
     """One serving run (a progress bar at a terminal for long ones), with --out its per-request table, time
-    series and plots, then its summary."""
+    series and plots, then its summary; `bands`: the same requests served again at both ends of the error band."""
     from k3sim.files import output_dir
     from k3sim.serving.run import simulate
 
     prog, tick = _progress(total)
     try:
-        res = simulate(setup, source(arrival_rate), progress=tick)
+        requests = list(source(arrival_rate)) if bands else source(arrival_rate)
+        res = simulate(setup, requests, progress=tick)
     finally:
         if prog is not None:
             prog.stop()
+    if bands:
+        res.summary.update(band_fields(setup, requests))
     files = {}
     if out is not None:
         from k3sim.serving.report import RUN_KIND, write_run
@@ -362,6 +372,28 @@ def _serve_one(setup, source, label: str, arrival_rate, total, *, out, json_out:
         with output_dir(out, kind=RUN_KIND) as d:
             files = write_run(d, res, label)
     _print_summary(res.summary, label, files, json_out)
+
+
+# the serving figures a band brackets: times (the slow end is the high one) and rates (the slow end the low one)
+BAND_TIMES = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s")
+BAND_RATES = ("goodput_requests_per_s", "throughput_output_tokens_per_s_per_gpu")
+
+
+def band_fields(setup, requests: list) -> dict:
+    """`*_low` / `*_high` of the serving figures from the DES at both ends of the step model's error band
+    (`planner.bands.simulate_end`: every pool's decode and prefill steps scaled by the band's factors), and the
+    checks the band comes from (`band`)."""
+    from k3sim.planner.bands import serve_bands, simulate_end
+
+    fast, slow = simulate_end(setup, requests, "fast"), simulate_end(setup, requests, "slow")
+    out: dict = {}
+    for k in BAND_TIMES + BAND_RATES:
+        lo, hi = sorted((fast[k], slow[k]))
+        out[f"{k}_low"], out[f"{k}_high"] = lo, hi
+    d, p = serve_bands(setup)
+    out["band"] = {"decode": d.describe() if d else "no decode check of this model family on this profile",
+                   "prefill": p.describe() if p else "no prefill check of this model family on this profile"}
+    return out
 
 
 def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
@@ -386,6 +418,11 @@ def _print_summary(s: dict, label: str, files: dict, json_out: bool) -> None:
         ("goodput", f"{s['goodput_requests_per_s']:.4g} req/s (TTFT <= {s['slo_ttft_s']} s, "
                     f"TPOT <= {s['slo_tpot_s']} s)"),
         ("prefix-cache token hit rate", f"{100 * s['token_hit_rate']:.2f} %"),
+        *([("error band (DES at both ends)",
+            f"TTFT p99 {human_seconds(s['ttft_p99_s_low'])}-{human_seconds(s['ttft_p99_s_high'])}, TPOT p99 "
+            f"{human_seconds(s['tpot_p99_s_low'])}-{human_seconds(s['tpot_p99_s_high'])}, goodput "
+            f"{s['goodput_requests_per_s_low']:.4g}-{s['goodput_requests_per_s_high']:.4g} req/s; decode: "
+            f"{s['band']['decode']}; prefill: {s['band']['prefill']}")] if "band" in s else []),
         *([("of which from host memory", f"{100 * s['token_hit_rate_host']:.2f} % of prompt tokens; "
                                          f"{s['host_restore_bytes'] / 2**30:,.1f} GiB restored in "
                                          f"{s['host_restore_s']:.3g} s of host-link time, "

@@ -26,6 +26,10 @@ NOT_RUN = {
     "--sweep-batch": "a whole batch sweep (tests/commands/test_decode_cli.py runs it)",
     "k3sim sweep": "a whole layout grid (tests/commands/test_sweep_cli.py runs small grids)",
     "--requests 1000000": "a million streamed requests",
+    "--engines": "the engine-policy report: every policy on three models and both traces, over a minute on two "
+                 "cores (tests/prefix_cache runs the generator on a 12-request slice)",
+    "--offload-report": "the offload report: whole-trace serving runs per host tier, over a minute on two cores "
+                        "(tests/prefix_cache/test_offload_cli.py runs the generator on a slice)",
     "--gpus 32": "a whole serving search on the conversation trace: minutes on two cores "
                  "(benchmarks/bench_serve_search.py; tests/planner/test_serve_search.py runs small spaces)",
     "calibrate validate": "the leave-one-out refit of every measured op: 4-5 minutes on two cores since the FP8 "

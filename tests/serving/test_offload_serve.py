@@ -4,7 +4,6 @@ delays the request's first step by its restore; a tier that keeps nothing change
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from k3sim.workloads.request import TraceRequest
 
 from serving_helpers import ROOT, constant, linear, scenario  # noqa: F401  (scenario: a fixture)
 
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import run_cli  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402  (the root conftest: a bare `conftest` may be a sub-package's)
 
 HEAD = ROOT / "tests" / "data" / "traces" / "conversation_head300.jsonl"
 
