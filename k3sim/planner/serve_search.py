@@ -441,8 +441,8 @@ def search(path: str | Path, traffic: Traffic, *, slo_ttft_s: float, slo_tpot_s:
     step = (lambda name: (lambda d, n: progress(name, d, n))) if progress else (lambda name: None)
     keep, pruned, examples = prune(path, points, traffic, slo_ttft_s, slo_tpot_s, step("bounds"))
     if not keep and pruned.get("does not fit") == len(points):
-        raise InputError(f"no layout of {budget} GPUs holds the model and one request: "
-                         f"{examples['does not fit']}; give a larger budget", source="--gpus")
+        fix = smallest_fit(path, model, space, budget, (slo_ttft_s, slo_tpot_s))
+        raise InputError(f"no layout of {budget} GPUs holds the model and one request; {fix}", source="--gpus")
     slos = (slo_ttft_s, slo_tpot_s, percentile)
     n = min(screen_requests, len(traffic.requests))
     screened = run_simulations(path, keep, n, traffic, slos, workers=workers, scheduler=scheduler,
@@ -468,6 +468,25 @@ def search(path: str | Path, traffic: Traffic, *, slo_ttft_s: float, slo_tpot_s:
     return SearchResult(scn.name, traffic.label, slo_ttft_s, slo_tpot_s, percentile, len(points), dict(pruned),
                         screened, finals, rec, closest, front, (finals + ok[len(finals):])[:TOP],
                         time.perf_counter() - t0, n, len(traffic.requests), examples)
+
+
+def smallest_fit(path: str, model: Any, space: SearchSpace, budget: int, slos: tuple[float, float],
+                 limit: int = 4096) -> str:
+    """The fix of a budget no layout fits: the smallest whole-node GPU count above it (up to `limit`) where a
+    candidate of the same space holds the model and one request, with that layout."""
+    import dataclasses
+
+    node = 8
+    # more GPUs than the largest replica only add replicas, which hold no more of the model each
+    limit = min(limit, -(-max(space.tp) * max(space.pp) * max(space.dp) // node) * node)
+    for g in range(max(node, -(-budget // node) * node + (node if budget % node == 0 else 0)), limit + 1, node):
+        for p in candidates(model, dataclasses.replace(space, gpu_counts=(g,))):
+            try:
+                setup_of(path, p, *slos)
+            except InputError:
+                continue
+            return f"the smallest budget that does: --gpus {g} ({describe(p)})"
+    return f"no layout of the search holds it (its largest replica: {limit:,} GPUs)"
 
 
 DIMS = ("index", "gpus", "tp", "pp", "dp", "ep", "replicas", "prefill_replicas", "max_batch", "scheduler")

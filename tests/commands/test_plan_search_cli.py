@@ -52,7 +52,7 @@ def test_bad_search_options_are_one_line(argv, needles, capsys):
 
 def test_a_budget_that_holds_no_layout_names_gpus(capsys):
     assert_one_line(*run_main(capsys, "plan", str(ROOT / "scenarios" / "default.yaml"), *SEARCH, "--gpus", "4",
-                              "--no-report"), "--gpus:", "holds the model and one request")
+                              "--no-report"), "--gpus:", "holds the model and one request", "the smallest budget that does: --gpus 16")
 
 
 def test_a_training_scenario_is_refused_for_a_serving_search(capsys):
