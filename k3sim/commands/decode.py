@@ -279,30 +279,13 @@ def _layout(model_cfg, tp, pp, ep, attention_dp, expert_kernel, convention, hw=N
     given only where they differ from the default), checked by the one layout check (`check_layout`, on a
     cluster of this replica's GPUs in nodes of 8) and turned into the step's layout
     (`StepLayout.from_parallelism`); every refusal names the option that set the field."""
-    import pydantic
-
-    from k3sim.configs.parallel import Cluster, Parallelism, check_layout
-    from k3sim.errors import InputError
-    from k3sim.step import StepLayout
+    from k3sim.commands.scale import checked_layout
 
     unset = {"redundant_experts": 0, "ep_kernel": "auto", "dispatch_dtype": "auto", "max_nodes_per_token": None,
              "tbo": False, "routing_zipf": 0.0, "mla_decode_kernel": "measured", "tbo_variant": "auto"}
     given = {k: v for k, v in scale.items() if v != unset[k]}
-    try:
-        par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp, **given)
-        check_layout(model_cfg, par, mode="serve", hardware=hw,
-                     cluster=Cluster(num_gpus=par.gpus, gpus_per_node=GPUS_PER_NODE))
-    except pydantic.ValidationError as err:
-        e = err.errors()[0]
-        name = str(e["loc"][0]) if e.get("loc") else ""
-        raise InputError(e.get("msg", str(err)), source=LAYOUT_OPTIONS.get(name, "--tp")) from None
-    except InputError as err:
-        f = (err.field or "").split(".")[-1]
-        if f in LAYOUT_OPTIONS:
-            raise InputError(err.reason, source=LAYOUT_OPTIONS[f], field=None) from None
-        raise
-    return StepLayout.from_parallelism(par, gpus_per_node=GPUS_PER_NODE, expert_kernel=expert_kernel,
-                                       convention=convention)
+    return checked_layout(model_cfg, hw, given, tp=tp, pp=pp, ep=ep, attention_dp=attention_dp,
+                          expert_kernel=expert_kernel, convention=convention)[1]
 
 
 def run_decode(*, model, hardware, batch, context, tp, pp, ep, attention_dp, mtp, acceptance, rollback,

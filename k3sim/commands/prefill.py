@@ -23,7 +23,6 @@ from k3sim.configs.bounds import option_range
 # Chunks timed one by one (~7 ms of Python each once the kernels are predicted: 4096 chunks ~30 s); a modelling
 # choice of this command, so a 1-token chunk over a 1M prompt is refused in one line instead of running for hours.
 MAX_CHUNKS = 4096
-GPUS_PER_NODE = 8  # the HGX node decode and serve count ("per node", the EP group's nodes): commands/scale.py
 
 
 def chunk_plan(prompt: int, cached: int, chunk: int) -> list[tuple[int, int]]:
@@ -116,12 +115,8 @@ def serving_layout(model: Any, hw: Any, *, tp: int, pp: int, ep: int, attention_
     """(Parallelism, StepLayout) of the layout options, through the one layout check (`check_layout`, mode serve,
     on a cluster of this replica's GPUs in nodes of 8); a refusal names the option that set the field
     (`commands.scale.LAYOUT_OPTIONS`). `scale`: serving-at-scale `Parallelism` fields (ep_kernel, ...)."""
-    import pydantic
-
-    from k3sim.commands.scale import LAYOUT_OPTIONS, layout_overrides
-    from k3sim.configs.parallel import Cluster, Parallelism, check_layout
+    from k3sim.commands.scale import checked_layout, layout_overrides
     from k3sim.errors import InputError
-    from k3sim.step import StepLayout
     from k3sim.step.layout import CONVENTIONS, EXPERT_KERNELS
 
     if expert_kernel not in EXPERT_KERNELS:
@@ -129,21 +124,8 @@ def serving_layout(model: Any, hw: Any, *, tp: int, pp: int, ep: int, attention_
     if convention not in CONVENTIONS:
         raise InputError(f"must be graph or eager, got {convention!r}", source="--convention")
     given = {k: v for k, v in layout_overrides(**scale).items() if v != "auto"}
-    try:
-        par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp, **given)
-        check_layout(model, par, mode="serve", hardware=hw,
-                     cluster=Cluster(num_gpus=par.gpus, gpus_per_node=GPUS_PER_NODE))
-    except pydantic.ValidationError as err:
-        e = err.errors()[0]
-        name = str(e["loc"][0]) if e.get("loc") else ""
-        raise InputError(e.get("msg", str(err)), source=LAYOUT_OPTIONS.get(name, "--tp")) from None
-    except InputError as err:
-        f = (err.field or "").split(".")[-1]
-        if f in LAYOUT_OPTIONS:
-            raise InputError(err.reason, source=LAYOUT_OPTIONS[f], field=None) from None
-        raise
-    return par, StepLayout.from_parallelism(par, gpus_per_node=GPUS_PER_NODE, expert_kernel=expert_kernel,
-                                            convention=convention)
+    return checked_layout(model, hw, given, tp=tp, pp=pp, ep=ep, attention_dp=attention_dp,
+                          expert_kernel=expert_kernel, convention=convention)
 
 
 def memory_at(model: Any, hw: Any, par: Any, context: int, chunk: int) -> dict:

@@ -101,3 +101,32 @@ def layout_errors_named(overrides: dict):
         if f in overrides and f in LAYOUT_OPTIONS:
             raise InputError(err.reason, source=LAYOUT_OPTIONS[f], field=None) from None
         raise
+
+
+def checked_layout(model, hw, given: dict, *, tp: int, pp: int, ep: int, attention_dp: int, expert_kernel: str,
+                   convention: str):
+    """(Parallelism, StepLayout) of a serving replica spelled by command options (`given`: the serving-at-scale
+    `Parallelism` fields the user set), through the one layout check (`check_layout`, mode serve, on a cluster of
+    this replica's GPUs in nodes of `GPUS_PER_NODE`); a refusal names the option that set the field
+    (`LAYOUT_OPTIONS`). Decode, prefill, compare and diff all build their layout here."""
+    import pydantic
+
+    from k3sim.configs.parallel import Cluster, Parallelism, check_layout
+    from k3sim.errors import InputError
+    from k3sim.step import StepLayout
+
+    try:
+        par = Parallelism(tp=tp, pp=pp, ep=ep, dp=attention_dp, **given)
+        check_layout(model, par, mode="serve", hardware=hw,
+                     cluster=Cluster(num_gpus=par.gpus, gpus_per_node=GPUS_PER_NODE))
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        name = str(e["loc"][0]) if e.get("loc") else ""
+        raise InputError(e.get("msg", str(err)), source=LAYOUT_OPTIONS.get(name, "--tp")) from None
+    except InputError as err:
+        f = (err.field or "").split(".")[-1]
+        if f in LAYOUT_OPTIONS:
+            raise InputError(err.reason, source=LAYOUT_OPTIONS[f], field=None) from None
+        raise
+    return par, StepLayout.from_parallelism(par, gpus_per_node=GPUS_PER_NODE, expert_kernel=expert_kernel,
+                                            convention=convention)

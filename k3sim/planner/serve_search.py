@@ -441,7 +441,7 @@ def search(path: str | Path, traffic: Traffic, *, slo_ttft_s: float, slo_tpot_s:
     step = (lambda name: (lambda d, n: progress(name, d, n))) if progress else (lambda name: None)
     keep, pruned, examples = prune(path, points, traffic, slo_ttft_s, slo_tpot_s, step("bounds"))
     if not keep and pruned.get("does not fit") == len(points):
-        fix = smallest_fit(path, model, space, budget, (slo_ttft_s, slo_tpot_s))
+        fix = smallest_fit(path, model, space, budget, (slo_ttft_s, slo_tpot_s), scn.cluster.gpus_per_node)
         raise InputError(f"no layout of {budget} GPUs holds the model and one request; {fix}", source="--gpus")
     slos = (slo_ttft_s, slo_tpot_s, percentile)
     n = min(screen_requests, len(traffic.requests))
@@ -470,13 +470,12 @@ def search(path: str | Path, traffic: Traffic, *, slo_ttft_s: float, slo_tpot_s:
                         time.perf_counter() - t0, n, len(traffic.requests), examples)
 
 
-def smallest_fit(path: str, model: Any, space: SearchSpace, budget: int, slos: tuple[float, float],
+def smallest_fit(path: str, model: Any, space: SearchSpace, budget: int, slos: tuple[float, float], node: int,
                  limit: int = 4096) -> str:
-    """The fix of a budget no layout fits: the smallest whole-node GPU count above it (up to `limit`) where a
+    """The fix of a budget no layout fits: the smallest whole-node (`node` GPUs) count above it (up to `limit`) where a
     candidate of the same space holds the model and one request, with that layout."""
     import dataclasses
 
-    node = 8
     # more GPUs than the largest replica only add replicas, which hold no more of the model each
     limit = min(limit, -(-max(space.tp) * max(space.pp) * max(space.dp) // node) * node)
     for g in range(max(node, -(-budget // node) * node + (node if budget % node == 0 else 0)), limit + 1, node):
