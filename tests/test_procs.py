@@ -226,3 +226,60 @@ def test_a_checkpoint_raises_a_signal_whose_exception_was_lost():
             procs.checkpoint()
         procs.checkpoint()  # once only: the cleanup it started is not interrupted again
     procs.checkpoint()  # a new command (raising_signals) starts clean
+
+
+def _in_fresh_python(code: str, stream: str = "stdout") -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return getattr(done, stream).strip()
+
+
+def test_start_up_collections_deferred_then_frozen_and_restored():
+    """Until the first collection the gen0 threshold is raised (no start-up collection); the first one freezes its
+    survivors and restores CPython's thresholds, so a long command collects as usual afterwards."""
+    out = _in_fresh_python(
+        "import gc\n"
+        "from k3sim import procs\n"
+        "normal = gc.get_threshold()\n"
+        "procs.defer_start_up_collections()\n"
+        "procs.defer_start_up_collections()  # idempotent\n"
+        "raised = gc.get_threshold()[0]\n"
+        "junk = [[i] for i in range(50_000)]  # far beyond 700: no collection yet\n"
+        "before = gc.get_count()[0]\n"
+        "gc.collect()\n"
+        "print(raised, before >= 50_000, gc.get_threshold() == normal, gc.get_freeze_count() > 50_000,\n"
+        "      len(gc.callbacks))\n")
+    raised, many, restored, frozen, callbacks = out.split()
+    assert int(raised) == 200_000  # procs.START_UP_GEN0_THRESHOLD
+    assert (many, restored, frozen, callbacks) == ("True", "True", "True", "0")
+
+
+def test_importing_k3sim_leaves_the_collector_alone():
+    """Only the program's entry point defers collections: a library import (a test, a notebook) does not."""
+    out = _in_fresh_python("import gc\nt = gc.get_threshold()\nimport k3sim.cli, k3sim.procs\n"
+                           "print(gc.get_threshold() == t, len(gc.callbacks))")
+    assert out == "True 0"
+
+
+def test_entry_point_defers_collections(tmp_path):
+    """`python -m k3sim` runs the CLI through `procs.defer_start_up_collections` (the console script too:
+    pyproject's `k3sim = "k3sim.__main__:run"`)."""
+    from pathlib import Path
+
+    import k3sim
+
+    pyproject = (Path(k3sim.__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert 'k3sim = "k3sim.__main__:run"' in pyproject
+    out = _in_fresh_python("import gc, runpy, sys\nsys.argv = ['k3sim', '--version']\n"
+                           "import k3sim.cli\n"
+                           "orig = k3sim.cli.main\n"
+                           "def spy(argv=None):\n"
+                           "    print(gc.get_threshold()[0], file=sys.stderr)\n"
+                           "    orig(argv)\n"
+                           "k3sim.cli.main = spy\n"
+                           "try:\n    runpy.run_module('k3sim', run_name='__main__')\nexcept SystemExit:\n    pass\n",
+                           stream="stderr")
+    assert out == "200000"  # the threshold the CLI's main() runs under
