@@ -15,7 +15,8 @@ whether the two printed the same bytes.
 The load average is printed with the table: on a shared machine the medians move with it. The start-up floor
 line times what every query pays before k3sim's own code: the interpreter, typer, a one-option typer command
 (pydantic: typer coerces options through it), that plus numpy, and the same with the library settings k3sim's
-CLI gives itself (one OpenBLAS thread, no pydantic plugin scan: `k3sim.cli._start_up_env`), the floor a query
+CLI gives itself (one OpenBLAS thread, no pydantic plugin scan: `k3sim.cli._start_up_env`), and that with the
+entry point's deferred start-up collections (`k3sim.procs.defer_start_up_collections`), the floor a query
 of k3sim stands on.
 """
 
@@ -98,8 +99,12 @@ FLOOR = {"python -c pass": ["-c", "pass"], "import typer": ["-c", "import typer"
          "typer command": [FLOOR_APP.format(body="pass"), "--model", "x"],
          "typer command + numpy": [FLOOR_APP.format(body="import numpy"), "--model", "x"],
          # what k3sim's CLI runs with (k3sim.cli: one OpenBLAS thread, no pydantic plugin scan)
-         "same, k3sim's settings": [FLOOR_APP.format(body="import numpy"), "--model", "x"]}
-FLOOR_ENV = {"same, k3sim's settings": {"OPENBLAS_NUM_THREADS": "1", "PYDANTIC_DISABLE_PLUGINS": "__all__"}}
+         "same, k3sim's settings": [FLOOR_APP.format(body="import numpy"), "--model", "x"],
+         # and k3sim's entry point's collector setting (k3sim.procs.defer_start_up_collections, the one copy)
+         "same, collections deferred": ["from k3sim import procs\nprocs.defer_start_up_collections()\n"
+                                        + FLOOR_APP.format(body="import numpy"), "--model", "x"]}
+_SETTINGS = {"OPENBLAS_NUM_THREADS": "1", "PYDANTIC_DISABLE_PLUGINS": "__all__"}
+FLOOR_ENV = {"same, k3sim's settings": _SETTINGS, "same, collections deferred": _SETTINGS}
 
 
 def floor(repeat: int, tmp: Path) -> dict:
